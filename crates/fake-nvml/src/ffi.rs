@@ -1,0 +1,701 @@
+//! The NVML C ABI, answered from a scenario.
+//!
+//! Signatures, structs and return codes come from `nvml-wrapper-sys`, the same bindings
+//! nvml-wrapper loads a real driver with, so a mismatch shows up as a build error here.
+//! The safety contract of every function is NVML's own: pointers must be valid for writes.
+#![allow(clippy::missing_safety_doc, non_upper_case_globals)]
+
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use nvml_wrapper_sys::bindings::*;
+
+use crate::scenario::{Answer, Field, Gpu, Scenario};
+use crate::SCENARIO_ENV;
+
+struct State {
+    scenario: Scenario,
+    epoch: Instant,
+    xids: Vec<(f64, u32, u64)>,
+}
+
+impl State {
+    fn now(&self) -> f64 {
+        self.scenario.sim_time(self.epoch.elapsed().as_secs_f64())
+    }
+}
+
+static STATE: OnceLock<Result<State, String>> = OnceLock::new();
+static INIT_COUNT: AtomicU32 = AtomicU32::new(0);
+
+fn load() -> &'static Result<State, String> {
+    STATE.get_or_init(|| {
+        let epoch = Instant::now();
+        pin_in_memory();
+        let path = std::env::var_os(SCENARIO_ENV)
+            .ok_or_else(|| format!("{SCENARIO_ENV} is not set; it names the scenario file"))?;
+        let scenario =
+            Scenario::from_path(std::path::Path::new(&path)).map_err(|e| e.to_string())?;
+        let xids = scenario.xid_events();
+        Ok(State {
+            scenario,
+            epoch,
+            xids,
+        })
+    })
+}
+
+/// Keeps this library loaded for the life of the process. nvml-wrapper unloads the library when
+/// `nvmlInit` fails; without the pin, a reload would restart the scenario's clock and faults.
+fn pin_in_memory() {
+    // SAFETY: dladdr reads the address of one of our own functions; dlopen with RTLD_NOLOAD only
+    // takes another reference on a library that is already loaded.
+    unsafe {
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        let here = nvmlInit_v2 as *const libc::c_void;
+        if libc::dladdr(here, &mut info) != 0 && !info.dli_fname.is_null() {
+            libc::dlopen(
+                info.dli_fname,
+                libc::RTLD_NOW | libc::RTLD_NOLOAD | libc::RTLD_NODELETE,
+            );
+        }
+    }
+}
+
+fn state() -> Result<&'static State, nvmlReturn_t> {
+    if INIT_COUNT.load(Ordering::SeqCst) == 0 {
+        return Err(nvmlReturn_enum_NVML_ERROR_UNINITIALIZED);
+    }
+    load()
+        .as_ref()
+        .map_err(|_| nvmlReturn_enum_NVML_ERROR_UNINITIALIZED)
+}
+
+fn handle(index: u32) -> nvmlDevice_t {
+    (index as usize + 1) as nvmlDevice_t
+}
+
+fn index_of(st: &State, device: nvmlDevice_t) -> Result<u32, nvmlReturn_t> {
+    let i = (device as usize).wrapping_sub(1);
+    if device.is_null() || i >= st.scenario.gpus.len() {
+        return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+    Ok(i as u32)
+}
+
+/// Runs one device query: resolves the handle, applies delay, lost and not-supported faults,
+/// and writes the value through `out`.
+unsafe fn query<T>(
+    device: nvmlDevice_t,
+    field: Field,
+    out: *mut T,
+    read: impl FnOnce(&Gpu, f64) -> T,
+) -> nvmlReturn_t {
+    if out.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let st = match state() {
+        Ok(st) => st,
+        Err(e) => return e,
+    };
+    let gpu = match index_of(st, device) {
+        Ok(i) => i,
+        Err(e) => return e,
+    };
+    let t = delay_then_now(st, gpu);
+    match st.scenario.read(gpu, field, t, |g| read(g, t)) {
+        Answer::Value(v) => {
+            out.write(v);
+            nvmlReturn_enum_NVML_SUCCESS
+        }
+        Answer::NotSupported => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+        Answer::Lost => nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST,
+        Answer::InvalidArgument => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+    }
+}
+
+fn delay_then_now(st: &State, gpu: u32) -> f64 {
+    let t = st.now();
+    if let Some(d) = st.scenario.delay(gpu, t) {
+        std::thread::sleep(d);
+        return st.now();
+    }
+    t
+}
+
+unsafe fn write_str(buf: *mut c_char, len: c_uint, s: &str) -> nvmlReturn_t {
+    if buf.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    if s.len() + 1 > len as usize {
+        return nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    std::ptr::copy_nonoverlapping(s.as_ptr().cast::<c_char>(), buf, s.len());
+    buf.add(s.len()).write(0);
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+unsafe fn write_str_array<const N: usize>(dst: &mut [c_char; N], s: &str) {
+    let n = s.len().min(N - 1);
+    for (d, b) in dst.iter_mut().zip(s.as_bytes()[..n].iter()) {
+        *d = *b as c_char;
+    }
+    dst[n] = 0;
+}
+
+// ---- library -------------------------------------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
+    match load() {
+        Err(msg) => {
+            eprintln!("gpuwatch-fake-nvml: {msg}");
+            nvmlReturn_enum_NVML_ERROR_UNKNOWN
+        }
+        Ok(st) if st.scenario.init_fails(st.now()) => nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED,
+        Ok(_) => {
+            INIT_COUNT.fetch_add(1, Ordering::SeqCst);
+            nvmlReturn_enum_NVML_SUCCESS
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlInit() -> nvmlReturn_t {
+    nvmlInit_v2()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
+    nvmlInit_v2()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlShutdown() -> nvmlReturn_t {
+    let prev = INIT_COUNT.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| c.checked_sub(1));
+    match prev {
+        Ok(_) => nvmlReturn_enum_NVML_SUCCESS,
+        Err(_) => nvmlReturn_enum_NVML_ERROR_UNINITIALIZED,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
+    let s: &'static [u8] = match result {
+        nvmlReturn_enum_NVML_SUCCESS => b"Success\0",
+        nvmlReturn_enum_NVML_ERROR_UNINITIALIZED => b"Uninitialized\0",
+        nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT => b"Invalid Argument\0",
+        nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED => b"Not Supported\0",
+        nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST => b"GPU is lost\0",
+        nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED => b"Driver Not Loaded\0",
+        nvmlReturn_enum_NVML_ERROR_TIMEOUT => b"Timeout\0",
+        _ => b"Unknown Error\0",
+    };
+    s.as_ptr().cast()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    match state() {
+        Ok(st) => write_str(version, length, &st.scenario.driver_version),
+        Err(e) => e,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    match state() {
+        Ok(st) => write_str(version, length, &st.scenario.nvml_version),
+        Err(e) => e,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> nvmlReturn_t {
+    match state() {
+        Ok(_) if version.is_null() => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+        Ok(st) => {
+            version.write(st.scenario.cuda_driver_version);
+            nvmlReturn_enum_NVML_SUCCESS
+        }
+        Err(e) => e,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> nvmlReturn_t {
+    nvmlSystemGetCudaDriverVersion_v2(version)
+}
+
+/// Process ids are `10000 + 100 × gpu + n`, for the `n`th process of a GPU.
+fn process_pid(gpu: u32, n: u32) -> u32 {
+    10_000 + 100 * gpu + n
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetProcessName(
+    pid: c_uint,
+    name: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    let st = match state() {
+        Ok(st) => st,
+        Err(e) => return e,
+    };
+    let t = st.now();
+    let found = st.scenario.gpus.iter().enumerate().find(|(i, g)| {
+        let first = process_pid(*i as u32, 0);
+        pid >= first && pid < first + g.process_count(t)
+    });
+    match found {
+        Some((_, g)) => write_str(name, length, &g.process_name),
+        None => nvmlReturn_enum_NVML_ERROR_NOT_FOUND,
+    }
+}
+
+// ---- devices -------------------------------------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
+    match state() {
+        Ok(_) if count.is_null() => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+        Ok(st) => {
+            count.write(st.scenario.gpus.len() as c_uint);
+            nvmlReturn_enum_NVML_SUCCESS
+        }
+        Err(e) => e,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    let st = match state() {
+        Ok(st) => st,
+        Err(e) => return e,
+    };
+    if device.is_null() || index as usize >= st.scenario.gpus.len() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let t = delay_then_now(st, index);
+    if st.scenario.is_lost(index, t) {
+        return nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST;
+    }
+    device.write(handle(index));
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(
+    device: nvmlDevice_t,
+    index: *mut c_uint,
+) -> nvmlReturn_t {
+    let st = match state() {
+        Ok(st) => st,
+        Err(e) => return e,
+    };
+    match index_of(st, device) {
+        Ok(_) if index.is_null() => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+        Ok(i) => {
+            index.write(i);
+            nvmlReturn_enum_NVML_SUCCESS
+        }
+        Err(e) => e,
+    }
+}
+
+unsafe fn device_str(
+    device: nvmlDevice_t,
+    buf: *mut c_char,
+    length: c_uint,
+    pick: impl FnOnce(&Gpu) -> &str,
+) -> nvmlReturn_t {
+    let st = match state() {
+        Ok(st) => st,
+        Err(e) => return e,
+    };
+    let gpu = match index_of(st, device) {
+        Ok(i) => i,
+        Err(e) => return e,
+    };
+    let t = delay_then_now(st, gpu);
+    if st.scenario.is_lost(gpu, t) {
+        return nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST;
+    }
+    write_str(buf, length, pick(&st.scenario.gpus[gpu as usize]))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: nvmlDevice_t,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    device_str(device, uuid, length, |g| &g.uuid)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: nvmlDevice_t,
+    name: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    device_str(device, name, length, |g| &g.name)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    device: nvmlDevice_t,
+    pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    query(device, Field::Identity, pci, |g, _| {
+        let mut info: nvmlPciInfo_t = std::mem::zeroed();
+        write_str_array(&mut info.busId, &g.pci_bus_id);
+        let legacy = g.pci_bus_id.get(4..).unwrap_or(&g.pci_bus_id);
+        write_str_array(&mut info.busIdLegacy, legacy);
+        let bus = g
+            .pci_bus_id
+            .split(':')
+            .nth(1)
+            .and_then(|b| u32::from_str_radix(b, 16).ok())
+            .unwrap_or(0);
+        info.bus = bus;
+        info.pciDeviceId = 0x2330_10de;
+        info.pciSubSystemId = 0x16c1_10de;
+        info
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: nvmlDevice_t,
+    utilization: *mut nvmlUtilization_t,
+) -> nvmlReturn_t {
+    query(device, Field::Utilization, utilization, |g, t| {
+        nvmlUtilization_t {
+            gpu: crate::scenario::to_u32(g.utilization.at(t)),
+            memory: crate::scenario::to_u32(g.memory_utilization.at(t)),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_v2_t,
+) -> nvmlReturn_t {
+    let version = if memory.is_null() {
+        0
+    } else {
+        (*memory).version
+    };
+    query(device, Field::Memory, memory, |g, t| {
+        let used = g.memory_used_bytes(t);
+        // NVML v2 reports driver-reserved memory separately; the fake reserves none.
+        nvmlMemory_v2_t {
+            version,
+            total: g.memory_total_bytes,
+            reserved: 0,
+            free: g.memory_total_bytes - used,
+            used,
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
+    query(device, Field::Memory, memory, |g, t| {
+        let used = g.memory_used_bytes(t);
+        nvmlMemory_t {
+            total: g.memory_total_bytes,
+            free: g.memory_total_bytes - used,
+            used,
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTemperature(
+    device: nvmlDevice_t,
+    sensor: nvmlTemperatureSensors_t,
+    temp: *mut c_uint,
+) -> nvmlReturn_t {
+    if sensor != nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    query(device, Field::Temperature, temp, |g, t| {
+        crate::scenario::to_u32(g.temperature.at(t))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
+    device: nvmlDevice_t,
+    power: *mut c_uint,
+) -> nvmlReturn_t {
+    query(device, Field::Power, power, |g, t| g.power_milliwatts(t))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetEnforcedPowerLimit(
+    device: nvmlDevice_t,
+    limit: *mut c_uint,
+) -> nvmlReturn_t {
+    query(device, Field::PowerLimit, limit, |g, _| {
+        g.power_limit_milliwatts
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTotalEnergyConsumption(
+    device: nvmlDevice_t,
+    energy: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    query(device, Field::Energy, energy, |g, t| {
+        g.energy_millijoules(t)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
+    device: nvmlDevice_t,
+    clock_type: nvmlClockType_t,
+    clock: *mut c_uint,
+) -> nvmlReturn_t {
+    let pick = match clock_type {
+        nvmlClockType_enum_NVML_CLOCK_GRAPHICS | nvmlClockType_enum_NVML_CLOCK_SM => 0,
+        nvmlClockType_enum_NVML_CLOCK_MEM => 1,
+        nvmlClockType_enum_NVML_CLOCK_VIDEO => 2,
+        _ => return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+    };
+    query(device, Field::Clocks, clock, |g, t| match pick {
+        0 => crate::scenario::to_u32(g.sm_clock_mhz.at(t)),
+        1 => crate::scenario::to_u32(g.memory_clock_mhz.at(t)),
+        _ => crate::scenario::to_u32(g.sm_clock_mhz.at(t) * 0.9),
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
+    device: nvmlDevice_t,
+    reasons: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    query(device, Field::Throttle, reasons, |g, _| {
+        g.throttle_active & g.throttle_supported
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedClocksThrottleReasons(
+    device: nvmlDevice_t,
+    reasons: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    query(device, Field::Throttle, reasons, |g, _| {
+        g.throttle_supported
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
+    device: nvmlDevice_t,
+    error_type: nvmlMemoryErrorType_t,
+    _counter_type: nvmlEccCounterType_t,
+    count: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    let corrected = match error_type {
+        nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_CORRECTED => true,
+        nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_UNCORRECTED => false,
+        _ => return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+    };
+    query(device, Field::Ecc, count, |g, t| {
+        let s = if corrected {
+            &g.ecc_corrected
+        } else {
+            &g.ecc_uncorrected
+        };
+        s.at(t).max(0.0) as u64
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    if count.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let capacity = count.read();
+    let mut gpu_index = 0;
+    let mut listed = Vec::new();
+    let rc = query(device, Field::Processes, count, |g, t| {
+        let n = g.process_count(t);
+        let per = g.memory_used_bytes(t) / u64::from(n.max(1));
+        listed = (0..n).map(|k| (k, per)).collect();
+        n
+    });
+    if rc != nvmlReturn_enum_NVML_SUCCESS {
+        return rc;
+    }
+    if let Ok(st) = state() {
+        gpu_index = index_of(st, device).unwrap_or(0);
+    }
+    let n = listed.len() as c_uint;
+    if n == 0 {
+        return nvmlReturn_enum_NVML_SUCCESS;
+    }
+    if infos.is_null() || capacity < n {
+        return nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (i, (k, used)) in listed.into_iter().enumerate() {
+        infos.add(i).write(nvmlProcessInfo_t {
+            pid: process_pid(gpu_index, k),
+            usedGpuMemory: used,
+            gpuInstanceId: u32::MAX,
+            computeInstanceId: u32::MAX,
+        });
+    }
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+// ---- events --------------------------------------------------------------------------------
+
+const SUPPORTED_EVENTS: u64 = (nvmlEventTypeSingleBitEccError
+    | nvmlEventTypeDoubleBitEccError
+    | nvmlEventTypePState
+    | nvmlEventTypeXidCriticalError) as u64;
+
+struct EventSet {
+    /// Bitmask of registered GPU indices.
+    gpus: Mutex<(u64, usize)>,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
+    device: nvmlDevice_t,
+    types: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    query(device, Field::Events, types, |_, _| SUPPORTED_EVENTS)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> nvmlReturn_t {
+    if let Err(e) = state() {
+        return e;
+    }
+    if set.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let boxed = Box::new(EventSet {
+        gpus: Mutex::new((0, 0)),
+    });
+    set.write(Box::into_raw(boxed).cast());
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
+    device: nvmlDevice_t,
+    types: c_ulonglong,
+    set: nvmlEventSet_t,
+) -> nvmlReturn_t {
+    let st = match state() {
+        Ok(st) => st,
+        Err(e) => return e,
+    };
+    let gpu = match index_of(st, device) {
+        Ok(i) => i,
+        Err(e) => return e,
+    };
+    if set.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    if types & !SUPPORTED_EVENTS != 0 {
+        return nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
+    }
+    let set = &*set.cast::<EventSet>();
+    if let Ok(mut g) = set.gpus.lock() {
+        g.0 |= 1 << gpu;
+    }
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+/// Delivers the scenario's XID events in time order, once each per event set.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    set: nvmlEventSet_t,
+    data: *mut nvmlEventData_t,
+    timeout_ms: c_uint,
+) -> nvmlReturn_t {
+    let st = match state() {
+        Ok(st) => st,
+        Err(e) => return e,
+    };
+    if set.is_null() || data.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let set = &*set.cast::<EventSet>();
+    let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
+    loop {
+        {
+            let Ok(mut guard) = set.gpus.lock() else {
+                return nvmlReturn_enum_NVML_ERROR_UNKNOWN;
+            };
+            let (registered, next) = &mut *guard;
+            let t = st.now();
+            while let Some(&(at, gpu, xid)) = st.xids.get(*next) {
+                if at > t {
+                    break;
+                }
+                *next += 1;
+                if *registered & (1 << gpu) != 0 {
+                    data.write(nvmlEventData_t {
+                        device: handle(gpu),
+                        eventType: u64::from(nvmlEventTypeXidCriticalError),
+                        eventData: xid,
+                        gpuInstanceId: u32::MAX,
+                        computeInstanceId: u32::MAX,
+                    });
+                    return nvmlReturn_enum_NVML_SUCCESS;
+                }
+            }
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return nvmlReturn_enum_NVML_ERROR_TIMEOUT;
+        }
+        // Sleep until the next event is due (in wall time), or the deadline.
+        let next_due = set
+            .gpus
+            .lock()
+            .ok()
+            .and_then(|g| st.xids.get(g.1).map(|e| e.0))
+            .filter(|_| st.scenario.speed > 0.0)
+            .map(|at| Duration::from_secs_f64(((at - st.now()) / st.scenario.speed).max(0.0)));
+        let wait = next_due.map_or(deadline - now, |d| d.min(deadline - now));
+        std::thread::sleep(wait + Duration::from_millis(1));
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> nvmlReturn_t {
+    if set.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    drop(Box::from_raw(set.cast::<EventSet>()));
+    nvmlReturn_enum_NVML_SUCCESS
+}

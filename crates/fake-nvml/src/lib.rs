@@ -1,0 +1,66 @@
+//! A fake `libnvidia-ml.so.1` for gpuwatch's tests and demo.
+//!
+//! This crate builds `libgpuwatch_fake_nvml.so`, a C library that exports the NVML functions
+//! gpuwatch calls, with NVML's real signatures, units and return codes. gpuwatch loads it through
+//! nvml-wrapper exactly as it loads the real driver, so every test runs the real GPU code path.
+//! The values it answers come from a scenario file named by the `GPUWATCH_FAKE_NVML_SCENARIO`
+//! environment variable, read once, at the first `nvmlInit`.
+//!
+//! # Scenario format (TOML)
+//!
+//! ```toml
+//! driver_version = "550.54.15"        # default; nvml_version defaults to "12.<driver>"
+//! cuda_driver_version = 12040         # as NVML reports it: 12.4
+//! time = { speed = 1.0, start = "0s" } # simulated seconds per wall second; 0 freezes time at start
+//!
+//! [[gpu]]                             # one table per GPU, index = position
+//! name = "NVIDIA H100 80GB HBM3"      # default
+//! uuid = "GPU-..."                    # default: GPU-00000000-0000-4000-8000-<index+1>
+//! pci_bus_id = "00000000:18:00.0"     # default: 0x18 + 0x10 × index
+//! memory_total_mib = 81559            # default
+//! power_limit_watts = 700             # default
+//! utilization = 37                    # percent, as NVML reports it (so 150 or 4294967295 are possible)
+//! memory_utilization = { kind = "constant", value = 12 }
+//! memory_used_mib = { kind = "ramp", from = 0, to = 60000, over = "10m", start = "1m" }
+//! temperature = { kind = "bursts", busy = 71, idle = 38, period = "2m", duty = 0.75 }
+//! power_watts = { kind = "trace", file = "power.csv" }  # "seconds,value" lines, relative to the scenario
+//! sm_clock_mhz = 1980                 # also memory_clock_mhz (2619)
+//! processes = 2                       # compute processes; pids are 10000 + 100 × gpu + n
+//! process_name = "python3"
+//! ecc_corrected = 0                   # also ecc_uncorrected
+//! throttle_supported = ["gpu_idle", "sw_power_cap", ...]  # default: every reason
+//! throttle_active = ["sw_power_cap"]
+//!
+//! [[fault]]
+//! at = "90s"                          # simulated time the fault begins
+//! until = "2m"                        # optional end; omitted means forever
+//! gpu = 1                             # optional; omitted means every GPU
+//! kind = "lost"                       # every call answers NVML_ERROR_GPU_IS_LOST
+//! # kind = "not_supported", fields = ["power", "ecc"]  answers NVML_ERROR_NOT_SUPPORTED
+//! #   fields: identity, events, utilization, memory, temperature, power, power_limit,
+//! #           energy, clocks, throttle, ecc, processes
+//! # kind = "delay", delay = "10s"     every device call sleeps (wall clock) first
+//! # kind = "xid", xid = 79            one critical XID event, delivered to every event set
+//! # kind = "init_failure"             nvmlInit answers NVML_ERROR_DRIVER_NOT_LOADED
+//! ```
+//!
+//! Every series is a number (constant), or a table with `kind` = `constant`, `ramp`, `bursts`
+//! or `trace`. Energy is the exact integral of power since simulated time 0.
+//!
+//! Time starts at the first `nvmlInit` call (a failed one too) and runs with the wall clock
+//! times `time.speed`, so hours of a scenario can pass in seconds.
+
+pub mod ffi;
+pub mod scenario;
+
+pub use scenario::{Scenario, ScenarioError};
+
+/// The environment variable that names the scenario file.
+pub const SCENARIO_ENV: &str = "GPUWATCH_FAKE_NVML_SCENARIO";
+
+/// The scenario `gpuwatch demo` runs: four GPUs, two training in bursts, one steady, one
+/// going idle.
+pub const DEMO_SCENARIO: &str = include_str!("../scenarios/demo.toml");
+
+/// The file name of the built library.
+pub const LIBRARY_FILE: &str = "libgpuwatch_fake_nvml.so";

@@ -1,0 +1,104 @@
+//! The GPU boundary: what one sample of the node holds, and where samples come from.
+//!
+//! `Snapshot` is immutable once published. A reading that failed, is not supported, or is out of
+//! range is `None`: unknown is never 0.
+
+pub mod nvml;
+pub mod sampler;
+mod xid;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// One complete sample of every GPU on the node.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Snapshot {
+    /// 1 for the first sample; 0 means no sample has been taken yet.
+    pub seq: u64,
+    /// When the sample was taken, in seconds since the Unix epoch.
+    pub timestamp: f64,
+    /// How long the sampling cycle took.
+    pub duration_seconds: f64,
+    pub nvml: NvmlStatus,
+    pub gpus: Vec<GpuSample>,
+}
+
+/// What a source returns for one cycle; the sampler stamps it into a `Snapshot`.
+#[derive(Debug, Clone, Default)]
+pub struct Sample {
+    pub nvml: NvmlStatus,
+    pub gpus: Vec<GpuSample>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct NvmlStatus {
+    /// The library loaded and initialised, and the device count was read.
+    pub up: bool,
+    /// The library gpuwatch loads.
+    pub library: String,
+    pub driver_version: Option<String>,
+    pub nvml_version: Option<String>,
+    pub cuda_driver_version: Option<String>,
+    /// Why NVML is down, when it is.
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct GpuSample {
+    pub index: u32,
+    /// Empty when the GPU was lost before its UUID was ever read.
+    pub uuid: String,
+    /// `false` when the GPU answered `GPU_IS_LOST` or could not be reached; then every reading
+    /// is `None`.
+    pub up: bool,
+    pub name: Option<String>,
+    pub pci_bus_id: Option<String>,
+    pub utilization_ratio: Option<f64>,
+    pub memory_utilization_ratio: Option<f64>,
+    pub memory_used_bytes: Option<u64>,
+    pub memory_free_bytes: Option<u64>,
+    pub memory_total_bytes: Option<u64>,
+    pub temperature_celsius: Option<f64>,
+    pub power_watts: Option<f64>,
+    pub power_limit_watts: Option<f64>,
+    pub energy_joules: Option<f64>,
+    pub sm_clock_hertz: Option<f64>,
+    pub memory_clock_hertz: Option<f64>,
+    /// One entry per supported throttle reason; empty when unknown.
+    pub throttle_reasons: Vec<ThrottleReason>,
+    pub ecc_corrected: Option<u64>,
+    pub ecc_uncorrected: Option<u64>,
+    pub processes: Option<u32>,
+    /// Present only when per-process memory is switched on.
+    pub process_memory: Option<Vec<ProcessSample>>,
+    /// XID errors seen since the daemon started, by XID code.
+    pub xid_errors: BTreeMap<u64, u64>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ThrottleReason {
+    pub reason: &'static str,
+    pub active: bool,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ProcessSample {
+    pub pid: u32,
+    pub name: Option<String>,
+    pub used_memory_bytes: Option<u64>,
+}
+
+/// A source of GPU samples: NVML in production, a double in unit tests.
+///
+/// `sample` may block for as long as the hardware does; the sampler runs it on a thread of its
+/// own and abandons cycles that overrun their timeout.
+pub trait GpuSource: Send + 'static {
+    fn sample(&mut self) -> Sample;
+}
+
+impl Snapshot {
+    pub fn is_ready(&self) -> bool {
+        self.seq > 0
+    }
+}

@@ -1,0 +1,443 @@
+//! The real GPU source: NVML through nvml-wrapper.
+//!
+//! Runs on the sampler's NVML thread only. Every reading is checked: a failure, a
+//! "not supported" or an out-of-range value leaves the field `None`, and failures and bad
+//! values are counted in `gpuwatch_sample_errors_total{kind}`.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nvml_wrapper::bitmasks::device::ThrottleReasons;
+use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{cuda_driver_version_major, cuda_driver_version_minor, Device, Nvml};
+
+use super::xid::{self, XidCounts};
+use super::{GpuSample, GpuSource, NvmlStatus, ProcessSample, Sample, ThrottleReason};
+use crate::metrics::{ErrorKind, SelfMetrics};
+
+/// Retry delays for a library that will not load or initialise.
+const INIT_BACKOFF_FIRST: Duration = Duration::from_secs(1);
+const INIT_BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// Values beyond these are treated as garbage from the driver, not as readings.
+const MAX_TEMPERATURE_CELSIUS: u32 = 200;
+const MAX_POWER_MILLIWATTS: u32 = 10_000_000;
+const MAX_CLOCK_MHZ: u32 = 20_000;
+
+/// NVML's throttle reason bits and the label values gpuwatch exports for them.
+const THROTTLE_REASONS: &[(ThrottleReasons, &str)] = &[
+    (ThrottleReasons::GPU_IDLE, "gpu_idle"),
+    (
+        ThrottleReasons::APPLICATIONS_CLOCKS_SETTING,
+        "applications_clocks_setting",
+    ),
+    (ThrottleReasons::SW_POWER_CAP, "sw_power_cap"),
+    (ThrottleReasons::HW_SLOWDOWN, "hw_slowdown"),
+    (ThrottleReasons::SYNC_BOOST, "sync_boost"),
+    (ThrottleReasons::SW_THERMAL_SLOWDOWN, "sw_thermal_slowdown"),
+    (ThrottleReasons::HW_THERMAL_SLOWDOWN, "hw_thermal_slowdown"),
+    (
+        ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN,
+        "hw_power_brake_slowdown",
+    ),
+    (
+        ThrottleReasons::DISPLAY_CLOCK_SETTING,
+        "display_clock_setting",
+    ),
+];
+
+pub struct NvmlSource {
+    library: OsString,
+    per_process: bool,
+    watch_xid: bool,
+    metrics: Arc<SelfMetrics>,
+    nvml: Option<&'static Nvml>,
+    versions: Versions,
+    next_init: Instant,
+    backoff: Duration,
+    last_init_error: Option<String>,
+    xids: Arc<XidCounts>,
+    /// UUIDs seen per index, so that a lost GPU keeps its identity.
+    uuids: HashMap<u32, String>,
+    /// (GPU, field) pairs already logged as bad, so that a broken sensor logs once.
+    logged: HashSet<(u32, &'static str)>,
+}
+
+#[derive(Default, Clone)]
+struct Versions {
+    driver: Option<String>,
+    nvml: Option<String>,
+    cuda: Option<String>,
+}
+
+impl NvmlSource {
+    pub fn new(library: impl Into<OsString>, per_process: bool, metrics: Arc<SelfMetrics>) -> Self {
+        NvmlSource {
+            library: library.into(),
+            per_process,
+            watch_xid: true,
+            metrics,
+            nvml: None,
+            versions: Versions::default(),
+            next_init: Instant::now(),
+            backoff: INIT_BACKOFF_FIRST,
+            last_init_error: None,
+            xids: Arc::new(XidCounts::default()),
+            uuids: HashMap::new(),
+            logged: HashSet::new(),
+        }
+    }
+
+    /// Does not start the XID thread (for one-shot use, such as `gpuwatch snapshot`).
+    pub fn without_xid(mut self) -> Self {
+        self.watch_xid = false;
+        self
+    }
+
+    fn library_display(&self) -> String {
+        self.library.to_string_lossy().into_owned()
+    }
+
+    fn status(&self, up: bool, error: Option<String>) -> NvmlStatus {
+        NvmlStatus {
+            up,
+            library: self.library_display(),
+            driver_version: self.versions.driver.clone(),
+            nvml_version: self.versions.nvml.clone(),
+            cuda_driver_version: self.versions.cuda.clone(),
+            error,
+        }
+    }
+
+    /// Loads and initialises the library, at most once per backoff step.
+    fn ensure_init(&mut self) -> Result<&'static Nvml, String> {
+        if let Some(nvml) = self.nvml {
+            return Ok(nvml);
+        }
+        if Instant::now() < self.next_init {
+            return Err(self.last_init_error.clone().unwrap_or_default());
+        }
+        match Nvml::builder().lib_path(&self.library).init() {
+            Ok(nvml) => {
+                // The library stays loaded for the life of the process; device handles and the
+                // XID thread borrow it.
+                let nvml: &'static Nvml = Box::leak(Box::new(nvml));
+                self.versions = Versions {
+                    driver: nvml.sys_driver_version().ok(),
+                    nvml: nvml.sys_nvml_version().ok(),
+                    cuda: nvml.sys_cuda_driver_version().ok().map(|v| {
+                        format!(
+                            "{}.{}",
+                            cuda_driver_version_major(v),
+                            cuda_driver_version_minor(v)
+                        )
+                    }),
+                };
+                tracing::info!(
+                    library = %self.library_display(),
+                    driver = self.versions.driver.as_deref().unwrap_or("unknown"),
+                    nvml = self.versions.nvml.as_deref().unwrap_or("unknown"),
+                    cuda = self.versions.cuda.as_deref().unwrap_or("unknown"),
+                    "NVML initialised"
+                );
+                self.nvml = Some(nvml);
+                self.last_init_error = None;
+                self.backoff = INIT_BACKOFF_FIRST;
+                if self.watch_xid {
+                    xid::spawn(nvml, Arc::clone(&self.xids), Arc::clone(&self.metrics));
+                }
+                Ok(nvml)
+            }
+            Err(e) => {
+                let msg = init_error_text(&e);
+                self.metrics.error(ErrorKind::NvmlInit);
+                if self.last_init_error.as_deref() != Some(msg.as_str()) {
+                    tracing::warn!(
+                        "NVML unavailable: cannot initialise \"{}\": {msg}; serving gpuwatch_nvml_up 0 and retrying with backoff (up to {}s)",
+                        self.library_display(),
+                        INIT_BACKOFF_MAX.as_secs()
+                    );
+                } else {
+                    tracing::debug!(error = %msg, "NVML still unavailable");
+                }
+                self.last_init_error = Some(msg.clone());
+                self.next_init = Instant::now() + self.backoff;
+                self.backoff = (self.backoff * 2).min(INIT_BACKOFF_MAX);
+                Err(msg)
+            }
+        }
+    }
+
+    fn bad_value(&mut self, gpu: u32, field: &'static str, value: impl std::fmt::Display) {
+        self.metrics.error(ErrorKind::OutOfRange);
+        if self.logged.insert((gpu, field)) {
+            tracing::warn!(gpu, field, value = %value, "NVML returned an out-of-range value; the reading is left out");
+        }
+    }
+
+    fn read_failed(&mut self, gpu: u32, field: &'static str, e: &NvmlError) {
+        self.metrics.error(ErrorKind::ReadFailed);
+        if self.logged.insert((gpu, field)) {
+            tracing::warn!(gpu, field, error = %e, "NVML read failed; the reading is left out");
+        }
+    }
+
+    fn read_gpu(&mut self, nvml: &'static Nvml, index: u32) -> GpuSample {
+        let device = match nvml.device_by_index(index) {
+            Ok(d) => d,
+            Err(e) => return self.unreachable(index, &e),
+        };
+        let mut r = GpuReader {
+            src: self,
+            index,
+            lost: None,
+        };
+        let sample = r.read_all(nvml, &device);
+        match r.lost {
+            Some(e) => self.unreachable(index, &e),
+            None => {
+                self.uuids.insert(index, sample.uuid.clone());
+                sample
+            }
+        }
+    }
+
+    /// The sample of a GPU that answered `GPU_IS_LOST` (or could not be opened): `up` is false
+    /// and it carries nothing but its identity.
+    fn unreachable(&mut self, index: u32, e: &NvmlError) -> GpuSample {
+        let kind = if matches!(e, NvmlError::GpuLost) {
+            ErrorKind::GpuLost
+        } else {
+            ErrorKind::ReadFailed
+        };
+        self.metrics.error(kind);
+        if self.logged.insert((index, "device")) {
+            tracing::error!(gpu = index, error = %e, "GPU unreachable; gpu_up is 0 until it answers again");
+        }
+        GpuSample {
+            index,
+            uuid: self.uuids.get(&index).cloned().unwrap_or_default(),
+            up: false,
+            xid_errors: self.xids.for_gpu(index),
+            ..GpuSample::default()
+        }
+    }
+}
+
+impl GpuSource for NvmlSource {
+    fn sample(&mut self) -> Sample {
+        let nvml = match self.ensure_init() {
+            Ok(n) => n,
+            Err(e) => {
+                return Sample {
+                    nvml: self.status(false, Some(e)),
+                    gpus: Vec::new(),
+                }
+            }
+        };
+        let count = match nvml.device_count() {
+            Ok(c) => c,
+            Err(e) => {
+                self.metrics.error(ErrorKind::ReadFailed);
+                return Sample {
+                    nvml: self.status(false, Some(format!("cannot count devices: {e}"))),
+                    gpus: Vec::new(),
+                };
+            }
+        };
+        let gpus = (0..count).map(|i| self.read_gpu(nvml, i)).collect();
+        Sample {
+            nvml: self.status(true, None),
+            gpus,
+        }
+    }
+}
+
+/// Reads one GPU, stopping at the first `GPU_IS_LOST`.
+struct GpuReader<'a> {
+    src: &'a mut NvmlSource,
+    index: u32,
+    lost: Option<NvmlError>,
+}
+
+impl GpuReader<'_> {
+    /// Runs one NVML call unless the GPU is already known lost. "Not supported" is a normal
+    /// absence and is not counted; other failures are.
+    fn get<T>(
+        &mut self,
+        field: &'static str,
+        call: impl FnOnce() -> Result<T, NvmlError>,
+    ) -> Option<T> {
+        if self.lost.is_some() {
+            return None;
+        }
+        match call() {
+            Ok(v) => Some(v),
+            Err(NvmlError::NotSupported) => None,
+            Err(NvmlError::GpuLost) => {
+                self.lost = Some(NvmlError::GpuLost);
+                None
+            }
+            Err(e) => {
+                self.src.read_failed(self.index, field, &e);
+                None
+            }
+        }
+    }
+
+    /// Keeps `v` when `ok(v)`, otherwise counts and logs it as out of range.
+    fn check<T: std::fmt::Display + Copy>(
+        &mut self,
+        field: &'static str,
+        v: Option<T>,
+        ok: impl FnOnce(T) -> bool,
+    ) -> Option<T> {
+        match v {
+            Some(v) if ok(v) => Some(v),
+            Some(v) => {
+                self.src.bad_value(self.index, field, v);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn read_all(&mut self, nvml: &'static Nvml, d: &Device<'static>) -> GpuSample {
+        let index = self.index;
+        let uuid = self.get("uuid", || d.uuid()).unwrap_or_default();
+        let name = self.get("name", || d.name());
+        let pci_bus_id = self.get("pci_info", || d.pci_info()).map(|p| p.bus_id);
+
+        let util = self.get("utilization", || d.utilization_rates());
+        let gpu_util = self.check("utilization", util.as_ref().map(|u| u.gpu), |v| v <= 100);
+        let mem_util = self.check("memory_utilization", util.as_ref().map(|u| u.memory), |v| {
+            v <= 100
+        });
+
+        let memory = self.get("memory", || d.memory_info());
+        let memory = match memory {
+            Some(m) if m.total > 0 && m.used <= m.total && m.free <= m.total => Some(m),
+            Some(m) => {
+                self.src.bad_value(
+                    index,
+                    "memory",
+                    format!("used {} free {} total {}", m.used, m.free, m.total),
+                );
+                None
+            }
+            None => None,
+        };
+
+        let temp = self.get("temperature", || d.temperature(TemperatureSensor::Gpu));
+        let temp = self.check("temperature", temp, |v| v <= MAX_TEMPERATURE_CELSIUS);
+        let power = self.get("power", || d.power_usage());
+        let power = self.check("power", power, |v| v <= MAX_POWER_MILLIWATTS);
+        let limit = self.get("power_limit", || d.enforced_power_limit());
+        let limit = self.check("power_limit", limit, |v| v > 0 && v <= MAX_POWER_MILLIWATTS);
+        let energy = self.get("energy", || d.total_energy_consumption());
+        let energy = self.check("energy", energy, |v| v != u64::MAX);
+        let sm = self.get("sm_clock", || d.clock_info(Clock::SM));
+        let sm = self.check("sm_clock", sm, |v| v <= MAX_CLOCK_MHZ);
+        let mem_clock = self.get("memory_clock", || d.clock_info(Clock::Memory));
+        let mem_clock = self.check("memory_clock", mem_clock, |v| v <= MAX_CLOCK_MHZ);
+
+        let supported = self.get("throttle_reasons", || d.supported_throttle_reasons());
+        let current = self.get("throttle_reasons", || d.current_throttle_reasons());
+        let throttle_reasons = match (supported, current) {
+            (Some(s), Some(c)) => THROTTLE_REASONS
+                .iter()
+                .filter(|(bit, _)| s.contains(*bit))
+                .map(|(bit, reason)| ThrottleReason {
+                    reason,
+                    active: c.contains(*bit),
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+
+        let ecc_corrected = self.get("ecc", || {
+            d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+        });
+        let ecc_corrected = self.check("ecc", ecc_corrected, |v| v != u64::MAX);
+        let ecc_uncorrected = self.get("ecc", || {
+            d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+        });
+        let ecc_uncorrected = self.check("ecc", ecc_uncorrected, |v| v != u64::MAX);
+
+        let (processes, process_memory) = if self.src.per_process {
+            match self.get("processes", || d.running_compute_processes()) {
+                Some(list) => {
+                    let procs: Vec<ProcessSample> = list
+                        .into_iter()
+                        .map(|p| ProcessSample {
+                            pid: p.pid,
+                            name: nvml.sys_process_name(p.pid, 256).ok(),
+                            used_memory_bytes: match p.used_gpu_memory {
+                                UsedGpuMemory::Used(b) => Some(b),
+                                UsedGpuMemory::Unavailable => None,
+                            },
+                        })
+                        .collect();
+                    (Some(procs.len() as u32), Some(procs))
+                }
+                None => (None, None),
+            }
+        } else {
+            (
+                self.get("processes", || d.running_compute_processes_count()),
+                None,
+            )
+        };
+
+        GpuSample {
+            index,
+            up: true,
+            xid_errors: self.src.xids.for_gpu(index),
+            uuid,
+            name,
+            pci_bus_id,
+            utilization_ratio: gpu_util.map(percent_ratio),
+            memory_utilization_ratio: mem_util.map(percent_ratio),
+            memory_used_bytes: memory.as_ref().map(|m| m.used),
+            memory_free_bytes: memory.as_ref().map(|m| m.free),
+            memory_total_bytes: memory.as_ref().map(|m| m.total),
+            temperature_celsius: temp.map(f64::from),
+            power_watts: power.map(milli),
+            power_limit_watts: limit.map(milli),
+            energy_joules: energy.map(|mj| mj as f64 / 1000.0),
+            sm_clock_hertz: sm.map(mhz),
+            memory_clock_hertz: mem_clock.map(mhz),
+            throttle_reasons,
+            ecc_corrected,
+            ecc_uncorrected,
+            processes,
+            process_memory,
+        }
+    }
+}
+
+fn percent_ratio(p: u32) -> f64 {
+    f64::from(p) / 100.0
+}
+
+fn milli(v: u32) -> f64 {
+    f64::from(v) / 1000.0
+}
+
+fn mhz(v: u32) -> f64 {
+    f64::from(v) * 1e6
+}
+
+/// A one-line reason for an init failure, naming what was tried where nvml-wrapper does not.
+fn init_error_text(e: &NvmlError) -> String {
+    match e {
+        NvmlError::LibloadingError(inner) => format!("cannot load the library: {inner}"),
+        NvmlError::DriverNotLoaded => "the NVIDIA driver is not loaded".to_string(),
+        NvmlError::NoPermission => "permission denied".to_string(),
+        other => other.to_string(),
+    }
+}

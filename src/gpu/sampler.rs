@@ -1,0 +1,212 @@
+//! The sampler: runs a `GpuSource` on a thread of its own, on a fixed interval, and publishes
+//! each result as an immutable `Snapshot`.
+//!
+//! NVML never runs on the async runtime. A cycle that overruns its timeout is abandoned and
+//! counted; its late result is thrown away, and no new cycle starts until the stuck call returns
+//! (NVML calls cannot be cancelled). Scrapes keep answering from the last snapshot meanwhile.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{oneshot, watch};
+use tokio::time::MissedTickBehavior;
+
+use super::{GpuSource, Sample, Snapshot};
+use crate::metrics::{ErrorKind, SelfMetrics};
+
+/// A way to read the latest snapshot and to await the next one.
+#[derive(Clone, Debug)]
+pub struct Snapshots(watch::Receiver<Arc<Snapshot>>);
+
+impl Snapshots {
+    /// The latest snapshot. Cheap: clones an `Arc`, and never waits on the sampler.
+    pub fn latest(&self) -> Arc<Snapshot> {
+        Arc::clone(&self.0.borrow())
+    }
+
+    /// Waits until a snapshot with `seq > after` is published, and returns it.
+    pub async fn next_after(&self, after: u64) -> Arc<Snapshot> {
+        let mut rx = self.0.clone();
+        let next = match rx.wait_for(|s| s.seq > after).await {
+            Ok(s) => Arc::clone(&s),
+            // The sampler is gone; the latest snapshot is all there will be.
+            Err(_) => self.latest(),
+        };
+        next
+    }
+}
+
+type Reply = oneshot::Sender<(Sample, Duration)>;
+
+/// Starts the sampler thread and its driving task on the current runtime.
+pub fn spawn(
+    source: impl GpuSource,
+    interval: Duration,
+    timeout: Duration,
+    metrics: Arc<SelfMetrics>,
+) -> std::io::Result<Snapshots> {
+    let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
+    let requests = spawn_worker(source)?;
+    tokio::spawn(drive(requests, tx, interval, timeout, metrics));
+    Ok(Snapshots(rx))
+}
+
+fn spawn_worker(mut source: impl GpuSource) -> std::io::Result<mpsc::Sender<Reply>> {
+    let (tx, rx) = mpsc::channel::<Reply>();
+    std::thread::Builder::new()
+        .name("gpuwatch-nvml".into())
+        .spawn(move || {
+            for reply in rx {
+                let started = Instant::now();
+                let sample = source.sample();
+                // The receiver is gone when the cycle was abandoned; the result is dropped.
+                let _ = reply.send((sample, started.elapsed()));
+            }
+        })?;
+    Ok(tx)
+}
+
+async fn drive(
+    requests: mpsc::Sender<Reply>,
+    tx: watch::Sender<Arc<Snapshot>>,
+    interval: Duration,
+    timeout: Duration,
+    metrics: Arc<SelfMetrics>,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    let mut seq = 0u64;
+    // A cycle that timed out and has not returned yet.
+    let mut stuck: Option<oneshot::Receiver<(Sample, Duration)>> = None;
+    loop {
+        ticker.tick().await;
+        if let Some(rx) = stuck.as_mut() {
+            match rx.try_recv() {
+                Err(oneshot::error::TryRecvError::Empty) => continue,
+                _ => {
+                    tracing::info!("the abandoned NVML cycle returned; sampling resumes");
+                    stuck = None;
+                }
+            }
+        }
+        let (reply, mut rx) = oneshot::channel();
+        if requests.send(reply).is_err() {
+            publish_dead(&tx, seq + 1);
+            return;
+        }
+        match tokio::time::timeout(timeout, &mut rx).await {
+            Ok(Ok((sample, took))) => {
+                seq += 1;
+                let snapshot = Snapshot {
+                    seq,
+                    timestamp: unix_now(),
+                    duration_seconds: took.as_secs_f64(),
+                    nvml: sample.nvml,
+                    gpus: sample.gpus,
+                };
+                tx.send_replace(Arc::new(snapshot));
+            }
+            Ok(Err(_)) => {
+                publish_dead(&tx, seq + 1);
+                return;
+            }
+            Err(_) => {
+                metrics.error(ErrorKind::Timeout);
+                tracing::warn!(
+                    timeout = ?timeout,
+                    "an NVML sampling cycle overran its timeout and was abandoned; serving the last snapshot"
+                );
+                stuck = Some(rx);
+            }
+        }
+    }
+}
+
+/// The NVML thread panicked. Rather than serve its last readings forever, publish a snapshot
+/// with NVML down and no GPUs, so that dashboards and alerts see it.
+fn publish_dead(tx: &watch::Sender<Arc<Snapshot>>, seq: u64) {
+    tracing::error!("the NVML thread has died; serving gpuwatch_nvml_up 0 from now on");
+    let last = tx.borrow().nvml.clone();
+    tx.send_replace(Arc::new(Snapshot {
+        seq,
+        timestamp: unix_now(),
+        duration_seconds: 0.0,
+        nvml: super::NvmlStatus {
+            up: false,
+            error: Some("the NVML thread died; restart gpuwatch".to_string()),
+            ..last
+        },
+        gpus: Vec::new(),
+    }));
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::{GpuSample, NvmlStatus};
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// Counts its calls; the `n`th call reports `n` GPUs. Call 2 hangs for `hang`.
+    struct Counting {
+        calls: Arc<AtomicU32>,
+        hang: Duration,
+    }
+
+    impl GpuSource for Counting {
+        fn sample(&mut self) -> Sample {
+            let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+            if n == 2 {
+                std::thread::sleep(self.hang);
+            }
+            Sample {
+                nvml: NvmlStatus {
+                    up: true,
+                    ..NvmlStatus::default()
+                },
+                gpus: (0..n)
+                    .map(|i| GpuSample {
+                        index: i,
+                        up: true,
+                        ..GpuSample::default()
+                    })
+                    .collect(),
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn publishes_in_order_and_abandons_a_stuck_cycle() {
+        let calls = Arc::new(AtomicU32::new(0));
+        let metrics = Arc::new(SelfMetrics::default());
+        let source = Counting {
+            calls: Arc::clone(&calls),
+            hang: Duration::from_millis(400),
+        };
+        let snaps = spawn(
+            source,
+            Duration::from_millis(20),
+            Duration::from_millis(100),
+            Arc::clone(&metrics),
+        )
+        .unwrap();
+        assert!(!snaps.latest().is_ready());
+
+        let first = snaps.next_after(0).await;
+        assert_eq!((first.seq, first.gpus.len()), (1, 1));
+
+        // Call 2 hangs past the timeout: it is counted, its late result is discarded, and the
+        // next snapshot is call 3's.
+        let next = snaps.next_after(1).await;
+        assert_eq!((next.seq, next.gpus.len()), (2, 3));
+        assert_eq!(metrics.error_count(ErrorKind::Timeout), 1);
+        assert!(calls.load(Ordering::SeqCst) >= 3);
+    }
+}

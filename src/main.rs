@@ -1,0 +1,218 @@
+//! The `gpuwatch` command: parse arguments and config, then hand over to the library.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+
+use gpuwatch::config::{Config, ConfigErrors, DEFAULT_PATH, EXIT_CONFIG};
+use gpuwatch::gpu::nvml::NvmlSource;
+use gpuwatch::gpu::GpuSource;
+use gpuwatch::metrics::SelfMetrics;
+
+#[derive(Parser)]
+#[command(name = "gpuwatch", version = VERSION, about = "NVIDIA GPU exporter for Prometheus, with idle and cost watch")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon: sample every GPU and serve /metrics
+    Run {
+        /// Config file (TOML)
+        #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
+        config: PathBuf,
+    },
+    /// Run the daemon over four simulated GPUs; needs no GPU, config or root
+    Demo {
+        /// Address to serve on
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9400")]
+        listen: String,
+    },
+    /// Take one sample and print it as a table, or as JSON
+    Snapshot {
+        /// Print JSON instead of a table
+        #[arg(long)]
+        json: bool,
+        /// Config file whose [nvml] library to use
+        #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
+        config: PathBuf,
+    },
+    /// Validate a config file: exit 0, or exit 64 naming each bad key
+    CheckConfig {
+        /// Config file (TOML)
+        path: PathBuf,
+    },
+}
+
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (revision ",
+    env!("GPUWATCH_REVISION"),
+    ")"
+);
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    match cli.command {
+        Command::Run { config } => {
+            let explicit = config.as_path() != Path::new(DEFAULT_PATH);
+            match load_config(&config, explicit) {
+                Ok(c) => daemon(c),
+                Err(e) => config_failure(&e),
+            }
+        }
+        Command::Demo { listen } => demo(&listen),
+        Command::Snapshot { json, config } => {
+            let explicit = config.as_path() != Path::new(DEFAULT_PATH);
+            match load_config(&config, explicit) {
+                Ok(c) => snapshot(&c, json),
+                Err(e) => config_failure(&e),
+            }
+        }
+        Command::CheckConfig { path } => match Config::load(&path) {
+            Ok(_) => {
+                println!("config: {}: ok", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => config_failure(&e),
+        },
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GPUWATCH_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        // A closed stderr must not take the daemon down: log lines are dropped instead.
+        .log_internal_errors(false)
+        .init();
+}
+
+/// Loads the config. A missing file at the default path means the defaults; a file named on the
+/// command line must exist.
+fn load_config(path: &Path, explicit: bool) -> Result<Config, ConfigErrors> {
+    if !explicit && !path.exists() {
+        tracing::info!("no config at {}; using the defaults", path.display());
+        return Ok(Config::default());
+    }
+    Config::load(path)
+}
+
+fn config_failure(e: &ConfigErrors) -> ExitCode {
+    eprintln!("{e}");
+    ExitCode::from(EXIT_CONFIG as u8)
+}
+
+fn daemon(config: Config) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("gpuwatch: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(gpuwatch::app::run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpuwatch: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn demo(listen: &str) -> ExitCode {
+    let listen = match listen.parse() {
+        Ok(a) => a,
+        Err(_) => {
+            eprintln!("demo: --listen: \"{listen}\" is not an IP address and port, such as \"127.0.0.1:9400\"");
+            return ExitCode::from(EXIT_CONFIG as u8);
+        }
+    };
+    let library = match gpuwatch::app::find_fake_library() {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("demo: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let dir = match tempfile::Builder::new().prefix("gpuwatch-demo-").tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("demo: cannot create a temporary directory: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let scenario = dir.path().join("demo.toml");
+    if let Err(e) = std::fs::write(&scenario, gpuwatch_fake_nvml::DEMO_SCENARIO) {
+        eprintln!("demo: cannot write {}: {e}", scenario.display());
+        return ExitCode::FAILURE;
+    }
+    // Set before any thread starts; the fake library reads it at nvmlInit.
+    std::env::set_var(gpuwatch_fake_nvml::SCENARIO_ENV, &scenario);
+    let mut config = Config::default();
+    config.server.listen = listen;
+    config.nvml.library = library;
+    // Written, not printed: a closed stdout must not stop the demo.
+    let _ = writeln!(
+        std::io::stdout(),
+        "gpuwatch demo: 4 simulated GPUs (two training in bursts, one steady, one going idle)\n\
+         open http://{}/ or scrape http://{}/metrics; Ctrl-C stops",
+        gpuwatch::app::display_addr(listen),
+        gpuwatch::app::display_addr(listen)
+    );
+    daemon(config)
+}
+
+fn snapshot(config: &Config, json: bool) -> ExitCode {
+    let mut source = NvmlSource::new(
+        config.nvml.library.clone(),
+        config.sampling.per_process_memory,
+        Arc::new(SelfMetrics::default()),
+    )
+    .without_xid();
+    let sample = source.sample();
+    if !sample.nvml.up {
+        eprintln!(
+            "gpuwatch: NVML unavailable ({}): {}",
+            sample.nvml.library,
+            sample.nvml.error.as_deref().unwrap_or("unknown error")
+        );
+        return ExitCode::from(69); // EX_UNAVAILABLE
+    }
+    let snap = gpuwatch::gpu::Snapshot {
+        seq: 1,
+        timestamp: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0),
+        duration_seconds: 0.0,
+        nvml: sample.nvml,
+        gpus: sample.gpus,
+    };
+    if json {
+        match serde_json::to_string_pretty(&snap) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("gpuwatch: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", gpuwatch::report::table(&snap));
+    }
+    ExitCode::SUCCESS
+}

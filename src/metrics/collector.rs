@@ -1,0 +1,439 @@
+//! Device and daemon metrics, encoded from the latest snapshot at scrape time.
+
+use std::fmt;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeLabel, EncodeLabelSet,
+    LabelSetEncoder, NoLabelSet,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Unit;
+
+use super::{ErrorKind, SelfMetrics};
+use crate::gpu::sampler::Snapshots;
+use crate::gpu::{GpuSample, Snapshot};
+
+/// Version and source revision of this build, for `gpuwatch_build_info`.
+#[derive(Debug, Clone)]
+pub struct BuildInfo {
+    pub version: String,
+    pub revision: String,
+}
+
+impl BuildInfo {
+    pub fn current() -> Self {
+        BuildInfo {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            revision: env!("GPUWATCH_REVISION").to_string(),
+        }
+    }
+}
+
+/// Encodes every `gpu_*` series and the snapshot-derived `gpuwatch_*` series.
+pub struct SnapshotCollector {
+    source: Source,
+    build: BuildInfo,
+}
+
+enum Source {
+    Live(Snapshots),
+    Fixed(std::sync::Arc<Snapshot>),
+}
+
+impl fmt::Debug for SnapshotCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SnapshotCollector")
+            .field("build", &self.build)
+            .finish()
+    }
+}
+
+impl SnapshotCollector {
+    pub fn new(snapshots: Snapshots, build: BuildInfo) -> Self {
+        SnapshotCollector {
+            source: Source::Live(snapshots),
+            build,
+        }
+    }
+
+    /// A collector over one fixed snapshot, for `gpuwatch snapshot` and golden tests.
+    pub fn fixed(snapshot: Snapshot, build: BuildInfo) -> Self {
+        SnapshotCollector {
+            source: Source::Fixed(std::sync::Arc::new(snapshot)),
+            build,
+        }
+    }
+
+    fn snapshot(&self) -> std::sync::Arc<Snapshot> {
+        match &self.source {
+            Source::Live(s) => s.latest(),
+            Source::Fixed(s) => std::sync::Arc::clone(s),
+        }
+    }
+}
+
+/// `gpu` and `uuid`, which every GPU series carries, plus the series' own labels.
+struct GpuLabels<'a, X> {
+    gpu: u32,
+    uuid: &'a str,
+    extra: X,
+}
+
+impl<X: EncodeLabelSet> EncodeLabelSet for GpuLabels<'_, X> {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), fmt::Error> {
+        ("gpu", self.gpu).encode(encoder.encode_label())?;
+        ("uuid", self.uuid).encode(encoder.encode_label())?;
+        self.extra.encode(encoder)
+    }
+}
+
+/// No labels of a series' own.
+type NoLabels = [(&'static str, &'static str); 0];
+const NO_LABELS: NoLabels = [];
+
+fn labels(g: &GpuSample) -> GpuLabels<'_, NoLabels> {
+    with(g, NO_LABELS)
+}
+
+fn with<X>(g: &GpuSample, extra: X) -> GpuLabels<'_, X> {
+    GpuLabels {
+        gpu: g.index,
+        uuid: &g.uuid,
+        extra,
+    }
+}
+
+/// One metric family: its name (without unit or `_total`), help, unit and type.
+struct Desc {
+    name: &'static str,
+    help: &'static str,
+    unit: Option<Unit>,
+}
+
+fn desc(name: &'static str, help: &'static str, unit: Option<&'static str>) -> Desc {
+    Desc {
+        name,
+        help,
+        unit: unit.map(|u| Unit::Other(u.to_string())),
+    }
+}
+
+/// Encodes a gauge family; a family with no series is left out entirely.
+fn gauges<L: EncodeLabelSet, V: EncodeGaugeValue>(
+    enc: &mut DescriptorEncoder,
+    d: Desc,
+    series: impl IntoIterator<Item = (L, V)>,
+) -> Result<(), fmt::Error> {
+    let mut series = series.into_iter().peekable();
+    if series.peek().is_none() {
+        return Ok(());
+    }
+    let mut family = enc.encode_descriptor(d.name, d.help, d.unit.as_ref(), MetricType::Gauge)?;
+    for (l, v) in series {
+        family.encode_family(&l)?.encode_gauge(&v)?;
+    }
+    Ok(())
+}
+
+/// Encodes a gauge without labels.
+fn gauge<V: EncodeGaugeValue>(
+    enc: &mut DescriptorEncoder,
+    d: Desc,
+    v: V,
+) -> Result<(), fmt::Error> {
+    enc.encode_descriptor(d.name, d.help, d.unit.as_ref(), MetricType::Gauge)?
+        .encode_gauge(&v)
+}
+
+/// Encodes a counter family (the encoder appends `_total`); empty families are left out.
+fn counters<L: EncodeLabelSet, V: EncodeCounterValue>(
+    enc: &mut DescriptorEncoder,
+    d: Desc,
+    series: impl IntoIterator<Item = (L, V)>,
+) -> Result<(), fmt::Error> {
+    let mut series = series.into_iter().peekable();
+    if series.peek().is_none() {
+        return Ok(());
+    }
+    let mut family = enc.encode_descriptor(d.name, d.help, d.unit.as_ref(), MetricType::Counter)?;
+    for (l, v) in series {
+        family
+            .encode_family(&l)?
+            .encode_counter::<NoLabelSet, V, f64>(&v, None)?;
+    }
+    Ok(())
+}
+
+/// Series of one optional reading of every GPU that is up.
+fn per_gpu<'a, V: 'a>(
+    gpus: &'a [GpuSample],
+    read: impl Fn(&'a GpuSample) -> Option<V> + 'a,
+) -> impl Iterator<Item = (GpuLabels<'a, NoLabels>, V)> + 'a {
+    gpus.iter()
+        .filter(|g| g.up)
+        .filter_map(move |g| read(g).map(|v| (labels(g), v)))
+}
+
+impl Collector for SnapshotCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let snap = self.snapshot();
+        let gpus = &snap.gpus[..];
+        let e = &mut enc;
+
+        gauges(
+            e,
+            desc(
+                "gpuwatch_build_info",
+                "gpuwatch version and source revision",
+                None,
+            ),
+            [(
+                [
+                    ("version", self.build.version.as_str()),
+                    ("revision", self.build.revision.as_str()),
+                ],
+                1i64,
+            )],
+        )?;
+        gauge(
+            e,
+            desc(
+                "gpuwatch_nvml_up",
+                "1 when the NVML library is loaded and answering",
+                None,
+            ),
+            i64::from(snap.nvml.up),
+        )?;
+        if snap.nvml.up {
+            let unknown = "unknown";
+            gauges(
+                e,
+                desc(
+                    "gpuwatch_nvml_info",
+                    "NVIDIA driver, NVML and CUDA driver versions",
+                    None,
+                ),
+                [(
+                    [
+                        (
+                            "driver_version",
+                            snap.nvml.driver_version.as_deref().unwrap_or(unknown),
+                        ),
+                        (
+                            "nvml_version",
+                            snap.nvml.nvml_version.as_deref().unwrap_or(unknown),
+                        ),
+                        (
+                            "cuda_driver_version",
+                            snap.nvml.cuda_driver_version.as_deref().unwrap_or(unknown),
+                        ),
+                    ],
+                    1i64,
+                )],
+            )?;
+        }
+        if snap.is_ready() {
+            gauge(
+                e,
+                desc(
+                    "gpuwatch_gpus",
+                    "GPUs NVML reports on this node, lost ones included",
+                    None,
+                ),
+                gpus.len() as i64,
+            )?;
+            gauge(
+                e,
+                desc(
+                    "gpuwatch_last_sample_timestamp",
+                    "When the latest sample was taken",
+                    Some("seconds"),
+                ),
+                snap.timestamp,
+            )?;
+            gauge(
+                e,
+                desc(
+                    "gpuwatch_sample_duration",
+                    "How long the latest sampling cycle took",
+                    Some("seconds"),
+                ),
+                snap.duration_seconds,
+            )?;
+        }
+
+        gauges(
+            e,
+            desc("gpu_info", "GPU identity; value 1", None),
+            gpus.iter().filter(|g| g.up).map(|g| {
+                let extra = [
+                    ("name", g.name.as_deref().unwrap_or("")),
+                    ("pci_bus_id", g.pci_bus_id.as_deref().unwrap_or("")),
+                ];
+                (with(g, extra), 1i64)
+            }),
+        )?;
+        gauges(
+            e,
+            desc(
+                "gpu_up",
+                "1 when the GPU answers NVML, 0 when it is lost",
+                None,
+            ),
+            gpus.iter().map(|g| (labels(g), i64::from(g.up))),
+        )?;
+        gauges(
+            e,
+            desc(
+                "gpu_utilization",
+                "Fraction of the last sample period a kernel was running",
+                Some("ratio"),
+            ),
+            per_gpu(gpus, |g| g.utilization_ratio),
+        )?;
+        gauges(
+            e,
+            desc(
+                "gpu_memory_utilization",
+                "Fraction of the last sample period device memory was read or written",
+                Some("ratio"),
+            ),
+            per_gpu(gpus, |g| g.memory_utilization_ratio),
+        )?;
+        gauges(
+            e,
+            desc("gpu_memory_used", "Device memory in use", Some("bytes")),
+            per_gpu(gpus, |g| g.memory_used_bytes.map(|v| v as i64)),
+        )?;
+        gauges(
+            e,
+            desc("gpu_memory_free", "Device memory free", Some("bytes")),
+            per_gpu(gpus, |g| g.memory_free_bytes.map(|v| v as i64)),
+        )?;
+        gauges(
+            e,
+            desc("gpu_memory_total", "Device memory in all", Some("bytes")),
+            per_gpu(gpus, |g| g.memory_total_bytes.map(|v| v as i64)),
+        )?;
+        gauges(
+            e,
+            desc("gpu_temperature", "GPU core temperature", Some("celsius")),
+            per_gpu(gpus, |g| g.temperature_celsius),
+        )?;
+        gauges(
+            e,
+            desc("gpu_power", "Power draw", Some("watts")),
+            per_gpu(gpus, |g| g.power_watts),
+        )?;
+        gauges(
+            e,
+            desc("gpu_power_limit", "Enforced power limit", Some("watts")),
+            per_gpu(gpus, |g| g.power_limit_watts),
+        )?;
+        counters(
+            e,
+            desc(
+                "gpu_energy",
+                "Energy consumed since the driver loaded",
+                Some("joules"),
+            ),
+            per_gpu(gpus, |g| g.energy_joules),
+        )?;
+        gauges(
+            e,
+            desc("gpu_clock", "Current clock frequency", Some("hertz")),
+            gpus.iter().filter(|g| g.up).flat_map(|g| {
+                let sm = g.sm_clock_hertz.map(|v| (with(g, [("clock", "sm")]), v));
+                let mem = g
+                    .memory_clock_hertz
+                    .map(|v| (with(g, [("clock", "memory")]), v));
+                sm.into_iter().chain(mem)
+            }),
+        )?;
+        gauges(
+            e,
+            desc(
+                "gpu_clock_throttle_active",
+                "1 while the reason is holding clocks down; one series per reason the GPU supports",
+                None,
+            ),
+            gpus.iter().filter(|g| g.up).flat_map(|g| {
+                g.throttle_reasons
+                    .iter()
+                    .map(move |t| (with(g, [("reason", t.reason)]), i64::from(t.active)))
+            }),
+        )?;
+        counters(
+            e,
+            desc(
+                "gpu_ecc_errors",
+                "ECC errors since the driver loaded (volatile counters)",
+                None,
+            ),
+            gpus.iter().filter(|g| g.up).flat_map(|g| {
+                let c = g
+                    .ecc_corrected
+                    .map(|v| (with(g, [("kind", "corrected")]), v));
+                let u = g
+                    .ecc_uncorrected
+                    .map(|v| (with(g, [("kind", "uncorrected")]), v));
+                c.into_iter().chain(u)
+            }),
+        )?;
+        // XID counts stay visible for lost GPUs: an XID is often what explains the loss, and a
+        // counter that vanished and came back would read as a reset.
+        counters(
+            e,
+            desc(
+                "gpu_xid_errors",
+                "Critical XID errors seen since gpuwatch started, by XID code",
+                None,
+            ),
+            gpus.iter().flat_map(|g| {
+                g.xid_errors
+                    .iter()
+                    .map(move |(xid, n)| (with(g, [("xid", *xid)]), *n))
+            }),
+        )?;
+        gauges(
+            e,
+            desc("gpu_processes", "Running compute processes", None),
+            per_gpu(gpus, |g| g.processes.map(i64::from)),
+        )?;
+        gauges(
+            e,
+            desc(
+                "gpu_process_memory_used",
+                "Device memory used by one compute process",
+                Some("bytes"),
+            ),
+            gpus.iter().filter(|g| g.up).flat_map(|g| {
+                g.process_memory.iter().flatten().filter_map(move |p| {
+                    let extra = (
+                        [("pid", p.pid)],
+                        [("process", p.name.as_deref().unwrap_or(""))],
+                    );
+                    p.used_memory_bytes.map(|b| (with(g, extra), b as i64))
+                })
+            }),
+        )?;
+        Ok(())
+    }
+}
+
+impl Collector for SelfMetrics {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
+        counters(
+            &mut enc,
+            desc(
+                "gpuwatch_sample_errors",
+                "Sampling errors by kind: failed or out-of-range readings, lost GPUs, NVML init failures, abandoned cycles",
+                None,
+            ),
+            ErrorKind::ALL
+                .iter()
+                .map(|k| ([("kind", k.as_str())], self.error_count(*k))),
+        )
+    }
+}

@@ -1,0 +1,191 @@
+//! The command line: `snapshot` (table and JSON), `demo`, and `--help` on every command.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use common::{metric, BIN};
+
+const SCENARIO: &str = r#"
+driver_version = "535.161.08"
+time = { speed = 0 }
+[[gpu]]
+utilization = 64
+memory_used_mib = 40960
+temperature = 61
+power_watts = 402
+processes = 3
+[[gpu]]
+name = "NVIDIA L4"
+utilization = 4294967295
+[[fault]]
+at = "0s"
+gpu = 1
+kind = "not_supported"
+fields = ["power"]
+"#;
+
+fn snapshot_cmd(args: &[&str]) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("s.toml");
+    std::fs::write(&scenario, SCENARIO).unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[nvml]\nlibrary = \"{}\"\n",
+            common::fake_library().display()
+        ),
+    )
+    .unwrap();
+    Command::new(BIN)
+        .arg("snapshot")
+        .args(args)
+        .arg("--config")
+        .arg(&config)
+        .env("GPUWATCH_FAKE_NVML_SCENARIO", &scenario)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn snapshot_json_carries_the_sample() {
+    let out = snapshot_cmd(&["--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["nvml"]["driver_version"], "535.161.08");
+    assert_eq!(v["gpus"].as_array().unwrap().len(), 2);
+    assert_eq!(v["gpus"][0]["utilization_ratio"], 0.64);
+    assert_eq!(v["gpus"][0]["memory_used_bytes"], 40960u64 * 1024 * 1024);
+    assert_eq!(v["gpus"][0]["power_watts"], 402.0);
+    assert_eq!(v["gpus"][0]["processes"], 3);
+    // Unknown is null, never 0.
+    assert_eq!(v["gpus"][1]["utilization_ratio"], serde_json::Value::Null);
+    assert_eq!(v["gpus"][1]["power_watts"], serde_json::Value::Null);
+    assert_eq!(v["gpus"][1]["name"], "NVIDIA L4");
+}
+
+#[test]
+fn snapshot_table_shows_unknown_as_a_dash() {
+    let out = snapshot_cmd(&[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("driver 535.161.08"), "{text}");
+    assert!(lines[1].starts_with("GPU "), "{text}");
+    let gpu0: Vec<&str> = lines[2].split_whitespace().collect();
+    assert_eq!(&gpu0[..1], ["0"]);
+    assert!(
+        lines[2].contains(" 64% ")
+            && lines[2].contains("40.0/79.6")
+            && lines[2].contains("61C")
+            && lines[2].contains("402/700"),
+        "{}",
+        lines[2]
+    );
+    let gpu1 = lines[3];
+    assert!(
+        gpu1.contains("NVIDIA L4") && gpu1.contains("    - "),
+        "{gpu1}"
+    );
+}
+
+#[test]
+fn snapshot_without_nvml_says_why_and_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        "[nvml]\nlibrary = \"/nonexistent/libnvidia-ml.so.1\"\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["snapshot", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("NVML unavailable (/nonexistent/libnvidia-ml.so.1)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn every_command_has_help() {
+    for cmd in [
+        &[][..],
+        &["run"],
+        &["demo"],
+        &["snapshot"],
+        &["check-config"],
+    ] {
+        let out = Command::new(BIN).args(cmd).arg("--help").output().unwrap();
+        assert!(out.status.success(), "{cmd:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("Usage: gpuwatch"),
+            "{cmd:?}"
+        );
+    }
+}
+
+/// The README's first command: the demo serves four simulated GPUs with no config at all.
+#[test]
+fn demo_serves_four_gpus() {
+    let port = common::free_port();
+    let mut child = Command::new(BIN)
+        .args(["demo", "--listen", &format!("127.0.0.1:{port}")])
+        .env_remove("GPUWATCH_FAKE_NVML_SCENARIO")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    assert!(
+        first.starts_with("gpuwatch demo: 4 simulated GPUs"),
+        "{first}"
+    );
+    // The log says when the listener is bound.
+    let mut stderr = BufReader::new(child.stderr.take().unwrap())
+        .lines()
+        .map_while(Result::ok);
+    let mut log = String::new();
+    for line in stderr.by_ref() {
+        log.push_str(&line);
+        if line.contains("listening on http://") {
+            break;
+        }
+    }
+    assert!(
+        log.contains("listening on http://"),
+        "the demo exited without listening:\n{log}"
+    );
+    // Keep draining the log, as a terminal would.
+    std::thread::spawn(move || stderr.for_each(drop));
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    // Await the first sample through the daemon's own long-poll.
+    let r = common::get(addr, "/api/v1/snapshot?after=0&timeout=10s");
+    let snap: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(snap["gpus"].as_array().unwrap().len(), 4, "{snap}");
+    let scrape = common::Scrape::parse(&common::get(addr, "/metrics").body);
+    metric("gpuwatch_gpus").value(4.0).assert_in(&scrape);
+    metric("gpu_utilization_ratio")
+        .gpu(2)
+        .value(0.42)
+        .assert_in(&scrape);
+    assert_eq!(scrape.named("gpu_utilization_ratio").len(), 4);
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -1,0 +1,354 @@
+//! Test harness: starts the real `gpuwatch` binary over the fake NVML library, talks HTTP to it,
+//! and reads its exposition.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_gpuwatch");
+
+/// The fake library cargo builds beside the binary.
+pub fn fake_library() -> PathBuf {
+    let dir = Path::new(BIN).parent().unwrap();
+    let lib = dir.join("libgpuwatch_fake_nvml.so");
+    assert!(
+        lib.is_file(),
+        "{} is missing; run `cargo build` first",
+        lib.display()
+    );
+    lib
+}
+
+/// A running `gpuwatch run`, stopped (by its PID) when dropped.
+pub struct Daemon {
+    child: Child,
+    pub addr: SocketAddr,
+    pub dir: tempfile::TempDir,
+    log: Arc<Mutex<String>>,
+}
+
+impl Daemon {
+    /// Starts the daemon over `scenario` (fake NVML TOML), with `extra` appended to its config.
+    pub fn start(scenario: &str, extra: &str) -> Daemon {
+        Daemon::start_in(tempfile::tempdir().unwrap(), scenario, extra)
+    }
+
+    /// Like `start`, in a directory the caller has put files (such as traces) in.
+    pub fn start_in(dir: tempfile::TempDir, scenario: &str, extra: &str) -> Daemon {
+        std::fs::write(dir.path().join("scenario.toml"), scenario).unwrap();
+        let library = fake_library();
+        Daemon::start_with(
+            dir,
+            &format!("[nvml]\nlibrary = \"{}\"\n{extra}", library.display()),
+        )
+    }
+
+    /// Starts the daemon with this config text; listen defaults to a free loopback port.
+    pub fn start_with(dir: tempfile::TempDir, config: &str) -> Daemon {
+        let config = if config.contains("[server]") {
+            config.to_string()
+        } else {
+            format!("[server]\nlisten = \"127.0.0.1:0\"\n{config}")
+        };
+        let path = dir.path().join("gpuwatch.toml");
+        std::fs::write(&path, &config).unwrap();
+        let mut child = Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(&path)
+            .env(
+                "GPUWATCH_FAKE_NVML_SCENARIO",
+                dir.path().join("scenario.toml"),
+            )
+            .env("GPUWATCH_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start gpuwatch");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("listening on http://").nth(1) {
+                    let addr: SocketAddr = rest.split('/').next().unwrap().parse().unwrap();
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(addr);
+                    }
+                }
+                let mut l = sink.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("gpuwatch did not start listening:\n{}", log.lock().unwrap());
+            }
+        };
+        Daemon {
+            child,
+            addr,
+            dir,
+            log,
+        }
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    pub fn get(&self, path: &str) -> Response {
+        get(self.addr, path)
+    }
+
+    pub fn scrape(&self) -> Scrape {
+        let r = self.get("/metrics");
+        assert_eq!(r.status, 200, "{}", r.body);
+        Scrape::parse(&r.body)
+    }
+
+    /// Waits (long-polls the daemon) for the first snapshot newer than `seq`.
+    pub fn snapshot_after(&self, seq: u64) -> Value {
+        let r = self.get(&format!("/api/v1/snapshot?after={seq}&timeout=10s"));
+        assert_eq!(r.status, 200, "{}", r.body);
+        serde_json::from_str(&r.body).unwrap()
+    }
+
+    /// Awaits samples until `cond` holds for one, and returns it; fails after `limit`.
+    pub fn await_sample(&self, limit: Duration, cond: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + limit;
+        let mut seq = 0;
+        loop {
+            let snap = self.snapshot_after(seq);
+            if cond(&snap) {
+                return snap;
+            }
+            seq = snap["seq"].as_u64().unwrap();
+            assert!(
+                Instant::now() < deadline,
+                "no sample met the condition within {limit:?}; last: {snap}\nlog:\n{}",
+                self.log()
+            );
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub struct Response {
+    pub status: u16,
+    pub headers: String,
+    pub body: String,
+}
+
+/// A plain HTTP/1.1 GET, with a 15 s read timeout.
+pub fn get(addr: SocketAddr, path: &str) -> Response {
+    try_get(addr, path).unwrap_or_else(|e| panic!("GET http://{addr}{path}: {e}"))
+}
+
+pub fn try_get(addr: SocketAddr, path: &str) -> std::io::Result<Response> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(15)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP response: {head:?}")))?;
+    Ok(Response {
+        status,
+        headers: head.to_ascii_lowercase(),
+        body: body.to_string(),
+    })
+}
+
+/// One parsed sample line of the exposition.
+#[derive(Debug, Clone)]
+pub struct Series {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+pub struct Scrape {
+    pub text: String,
+    pub series: Vec<Series>,
+}
+
+impl Scrape {
+    pub fn parse(text: &str) -> Scrape {
+        let series = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .map(|l| {
+                let (left, value) = l.rsplit_once(' ').unwrap();
+                let (name, labels) = match left.split_once('{') {
+                    Some((n, rest)) => (n, parse_labels(rest.trim_end_matches('}'))),
+                    None => (left, BTreeMap::new()),
+                };
+                Series {
+                    name: name.to_string(),
+                    labels,
+                    value: value.parse().unwrap(),
+                }
+            })
+            .collect();
+        Scrape {
+            text: text.to_string(),
+            series,
+        }
+    }
+
+    pub fn named(&self, name: &str) -> Vec<&Series> {
+        self.series.iter().filter(|s| s.name == name).collect()
+    }
+}
+
+fn parse_labels(s: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut rest = s;
+    while let Some((k, after)) = rest.split_once("=\"") {
+        let end = after.find('"').unwrap();
+        out.insert(
+            k.trim_start_matches(',').to_string(),
+            after[..end].to_string(),
+        );
+        rest = &after[end + 1..];
+    }
+    out
+}
+
+/// `metric("x").label("gpu", "0").value(1.0).assert_in(&scrape)`.
+pub fn metric(name: &str) -> MetricMatch {
+    MetricMatch {
+        name: name.to_string(),
+        labels: Vec::new(),
+    }
+}
+
+pub struct MetricMatch {
+    name: String,
+    labels: Vec<(String, String)>,
+}
+
+impl MetricMatch {
+    pub fn label(mut self, k: &str, v: impl ToString) -> Self {
+        self.labels.push((k.to_string(), v.to_string()));
+        self
+    }
+
+    pub fn gpu(self, i: u32) -> Self {
+        self.label("gpu", i)
+    }
+
+    fn find<'a>(&self, scrape: &'a Scrape) -> Vec<&'a Series> {
+        scrape
+            .named(&self.name)
+            .into_iter()
+            .filter(|s| self.labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
+            .collect()
+    }
+
+    /// Asserts exactly one series matches and has this value (to 1e-9 relative).
+    pub fn value(self, want: f64) -> Assertion {
+        Assertion {
+            m: self,
+            want: Some(want),
+        }
+    }
+
+    /// Asserts no series matches.
+    pub fn absent(self) -> Assertion {
+        Assertion {
+            m: self,
+            want: None,
+        }
+    }
+
+    pub fn get(&self, scrape: &Scrape) -> Option<f64> {
+        let found = self.find(scrape);
+        assert!(
+            found.len() <= 1,
+            "{} {:?} matched {} series",
+            self.name,
+            self.labels,
+            found.len()
+        );
+        found.first().map(|s| s.value)
+    }
+}
+
+pub struct Assertion {
+    m: MetricMatch,
+    want: Option<f64>,
+}
+
+impl Assertion {
+    #[track_caller]
+    pub fn assert_in(&self, scrape: &Scrape) {
+        let found = self.m.find(scrape);
+        match self.want {
+            None => assert!(
+                found.is_empty(),
+                "{} {:?} should be absent, found {found:?}",
+                self.m.name,
+                self.m.labels
+            ),
+            Some(want) => {
+                assert_eq!(
+                    found.len(),
+                    1,
+                    "{} {:?}: expected one series, found {found:?}",
+                    self.m.name,
+                    self.m.labels
+                );
+                let got = found[0].value;
+                assert!(
+                    (got - want).abs() <= 1e-9 * want.abs().max(1.0),
+                    "{} {:?} = {got}, expected {want}",
+                    self.m.name,
+                    self.m.labels
+                );
+            }
+        }
+    }
+}
+
+/// A loopback port that was free a moment ago, for servers that cannot report their own.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

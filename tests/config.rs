@@ -1,0 +1,126 @@
+//! Config fixtures: every valid file loads, every invalid one gives exactly its `.err` text and
+//! exit status 64.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use gpuwatch::config::{Config, RawConfig};
+
+fn fixtures(kind: &str) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/config")
+        .join(kind);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty());
+    files
+}
+
+#[test]
+fn invalid_fixtures_give_their_exact_errors() {
+    for path in fixtures("invalid") {
+        let want = std::fs::read_to_string(path.with_extension("err"))
+            .unwrap()
+            .replace("{path}", &path.display().to_string());
+        let got = Config::load(&path).expect_err(&path.display().to_string());
+        assert_eq!(format!("{got}\n"), want, "{}", path.display());
+    }
+}
+
+#[test]
+fn valid_fixtures_load() {
+    for path in fixtures("valid") {
+        Config::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
+    let full = Config::load(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/config/valid/full.toml")
+            .as_path(),
+    )
+    .unwrap();
+    assert_eq!(full.server.listen.to_string(), "127.0.0.1:9500");
+    assert_eq!(
+        full.sampling.interval,
+        std::time::Duration::from_millis(250)
+    );
+    assert!(full.sampling.per_process_memory);
+}
+
+#[test]
+fn check_config_exits_64_with_the_message_and_0_when_valid() {
+    for path in fixtures("invalid") {
+        let out = Command::new(common::BIN)
+            .arg("check-config")
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(64), "{}", path.display());
+        let want = std::fs::read_to_string(path.with_extension("err"))
+            .unwrap()
+            .replace("{path}", &path.display().to_string());
+        assert_eq!(String::from_utf8_lossy(&out.stderr), want);
+    }
+    let ok = Command::new(common::BIN)
+        .arg("check-config")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("config/gpuwatch.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(ok.status.code(), Some(0));
+}
+
+#[test]
+fn run_with_bad_config_exits_64_before_serving() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/config/invalid/listen_no_port.toml");
+    let out = Command::new(common::BIN)
+        .arg("run")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("server.listen: \"localhost\""));
+    let missing = Command::new(common::BIN)
+        .args(["run", "--config", "/nonexistent/gpuwatch.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&missing.stderr)
+        .contains("config: /nonexistent/gpuwatch.toml: cannot read"));
+}
+
+/// The shipped example sets every key, each to its default.
+#[test]
+fn example_config_is_every_key_at_its_default() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/gpuwatch.toml");
+    assert_eq!(Config::load(&path).unwrap(), Config::default());
+
+    let text = std::fs::read_to_string(&path).unwrap();
+    let example: toml::Value = toml::from_str(&text).unwrap();
+    let defaults = toml::Value::try_from(RawConfig::default()).unwrap();
+    assert_eq!(
+        keys(&example, ""),
+        keys(&defaults, ""),
+        "config/gpuwatch.toml drifted from the defaults"
+    );
+    assert_eq!(example, defaults);
+}
+
+fn keys(v: &toml::Value, prefix: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    if let toml::Value::Table(t) = v {
+        for (k, v) in t {
+            let key = format!("{prefix}{k}");
+            out.extend(keys(v, &format!("{key}.")));
+            out.push(key);
+        }
+    }
+    out.sort();
+    out
+}

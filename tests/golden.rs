@@ -1,0 +1,173 @@
+//! The full exposition for a fixed snapshot, compared with a golden file a reviewer can read in
+//! the diff, and checked by `promtool check metrics`. Regenerate with `UPDATE_GOLDEN=1`.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use gpuwatch::gpu::{GpuSample, NvmlStatus, ProcessSample, Snapshot, ThrottleReason};
+use gpuwatch::metrics::{encode, BuildInfo, ErrorKind, SelfMetrics, SnapshotCollector};
+use prometheus_client::registry::Registry;
+
+fn snapshot() -> Snapshot {
+    let busy = GpuSample {
+        index: 0,
+        uuid: "GPU-11111111-2222-4333-8444-555555555555".into(),
+        up: true,
+        name: Some("NVIDIA H100 80GB HBM3".into()),
+        pci_bus_id: Some("00000000:18:00.0".into()),
+        utilization_ratio: Some(0.97),
+        memory_utilization_ratio: Some(0.61),
+        memory_used_bytes: Some(74_658_611_200),
+        memory_free_bytes: Some(10_862_198_784),
+        memory_total_bytes: Some(85_520_809_984),
+        temperature_celsius: Some(71.0),
+        power_watts: Some(655.123),
+        power_limit_watts: Some(700.0),
+        energy_joules: Some(123_456_789.012),
+        sm_clock_hertz: Some(1.98e9),
+        memory_clock_hertz: Some(2.619e9),
+        throttle_reasons: vec![
+            ThrottleReason {
+                reason: "gpu_idle",
+                active: false,
+            },
+            ThrottleReason {
+                reason: "sw_power_cap",
+                active: true,
+            },
+        ],
+        ecc_corrected: Some(2),
+        ecc_uncorrected: Some(0),
+        processes: Some(1),
+        process_memory: Some(vec![ProcessSample {
+            pid: 4242,
+            name: Some("python3".into()),
+            used_memory_bytes: Some(74_000_000_000),
+        }]),
+        xid_errors: BTreeMap::from([(48, 1)]),
+    };
+    // Everything unknown: not supported, failed or out of range.
+    let sparse = GpuSample {
+        index: 1,
+        uuid: "GPU-66666666-7777-4888-8999-000000000000".into(),
+        up: true,
+        name: Some("NVIDIA A10G".into()),
+        pci_bus_id: Some("00000000:1E:00.0".into()),
+        ..GpuSample::default()
+    };
+    let lost = GpuSample {
+        index: 2,
+        uuid: "GPU-aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee".into(),
+        up: false,
+        xid_errors: BTreeMap::from([(79, 1)]),
+        ..GpuSample::default()
+    };
+    Snapshot {
+        seq: 42,
+        timestamp: 1_796_000_000.25,
+        duration_seconds: 0.0015,
+        nvml: NvmlStatus {
+            up: true,
+            library: "libnvidia-ml.so.1".into(),
+            driver_version: Some("550.54.15".into()),
+            nvml_version: Some("12.550.54.15".into()),
+            cuda_driver_version: Some("12.4".into()),
+            error: None,
+        },
+        gpus: vec![busy, sparse, lost],
+    }
+}
+
+fn exposition() -> String {
+    let metrics = Arc::new(SelfMetrics::default());
+    let mut registry = Registry::default();
+    metrics.register(&mut registry);
+    metrics.error(ErrorKind::GpuLost);
+    metrics.error(ErrorKind::OutOfRange);
+    metrics.error(ErrorKind::OutOfRange);
+    let build = BuildInfo {
+        version: "0.1.0".into(),
+        revision: "0123456789ab".into(),
+    };
+    registry.register_collector(Box::new(SnapshotCollector::fixed(snapshot(), build)));
+    encode(&registry)
+}
+
+#[test]
+fn exposition_matches_the_golden_file() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden/metrics.txt");
+    let got = exposition();
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, &got).unwrap();
+    }
+    let want = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(
+        got, want,
+        "exposition changed; review it and rerun with UPDATE_GOLDEN=1"
+    );
+}
+
+/// `promtool check metrics` finds nothing but its note that counters carry HELP under the name
+/// without `_total` (OpenMetrics naming).
+#[test]
+fn promtool_finds_nothing_wrong() {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool not found: scripts/test installs Debian's prometheus, which brings it");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(exposition().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let problems: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter(|l| !(l.contains("_total") && l.contains("no help text")))
+        .collect();
+    assert!(problems.is_empty(), "promtool:\n{text}");
+}
+
+/// The shipped dashboard queries only metrics the daemon exports.
+#[test]
+fn dashboard_queries_exported_metrics() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let golden = std::fs::read_to_string(root.join("tests/data/golden/metrics.txt")).unwrap();
+    let exported: std::collections::BTreeSet<&str> = golden
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let text = std::fs::read_to_string(root.join("dashboards/gpuwatch-gpus.json")).unwrap();
+    let dash: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut checked = 0;
+    for panel in dash["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if word.starts_with("gpu_") || word.starts_with("gpuwatch_") {
+                    assert!(
+                        exported.contains(word),
+                        "{:?} queries {word}, which is not exported",
+                        panel["title"]
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked >= 18);
+}
