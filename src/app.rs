@@ -7,11 +7,16 @@ use std::sync::Arc;
 use anyhow::Context;
 use prometheus_client::registry::Registry;
 
-use crate::config::Config;
+use crate::actions::{Executor, Instance};
+use crate::cloud::ec2::Ec2;
+use crate::cloud::imds::Imds;
+use crate::config::{Config, Provider};
 use crate::gpu::nvml::NvmlSource;
-use crate::gpu::sampler;
-use crate::metrics::{BuildInfo, SelfMetrics, SnapshotCollector};
+use crate::gpu::sampler::{self, Snapshots};
+use crate::metrics::{BuildInfo, SelfMetrics, SnapshotCollector, WatchCollector};
 use crate::server::{router, ServerState};
+use crate::state::{AuditLog, StateDir};
+use crate::watch::{NodeInfo, Outside, Watch, WatchMetrics};
 
 /// Runs the daemon until SIGINT or SIGTERM.
 pub async fn run(config: Config) -> anyhow::Result<()> {
@@ -35,6 +40,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         snapshots.clone(),
         BuildInfo::current(),
     )));
+    let watch_metrics = Arc::new(WatchMetrics::default());
+    registry.register_collector(Box::new(WatchCollector(Arc::clone(&watch_metrics))));
+    start_watch(&config, snapshots.clone(), watch_metrics).await;
 
     let listener = tokio::net::TcpListener::bind(config.server.listen)
         .await
@@ -56,6 +64,103 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .context("the HTTP server failed")?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Starts the cost watch: rules, actions, and (with `provider = "aws"`) instance metadata and the
+/// EC2 API. Off AWS, or when instance metadata does not answer, rules run with local actions only.
+async fn start_watch(config: &Config, snapshots: Snapshots, metrics: Arc<WatchMetrics>) {
+    if config.rules.is_empty() && config.cloud.provider == Provider::None {
+        tracing::info!("no rules and no cloud: the cost watch is off");
+        return;
+    }
+    let state_dir = StateDir::new(&config.actions.state_dir);
+    if let Err(e) = state_dir.create() {
+        tracing::error!(dir = %state_dir.path().display(), error = %e, "cannot create the state directory");
+    }
+    let audit = Arc::new(AuditLog::new(state_dir.audit_path()));
+    let mut outside = Outside::default();
+    let mut instance = None;
+    let mut imds = None;
+    if config.cloud.provider == Provider::Aws {
+        let client = Arc::new(Imds::new(&config.cloud.imds_endpoint));
+        match client.identity().await {
+            Ok(id) => {
+                tracing::info!(
+                    instance = %id.instance_id,
+                    instance_type = %id.instance_type,
+                    zone = %id.availability_zone,
+                    lifecycle = id.lifecycle.map_or("unknown", |l| l.as_str()),
+                    "running on EC2"
+                );
+                let region = config
+                    .cloud
+                    .region
+                    .clone()
+                    .unwrap_or_else(|| id.region.clone());
+                let ec2 = Ec2::new(
+                    &region,
+                    config.cloud.endpoint_url.as_deref(),
+                    &id.instance_id,
+                )
+                .await;
+                outside.lifecycle = id.lifecycle;
+                metrics.update(|v| {
+                    v.node = Some(NodeInfo {
+                        instance_id: id.instance_id.clone(),
+                        instance_type: id.instance_type.clone(),
+                        availability_zone: id.availability_zone.clone(),
+                        lifecycle: id.lifecycle.map_or("unknown", |l| l.as_str()).to_string(),
+                    })
+                });
+                instance = Some(Instance {
+                    ec2,
+                    lifecycle: id.lifecycle,
+                });
+                imds = Some(client);
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                "instance metadata is unavailable; rules run with local actions only (alert, exec)"
+            ),
+        }
+    }
+    let executor = Arc::new(Executor::new(
+        config.actions.mode,
+        config.actions.spot_stop,
+        config.actions.webhook_url.clone(),
+        config.actions.wall,
+        config.actions.exec_timeout,
+        config.actions.retry_for,
+        audit,
+        instance.clone(),
+    ));
+    let outside = Arc::new(outside);
+    if let Some(imds) = imds {
+        tokio::spawn(crate::watch::poll_cloud(
+            imds,
+            instance.map(|i| i.ec2),
+            Arc::clone(&outside),
+            Arc::clone(&executor),
+            config.spot.interruption_hook.clone(),
+            config.spot.hook_timeout,
+            config.cloud.poll_interval,
+        ));
+    }
+    let watch = Watch {
+        config: config.clone(),
+        state_dir,
+        executor,
+        metrics,
+        outside,
+    };
+    let task = tokio::spawn(watch.run(snapshots));
+    tokio::spawn(async move {
+        // The watch never returns; if it panics, no action is taken from then on (the safe
+        // side), and this says so loudly.
+        if let Err(e) = task.await {
+            tracing::error!(error = %e, "the cost watch stopped: no rule is evaluated and no action taken until gpuwatch restarts");
+        }
+    });
 }
 
 /// An address a browser can open: the wildcard address is shown as localhost.

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::rules::{Action, Aggregation, Comparison, Lifecycle, Metric, Rule, Statistic};
+
 /// Where `gpuwatch run` looks for its config when `--config` is not given.
 pub const DEFAULT_PATH: &str = "/etc/gpuwatch/gpuwatch.toml";
 
@@ -20,6 +22,77 @@ pub struct Config {
     pub server: ServerConfig,
     pub nvml: NvmlConfig,
     pub sampling: SamplingConfig,
+    pub cloud: CloudConfig,
+    pub actions: ActionsConfig,
+    pub vetoes: VetoesConfig,
+    pub spot: SpotConfig,
+    pub rules: Vec<Rule>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provider {
+    None,
+    Aws,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CloudConfig {
+    pub provider: Provider,
+    pub imds_endpoint: String,
+    /// The EC2 API endpoint; `None` is the SDK's own.
+    pub endpoint_url: Option<String>,
+    /// The region; `None` means the one instance metadata reports.
+    pub region: Option<String>,
+    /// How often instance metadata (spot notices) and instance tags (holds) are read.
+    pub poll_interval: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    DryRun,
+    Enforce,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::DryRun => "dry-run",
+            Mode::Enforce => "enforce",
+        }
+    }
+}
+
+/// What `stop` does on a one-time spot instance, which cannot be stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpotStop {
+    Refuse,
+    Terminate,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActionsConfig {
+    pub mode: Mode,
+    pub boot_grace: Duration,
+    pub warning: Duration,
+    pub spot_stop: SpotStop,
+    pub webhook_url: Option<String>,
+    pub wall: bool,
+    pub exec_timeout: Duration,
+    /// How long EC2 calls are retried through throttling, 5xx and outages.
+    pub retry_for: Duration,
+    pub state_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct VetoesConfig {
+    pub ssh_sessions: bool,
+    pub processes: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpotConfig {
+    pub interruption_hook: Vec<String>,
+    pub hook_timeout: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -101,9 +174,39 @@ impl Config {
         Config::parse(&text, path)
     }
 
-    /// Parses config text; `path` is used in messages only.
+    /// Parses config text; `path` is used in messages, and a relative `rules_file` is
+    /// resolved against its directory.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigErrors> {
-        RawConfig::parse(text, path)?.validate()
+        let mut raw = RawConfig::parse(text, path)?;
+        if !raw.rules_file.is_empty() {
+            let file = path
+                .parent()
+                .unwrap_or(Path::new("."))
+                .join(&raw.rules_file);
+            raw.rules.extend(load_rules_file(&file)?);
+        }
+        raw.validate()
+    }
+
+    /// Adds the rules of a JSON (or TOML `[[rules]]`) file, as `--rules PATH` does.
+    pub fn add_rules_file(&mut self, file: &Path) -> Result<(), ConfigErrors> {
+        let raw = load_rules_file(file)?;
+        let mut all: Vec<RawRule> = Vec::new();
+        all.extend(raw);
+        let mut errors = Vec::new();
+        let offset = self.rules.len();
+        for (i, r) in all.into_iter().enumerate() {
+            match r.validate(&format!("rules[{}]", offset + i)) {
+                Ok(rule) => self.rules.push(rule),
+                Err(e) => errors.extend(e),
+            }
+        }
+        check_unique(&self.rules, &mut errors);
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigErrors(errors))
+        }
     }
 }
 
@@ -112,9 +215,109 @@ impl Config {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawConfig {
+    /// A JSON (or TOML) file of more rules, relative to the config file.
+    pub rules_file: String,
     pub server: RawServer,
     pub nvml: RawNvml,
     pub sampling: RawSampling,
+    pub cloud: RawCloud,
+    pub actions: RawActions,
+    pub vetoes: RawVetoes,
+    pub spot: RawSpot,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<RawRule>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawCloud {
+    pub provider: String,
+    pub imds_endpoint: String,
+    pub endpoint_url: String,
+    pub region: String,
+    pub poll_interval: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawActions {
+    pub mode: String,
+    pub boot_grace: String,
+    pub warning: String,
+    pub spot_stop: String,
+    pub webhook_url: String,
+    pub wall: bool,
+    pub exec_timeout: String,
+    pub retry_for: String,
+    pub state_dir: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawVetoes {
+    pub ssh_sessions: bool,
+    pub processes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawSpot {
+    pub interruption_hook: Vec<String>,
+    pub hook_timeout: String,
+}
+
+/// One `[[rules]]` table.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRule {
+    pub name: String,
+    pub metric: String,
+    #[serde(default)]
+    pub statistic: Option<String>,
+    pub comparison: String,
+    pub threshold: f64,
+    pub period: String,
+    #[serde(default = "one")]
+    pub evaluation_periods: u32,
+    #[serde(default)]
+    pub datapoints_to_alarm: Option<u32>,
+    #[serde(default)]
+    pub gpus: Option<String>,
+    #[serde(default)]
+    pub lifecycle: Option<String>,
+    pub action: String,
+    #[serde(default)]
+    pub command: Vec<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRulesFile {
+    rules: Vec<RawRule>,
+}
+
+/// Loads rules from a file: the JSON form when it ends in `.json`, else `[[rules]]` tables.
+fn load_rules_file(path: &Path) -> Result<Vec<RawRule>, ConfigErrors> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let source = path.display().to_string();
+    if path.extension().is_some_and(|e| e == "json") {
+        Ok(crate::rules::json::parse(&text, &source)?)
+    } else {
+        let de = toml::Deserializer::new(&text);
+        let file: RawRulesFile =
+            serde_path_to_error::deserialize(de).map_err(|e| ConfigError::Invalid {
+                key: format!("{source}: {}", e.path()),
+                message: e.into_inner().message().trim().replace('`', "\""),
+            })?;
+        Ok(file.rules)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -140,6 +343,31 @@ pub struct RawSampling {
 impl Default for RawConfig {
     fn default() -> Self {
         RawConfig {
+            rules_file: String::new(),
+            cloud: RawCloud {
+                provider: "none".to_string(),
+                imds_endpoint: "http://169.254.169.254".to_string(),
+                endpoint_url: String::new(),
+                region: String::new(),
+                poll_interval: "5s".to_string(),
+            },
+            actions: RawActions {
+                mode: "dry-run".to_string(),
+                boot_grace: "15m".to_string(),
+                warning: "10m".to_string(),
+                spot_stop: "refuse".to_string(),
+                webhook_url: String::new(),
+                wall: true,
+                exec_timeout: "60s".to_string(),
+                retry_for: "10m".to_string(),
+                state_dir: "/var/lib/gpuwatch".to_string(),
+            },
+            vetoes: RawVetoes::default(),
+            spot: RawSpot {
+                interruption_hook: Vec::new(),
+                hook_timeout: "60s".to_string(),
+            },
+            rules: Vec::new(),
             server: RawServer {
                 listen: "0.0.0.0:9400".to_string(),
             },
@@ -170,6 +398,24 @@ impl Default for RawNvml {
 impl Default for RawSampling {
     fn default() -> Self {
         RawConfig::default().sampling
+    }
+}
+
+impl Default for RawCloud {
+    fn default() -> Self {
+        RawConfig::default().cloud
+    }
+}
+
+impl Default for RawActions {
+    fn default() -> Self {
+        RawConfig::default().actions
+    }
+}
+
+impl Default for RawSpot {
+    fn default() -> Self {
+        RawConfig::default().spot
     }
 }
 
@@ -241,19 +487,318 @@ impl RawConfig {
             Duration::from_millis(10),
         );
 
-        match (listen, interval, timeout) {
-            (Some(listen), Some(interval), Some(timeout)) if errors.is_empty() => Ok(Config {
-                server: ServerConfig { listen },
-                nvml: NvmlConfig {
-                    library: PathBuf::from(self.nvml.library),
-                },
-                sampling: SamplingConfig {
-                    interval,
-                    timeout,
-                    per_process_memory: self.sampling.per_process_memory,
-                },
-            }),
+        let provider = match self.cloud.provider.as_str() {
+            "none" => Some(Provider::None),
+            "aws" => Some(Provider::Aws),
+            other => {
+                invalid(
+                    "cloud.provider",
+                    format!("\"{other}\" is not one of \"none\", \"aws\""),
+                );
+                None
+            }
+        };
+        for (key, url) in [
+            ("cloud.imds_endpoint", &self.cloud.imds_endpoint),
+            ("cloud.endpoint_url", &self.cloud.endpoint_url),
+            ("actions.webhook_url", &self.actions.webhook_url),
+        ] {
+            let ok = url.is_empty() && key != "cloud.imds_endpoint"
+                || url.starts_with("http://") && url.len() > 7
+                || url.starts_with("https://") && url.len() > 8;
+            if !ok {
+                invalid(key, format!("\"{url}\" is not an http:// or https:// URL"));
+            }
+        }
+        let mode = match self.actions.mode.as_str() {
+            "dry-run" => Some(Mode::DryRun),
+            "enforce" => Some(Mode::Enforce),
+            other => {
+                invalid(
+                    "actions.mode",
+                    format!("\"{other}\" is not one of \"dry-run\", \"enforce\""),
+                );
+                None
+            }
+        };
+        let spot_stop = match self.actions.spot_stop.as_str() {
+            "refuse" => Some(SpotStop::Refuse),
+            "terminate" => Some(SpotStop::Terminate),
+            other => {
+                invalid(
+                    "actions.spot_stop",
+                    format!("\"{other}\" is not one of \"refuse\", \"terminate\""),
+                );
+                None
+            }
+        };
+        let boot_grace = duration(
+            &mut invalid,
+            "actions.boot_grace",
+            &self.actions.boot_grace,
+            Duration::ZERO,
+        );
+        let warning = duration(
+            &mut invalid,
+            "actions.warning",
+            &self.actions.warning,
+            Duration::ZERO,
+        );
+        let exec_timeout = duration(
+            &mut invalid,
+            "actions.exec_timeout",
+            &self.actions.exec_timeout,
+            Duration::from_millis(10),
+        );
+        if self.actions.state_dir.trim().is_empty() {
+            invalid(
+                "actions.state_dir",
+                "\"\" is empty; name a directory, such as \"/var/lib/gpuwatch\"".into(),
+            );
+        }
+        let hook_timeout = duration(
+            &mut invalid,
+            "spot.hook_timeout",
+            &self.spot.hook_timeout,
+            Duration::from_millis(10),
+        );
+        let poll_interval = duration(
+            &mut invalid,
+            "cloud.poll_interval",
+            &self.cloud.poll_interval,
+            Duration::from_millis(10),
+        );
+        let retry_for = duration(
+            &mut invalid,
+            "actions.retry_for",
+            &self.actions.retry_for,
+            Duration::ZERO,
+        );
+        if self.vetoes.processes.iter().any(|p| p.trim().is_empty()) {
+            invalid("vetoes.processes", "\"\" is not a process name".into());
+        }
+
+        let mut rules = Vec::new();
+        for (i, r) in self.rules.iter().enumerate() {
+            match r.validate(&format!("rules[{i}]")) {
+                Ok(rule) => rules.push(rule),
+                Err(e) => errors.extend(e),
+            }
+        }
+        check_unique(&rules, &mut errors);
+
+        match (listen, interval, timeout, provider, mode, spot_stop) {
+            (
+                Some(listen),
+                Some(interval),
+                Some(timeout),
+                Some(provider),
+                Some(mode),
+                Some(spot_stop),
+            ) if errors.is_empty() => {
+                let opt = |s: String| (!s.trim().is_empty()).then_some(s);
+                Ok(Config {
+                    server: ServerConfig { listen },
+                    nvml: NvmlConfig {
+                        library: PathBuf::from(self.nvml.library),
+                    },
+                    sampling: SamplingConfig {
+                        interval,
+                        timeout,
+                        per_process_memory: self.sampling.per_process_memory,
+                    },
+                    cloud: CloudConfig {
+                        provider,
+                        imds_endpoint: self.cloud.imds_endpoint.trim_end_matches('/').to_string(),
+                        endpoint_url: opt(self.cloud.endpoint_url),
+                        region: opt(self.cloud.region),
+                        poll_interval: poll_interval.unwrap_or_default(),
+                    },
+                    actions: ActionsConfig {
+                        mode,
+                        boot_grace: boot_grace.unwrap_or_default(),
+                        warning: warning.unwrap_or_default(),
+                        spot_stop,
+                        webhook_url: opt(self.actions.webhook_url),
+                        wall: self.actions.wall,
+                        exec_timeout: exec_timeout.unwrap_or_default(),
+                        retry_for: retry_for.unwrap_or_default(),
+                        state_dir: PathBuf::from(self.actions.state_dir),
+                    },
+                    vetoes: VetoesConfig {
+                        ssh_sessions: self.vetoes.ssh_sessions,
+                        processes: self.vetoes.processes,
+                    },
+                    spot: SpotConfig {
+                        interruption_hook: self.spot.interruption_hook,
+                        hook_timeout: hook_timeout.unwrap_or_default(),
+                    },
+                    rules,
+                })
+            }
             _ => Err(ConfigErrors(errors)),
+        }
+    }
+}
+
+fn check_unique(rules: &[Rule], errors: &mut Vec<ConfigError>) {
+    for (i, r) in rules.iter().enumerate() {
+        if rules[..i].iter().any(|o| o.name == r.name) {
+            errors.push(ConfigError::Invalid {
+                key: format!("rules[{i}].name"),
+                message: format!(
+                    "\"{}\" names another rule too; names must be unique",
+                    r.name
+                ),
+            });
+        }
+    }
+}
+
+impl RawRule {
+    /// Validates one rule; `key` is its place, such as `rules[1]`.
+    pub fn validate(&self, key: &str) -> Result<Rule, Vec<ConfigError>> {
+        let mut errors = Vec::new();
+        let mut invalid = |k: &str, message: String| {
+            errors.push(ConfigError::Invalid {
+                key: format!("{key}.{k}"),
+                message,
+            })
+        };
+        fn pick<T: Copy>(
+            invalid: &mut impl FnMut(&str, String),
+            k: &str,
+            value: &str,
+            options: &[(&str, T)],
+        ) -> Option<T> {
+            let found = options.iter().find(|(n, _)| *n == value).map(|(_, v)| *v);
+            if found.is_none() {
+                let names: Vec<String> = options.iter().map(|(n, _)| format!("\"{n}\"")).collect();
+                invalid(k, format!("\"{value}\" is not one of {}", names.join(", ")));
+            }
+            found
+        }
+        if self.name.trim().is_empty() {
+            invalid("name", "\"\" is empty; every rule needs a name".into());
+        }
+        let metric = pick(
+            &mut invalid,
+            "metric",
+            &self.metric,
+            &Metric::ALL.map(|m| (m.as_str(), m)),
+        );
+        let statistic = pick(
+            &mut invalid,
+            "statistic",
+            self.statistic.as_deref().unwrap_or("average"),
+            &[
+                ("average", Statistic::Average),
+                ("maximum", Statistic::Maximum),
+            ],
+        );
+        let comparison = pick(
+            &mut invalid,
+            "comparison",
+            &self.comparison,
+            &[
+                ("less_than", Comparison::LessThan),
+                ("less_than_or_equal", Comparison::LessThanOrEqual),
+                ("greater_than", Comparison::GreaterThan),
+                ("greater_than_or_equal", Comparison::GreaterThanOrEqual),
+            ],
+        );
+        let gpus = pick(
+            &mut invalid,
+            "gpus",
+            self.gpus.as_deref().unwrap_or("every"),
+            &[("every", Aggregation::Every), ("any", Aggregation::Any)],
+        );
+        let lifecycle = match self.lifecycle.as_deref() {
+            None => Some(None),
+            Some(l) => pick(
+                &mut invalid,
+                "lifecycle",
+                l,
+                &[
+                    ("spot", Some(Lifecycle::Spot)),
+                    ("on-demand", Some(Lifecycle::OnDemand)),
+                ],
+            ),
+        };
+        let action = pick(
+            &mut invalid,
+            "action",
+            &self.action,
+            &[
+                ("alert", Action::Alert),
+                ("exec", Action::Exec),
+                ("stop", Action::Stop),
+                ("hibernate", Action::Hibernate),
+                ("terminate", Action::Terminate),
+            ],
+        );
+        if let Some(m) = metric {
+            let ok = if m.is_ratio() {
+                (0.0..=1.0).contains(&self.threshold)
+            } else {
+                self.threshold >= 0.0 && self.threshold.is_finite()
+            };
+            if !ok {
+                let what = if m.is_ratio() {
+                    "a ratio between 0 and 1"
+                } else {
+                    "a count of 0 or more"
+                };
+                invalid("threshold", format!("\"{}\" is not {what}", self.threshold));
+            }
+        }
+        let period = duration(&mut invalid, "period", &self.period, Duration::from_secs(1));
+        if self.evaluation_periods == 0 {
+            invalid("evaluation_periods", "\"0\" must be at least 1".into());
+        }
+        let m = self.datapoints_to_alarm.unwrap_or(self.evaluation_periods);
+        if m == 0 || m > self.evaluation_periods {
+            invalid(
+                "datapoints_to_alarm",
+                format!(
+                    "\"{m}\" must be between 1 and evaluation_periods ({})",
+                    self.evaluation_periods
+                ),
+            );
+        }
+        if action == Some(Action::Exec) && self.command.is_empty() {
+            invalid(
+                "command",
+                "an exec rule needs a command, such as [\"/usr/local/bin/notify\", \"idle\"]"
+                    .into(),
+            );
+        }
+        match (
+            metric, statistic, comparison, gpus, lifecycle, action, period,
+        ) {
+            (
+                Some(metric),
+                Some(statistic),
+                Some(comparison),
+                Some(gpus),
+                Some(lifecycle),
+                Some(action),
+                Some(period),
+            ) if errors.is_empty() => Ok(Rule {
+                name: self.name.clone(),
+                metric,
+                statistic,
+                comparison,
+                threshold: self.threshold,
+                period,
+                evaluation_periods: self.evaluation_periods,
+                datapoints_to_alarm: m,
+                gpus,
+                lifecycle,
+                action,
+                command: self.command.clone(),
+            }),
+            _ => Err(errors),
         }
     }
 }

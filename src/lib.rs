@@ -2,9 +2,17 @@
 //!
 //! See ARCHITECTURE.md for the map of this crate.
 
+pub mod actions;
 pub mod app;
+pub mod cloud;
 pub mod config;
 pub mod gpu;
 pub mod metrics;
 pub mod report;
+pub mod rules;
 pub mod server;
+pub mod simulate;
+pub mod state;
+pub mod time;
+pub mod vetoes;
+pub mod watch;

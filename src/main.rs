@@ -26,6 +26,9 @@ enum Command {
         /// Config file (TOML)
         #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
         config: PathBuf,
+        /// More rules, in the JSON form or as TOML [[rules]]
+        #[arg(long, value_name = "PATH")]
+        rules: Option<PathBuf>,
     },
     /// Run the daemon over four simulated GPUs; needs no GPU, config or root
     Demo {
@@ -47,6 +50,41 @@ enum Command {
         /// Config file (TOML)
         path: PathBuf,
     },
+    /// Replay a recorded trace through the rules and print what they would have done
+    Simulate {
+        /// Config file whose rules and [actions] timings to use
+        #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
+        config: PathBuf,
+        /// CSV: timestamp,gpu,utilization[,memory_used_bytes,power_watts]
+        #[arg(long, value_name = "FILE.csv")]
+        trace: PathBuf,
+        /// More rules, in the JSON form or as TOML [[rules]]
+        #[arg(long, value_name = "PATH")]
+        rules: Option<PathBuf>,
+        /// The instance's lifecycle, for rules with a lifecycle filter
+        #[arg(long, value_parser = ["spot", "on-demand"])]
+        lifecycle: Option<String>,
+        /// One JSON object per event
+        #[arg(long)]
+        json: bool,
+    },
+    /// Postpone every action for a while (the running daemon honours it at once)
+    Hold {
+        /// How long, such as 3h or 90m
+        duration: String,
+        /// Why, for the audit log and for colleagues
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// Config file whose [actions] state_dir to use
+        #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
+        config: PathBuf,
+    },
+    /// Remove a hold
+    Release {
+        /// Config file whose [actions] state_dir to use
+        #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
+        config: PathBuf,
+    },
 }
 
 const VERSION: &str = concat!(
@@ -60,10 +98,31 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
     match cli.command {
-        Command::Run { config } => {
-            let explicit = config.as_path() != Path::new(DEFAULT_PATH);
-            match load_config(&config, explicit) {
-                Ok(c) => daemon(c),
+        Command::Run { config, rules } => match load_with_rules(&config, rules.as_deref()) {
+            Ok(c) => daemon(c),
+            Err(e) => config_failure(&e),
+        },
+        Command::Simulate {
+            config,
+            trace,
+            rules,
+            lifecycle,
+            json,
+        } => match load_with_rules(&config, rules.as_deref()) {
+            Ok(c) => simulate(&c, &trace, lifecycle.as_deref(), json),
+            Err(e) => config_failure(&e),
+        },
+        Command::Hold {
+            duration,
+            reason,
+            config,
+        } => match load_config(&config, config.as_path() != Path::new(DEFAULT_PATH)) {
+            Ok(c) => hold(&c, &duration, &reason),
+            Err(e) => config_failure(&e),
+        },
+        Command::Release { config } => {
+            match load_config(&config, config.as_path() != Path::new(DEFAULT_PATH)) {
+                Ok(c) => release(&c),
                 Err(e) => config_failure(&e),
             }
         }
@@ -108,6 +167,94 @@ fn load_config(path: &Path, explicit: bool) -> Result<Config, ConfigErrors> {
     Config::load(path)
 }
 
+fn load_with_rules(config: &Path, rules: Option<&Path>) -> Result<Config, ConfigErrors> {
+    let mut c = load_config(config, config != Path::new(DEFAULT_PATH))?;
+    if let Some(r) = rules {
+        c.add_rules_file(r)?;
+    }
+    Ok(c)
+}
+
+fn simulate(config: &Config, trace: &Path, lifecycle: Option<&str>, json: bool) -> ExitCode {
+    let text = match std::fs::read_to_string(trace) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("simulate: {}: cannot read: {e}", trace.display());
+            return ExitCode::from(66); // EX_NOINPUT
+        }
+    };
+    let rows = match gpuwatch::simulate::parse_trace(&text) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("simulate: {}: {e}", trace.display());
+            return ExitCode::from(65); // EX_DATAERR
+        }
+    };
+    if config.rules.is_empty() {
+        eprintln!("simulate: no rules: add [[rules]] to the config or pass --rules PATH");
+        return ExitCode::from(EXIT_CONFIG as u8);
+    }
+    let lifecycle = match lifecycle {
+        Some("spot") => Some(gpuwatch::rules::Lifecycle::Spot),
+        Some("on-demand") => Some(gpuwatch::rules::Lifecycle::OnDemand),
+        _ => None,
+    };
+    let reports = gpuwatch::simulate::replay(config, &rows, lifecycle);
+    let mut out = std::io::stdout().lock();
+    if json {
+        for r in &reports {
+            let _ = writeln!(out, "{}", serde_json::to_string(r).unwrap_or_default());
+        }
+    } else {
+        let _ = write!(out, "{}", gpuwatch::simulate::render(&reports));
+    }
+    ExitCode::SUCCESS
+}
+
+fn hold(config: &Config, duration: &str, reason: &str) -> ExitCode {
+    let d = match humantime::parse_duration(duration) {
+        Ok(d) if !d.is_zero() => d,
+        _ => {
+            eprintln!("hold: \"{duration}\" is not a duration, such as \"3h\" or \"90m\"");
+            return ExitCode::from(EXIT_CONFIG as u8);
+        }
+    };
+    let until = gpuwatch::time::now() + d.as_secs_f64();
+    let dir = gpuwatch::state::StateDir::new(&config.actions.state_dir);
+    let hold = gpuwatch::state::Hold {
+        until: gpuwatch::time::rfc3339(until),
+        reason: reason.to_string(),
+    };
+    match dir.set_hold(&hold) {
+        Ok(()) => {
+            println!("hold until {} ({})", hold.until, dir.path().display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("hold: cannot write to {}: {e}", dir.path().display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn release(config: &Config) -> ExitCode {
+    let dir = gpuwatch::state::StateDir::new(&config.actions.state_dir);
+    match dir.release() {
+        Ok(true) => {
+            println!("hold released");
+            ExitCode::SUCCESS
+        }
+        Ok(false) => {
+            println!("no hold was in place");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("release: {}: {e}", dir.path().display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn config_failure(e: &ConfigErrors) -> ExitCode {
     eprintln!("{e}");
     ExitCode::from(EXIT_CONFIG as u8)
@@ -133,6 +280,29 @@ fn daemon(config: Config) -> ExitCode {
         }
     }
 }
+
+/// The demo's rule: short periods, so that within two minutes GPU 3 goes idle, the warning
+/// comes, and the dry-run "would stop" follows. The cloud stays "none": nothing leaves loopback.
+const DEMO_CONFIG: &str = r#"
+[sampling]
+interval = "1s"
+
+[actions]
+mode = "dry-run"
+boot_grace = "10s"
+warning = "20s"
+wall = false
+
+[[rules]]
+name = "demo-any-gpu-idle"
+metric = "gpu_utilization"
+comparison = "less_than"
+threshold = 0.05
+period = "15s"
+evaluation_periods = 2
+gpus = "any"
+action = "stop"
+"#;
 
 fn demo(listen: &str) -> ExitCode {
     let listen = match listen.parse() {
@@ -163,13 +333,21 @@ fn demo(listen: &str) -> ExitCode {
     }
     // Set before any thread starts; the fake library reads it at nvmlInit.
     std::env::set_var(gpuwatch_fake_nvml::SCENARIO_ENV, &scenario);
-    let mut config = Config::default();
+    let mut config = match Config::parse(DEMO_CONFIG, Path::new("demo")) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("demo: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     config.server.listen = listen;
     config.nvml.library = library;
+    config.actions.state_dir = dir.path().join("state");
     // Written, not printed: a closed stdout must not stop the demo.
     let _ = writeln!(
         std::io::stdout(),
         "gpuwatch demo: 4 simulated GPUs (two training in bursts, one steady, one going idle)\n\
+         rule \"demo-any-gpu-idle\" (dry-run): stop when any GPU idles for 2 periods of 15 s\n\
          open http://{}/ or scrape http://{}/metrics; Ctrl-C stops",
         gpuwatch::app::display_addr(listen),
         gpuwatch::app::display_addr(listen)

@@ -143,14 +143,16 @@ fn every_command_has_help() {
 #[test]
 fn demo_serves_four_gpus() {
     let port = common::free_port();
-    let mut child = Command::new(BIN)
-        .args(["demo", "--listen", &format!("127.0.0.1:{port}")])
-        .env_remove("GPUWATCH_FAKE_NVML_SCENARIO")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut child = common::Killed(
+        Command::new(BIN)
+            .args(["demo", "--listen", &format!("127.0.0.1:{port}")])
+            .env_remove("GPUWATCH_FAKE_NVML_SCENARIO")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdout = BufReader::new(child.0.stdout.take().unwrap());
     let mut first = String::new();
     stdout.read_line(&mut first).unwrap();
     assert!(
@@ -158,7 +160,7 @@ fn demo_serves_four_gpus() {
         "{first}"
     );
     // The log says when the listener is bound.
-    let mut stderr = BufReader::new(child.stderr.take().unwrap())
+    let mut stderr = BufReader::new(child.0.stderr.take().unwrap())
         .lines()
         .map_while(Result::ok);
     let mut log = String::new();
@@ -179,13 +181,30 @@ fn demo_serves_four_gpus() {
     let r = common::get(addr, "/api/v1/snapshot?after=0&timeout=10s");
     let snap: serde_json::Value = serde_json::from_str(&r.body).unwrap();
     assert_eq!(snap["gpus"].as_array().unwrap().len(), 4, "{snap}");
-    let scrape = common::Scrape::parse(&common::get(addr, "/metrics").body);
+    // The cost watch reads each sample after the sampler publishes it: await a sample or two.
+    let mut seq = snap["seq"].as_u64().unwrap();
+    let scrape = loop {
+        let scrape = common::Scrape::parse(&common::get(addr, "/metrics").body);
+        if !scrape.named("gpuwatch_rule_breaching").is_empty() || seq > 5 {
+            break scrape;
+        }
+        let next = common::get(addr, &format!("/api/v1/snapshot?after={seq}&timeout=10s"));
+        seq = serde_json::from_str::<serde_json::Value>(&next.body).unwrap()["seq"]
+            .as_u64()
+            .unwrap();
+    };
     metric("gpuwatch_gpus").value(4.0).assert_in(&scrape);
     metric("gpu_utilization_ratio")
         .gpu(2)
         .value(0.42)
         .assert_in(&scrape);
     assert_eq!(scrape.named("gpu_utilization_ratio").len(), 4);
-    let _ = child.kill();
-    let _ = child.wait();
+    // The demo's idle rule is loaded, in dry-run.
+    metric("gpuwatch_rule_breaching")
+        .label("rule", "demo-any-gpu-idle")
+        .value(0.0)
+        .assert_in(&scrape);
+    metric("gpuwatch_spot_interruption_pending")
+        .value(0.0)
+        .assert_in(&scrape);
 }

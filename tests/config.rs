@@ -38,6 +38,10 @@ fn valid_fixtures_load() {
     for path in fixtures("valid") {
         Config::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }
+    for shipped in ["config/gpuwatch.toml", "config/aws-spot.toml"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(shipped);
+        Config::load(&path).unwrap_or_else(|e| panic!("{shipped}: {e}"));
+    }
     let full = Config::load(
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/data/config/valid/full.toml")

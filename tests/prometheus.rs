@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::Daemon;
@@ -19,16 +19,6 @@ utilization = 33
 [[gpu]]
 utilization = 44
 "#;
-
-/// A Prometheus server, stopped by its PID when dropped.
-struct Prometheus(Child);
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 #[test]
 fn prometheus_scrapes_the_four_gpus() {
@@ -58,7 +48,7 @@ fn prometheus_scrapes_the_four_gpus() {
         .stderr(Stdio::null())
         .spawn()
         .expect("prometheus not found: scripts/test installs Debian's prometheus");
-    let _prom = Prometheus(child);
+    let _prom = common::Killed(child);
     let addr = listen.parse().unwrap();
 
     // Prometheus answers only after it has started and scraped; poll its query API.

@@ -437,3 +437,127 @@ impl Collector for SelfMetrics {
         )
     }
 }
+
+/// The cost watch's series, from its latest view.
+#[derive(Debug)]
+pub struct WatchCollector(pub std::sync::Arc<crate::watch::WatchMetrics>);
+
+impl Collector for WatchCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let v = self.0.view();
+        let e = &mut enc;
+        if let Some(n) = &v.node {
+            gauges(
+                e,
+                desc(
+                    "gpuwatch_node_info",
+                    "The instance gpuwatch runs on; value 1",
+                    None,
+                ),
+                [(
+                    [
+                        ("instance_id", n.instance_id.as_str()),
+                        ("instance_type", n.instance_type.as_str()),
+                        ("availability_zone", n.availability_zone.as_str()),
+                        ("lifecycle", n.lifecycle.as_str()),
+                    ],
+                    1i64,
+                )],
+            )?;
+        }
+        gauges(
+            e,
+            desc(
+                "gpuwatch_gpu_idle",
+                "How long the GPU has been idle without a break",
+                Some("seconds"),
+            ),
+            v.gpu_idle.iter().map(|(gpu, uuid, s)| {
+                (
+                    GpuLabels {
+                        gpu: *gpu,
+                        uuid,
+                        extra: NO_LABELS,
+                    },
+                    *s,
+                )
+            }),
+        )?;
+        gauges(
+            e,
+            desc(
+                "gpuwatch_rule_breaching",
+                "1 while the rule's condition holds",
+                None,
+            ),
+            v.breaching
+                .iter()
+                .map(|(r, b)| ([("rule", r.as_str())], i64::from(*b))),
+        )?;
+        gauges(
+            e,
+            desc(
+                "gpuwatch_action_pending",
+                "1 while an action is in its warning period",
+                None,
+            ),
+            v.pending
+                .iter()
+                .map(|(r, a, _)| ([("rule", r.as_str()), ("action", a.as_str())], 1i64)),
+        )?;
+        gauges(
+            e,
+            desc(
+                "gpuwatch_action_due_timestamp",
+                "When the pending action is due unless the GPUs come back",
+                Some("seconds"),
+            ),
+            v.pending
+                .iter()
+                .map(|(r, a, due)| ([("rule", r.as_str()), ("action", a.as_str())], *due)),
+        )?;
+        counters(
+            e,
+            desc(
+                "gpuwatch_actions",
+                "Actions by result: done, dry_run, failed, cancelled or refused",
+                None,
+            ),
+            v.actions
+                .iter()
+                .map(|((a, r), n)| ([("action", a.as_str()), ("result", r.as_str())], *n)),
+        )?;
+        if let Some(h) = v.hold_until {
+            gauge(
+                e,
+                desc(
+                    "gpuwatch_hold_until_timestamp",
+                    "When the current hold expires",
+                    Some("seconds"),
+                ),
+                h,
+            )?;
+        }
+        gauge(
+            e,
+            desc(
+                "gpuwatch_spot_interruption_pending",
+                "1 while a spot interruption notice or rebalance recommendation is in effect",
+                None,
+            ),
+            i64::from(v.interruption.is_some()),
+        )?;
+        if let Some(t) = v.interruption {
+            gauge(
+                e,
+                desc(
+                    "gpuwatch_spot_interruption_timestamp",
+                    "When the announced spot interruption takes effect",
+                    Some("seconds"),
+                ),
+                t,
+            )?;
+        }
+        Ok(())
+    }
+}

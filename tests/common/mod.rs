@@ -2,6 +2,8 @@
 //! and reads its exposition.
 #![allow(dead_code)]
 
+pub mod aws;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -67,6 +69,7 @@ impl Daemon {
                 dir.path().join("scenario.toml"),
             )
             .env("GPUWATCH_LOG", "info")
+            .envs(aws::SAFE_ENV.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -143,6 +146,43 @@ impl Daemon {
         }
     }
 
+    /// Awaits samples until a scrape satisfies `cond`; fails after `limit`.
+    pub fn await_scrape(&self, limit: Duration, cond: impl Fn(&Scrape) -> bool) -> Scrape {
+        let deadline = Instant::now() + limit;
+        let mut seq = 0;
+        loop {
+            let scrape = self.scrape();
+            if cond(&scrape) {
+                return scrape;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no scrape met the condition within {limit:?}:\n{}\nlog:\n{}",
+                scrape.text,
+                self.log()
+            );
+            seq = self.snapshot_after(seq)["seq"].as_u64().unwrap();
+        }
+    }
+
+    /// Awaits samples until one is at least `until` (Unix seconds).
+    pub fn await_time(&self, until: f64) {
+        self.await_sample(Duration::from_secs(120), |s| {
+            s["timestamp"].as_f64().unwrap_or(0.0) >= until
+        });
+    }
+
+    /// The audit log's records, in order.
+    pub fn audit(&self) -> Vec<serde_json::Value> {
+        audit_records(&self.dir.path().join("state/audit.jsonl"))
+    }
+
+    /// Stops the daemon now (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -156,6 +196,29 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+pub fn audit_records(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The audit records with this `event`.
+pub fn events<'a>(audit: &'a [serde_json::Value], event: &str) -> Vec<&'a serde_json::Value> {
+    audit.iter().filter(|r| r["event"] == event).collect()
+}
+
+/// A child process killed (by its PID) when dropped, also when a test fails.
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 

@@ -1,0 +1,311 @@
+//! Carrying out decisions: notifications (log, webhook, wall), commands, and EC2 actions, each
+//! written to the audit log with its evidence, its mode and the AWS request ids.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::cloud::ec2::{CloudError, Ec2, ErrorKind};
+use crate::cloud::plan::{plan, Plan, Step};
+use crate::config::{Mode, SpotStop};
+use crate::rules::{Action, Lifecycle, Rule};
+use crate::state::AuditLog;
+
+/// The result of one action, as `gpuwatch_actions_total{result}` counts it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Done,
+    DryRun(String),
+    Failed(String),
+    Refused(String),
+}
+
+impl Outcome {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Done => "done",
+            Outcome::DryRun(_) => "dry_run",
+            Outcome::Failed(_) => "failed",
+            Outcome::Refused(_) => "refused",
+        }
+    }
+}
+
+/// The instance, when gpuwatch runs on EC2 with `provider = "aws"`.
+#[derive(Clone)]
+pub struct Instance {
+    pub ec2: Ec2,
+    pub lifecycle: Option<Lifecycle>,
+}
+
+pub struct Executor {
+    pub mode: Mode,
+    pub spot_stop: SpotStop,
+    pub webhook_url: Option<String>,
+    pub wall: bool,
+    pub exec_timeout: Duration,
+    /// How long EC2 calls are retried through throttling, 5xx and outages.
+    pub retry_for: Duration,
+    pub audit: Arc<AuditLog>,
+    pub instance: Option<Instance>,
+    http: reqwest::Client,
+    denied_reported: AtomicBool,
+}
+
+impl Executor {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        mode: Mode,
+        spot_stop: SpotStop,
+        webhook_url: Option<String>,
+        wall: bool,
+        exec_timeout: Duration,
+        retry_for: Duration,
+        audit: Arc<AuditLog>,
+        instance: Option<Instance>,
+    ) -> Executor {
+        Executor {
+            mode,
+            spot_stop,
+            webhook_url,
+            wall,
+            exec_timeout,
+            retry_for,
+            audit,
+            instance,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap_or_default(),
+            denied_reported: AtomicBool::new(false),
+        }
+    }
+
+    /// Writes one audit record; an audit log that cannot be written is logged loudly.
+    pub fn audit(&self, mut record: serde_json::Value) {
+        if let Some(obj) = record.as_object_mut() {
+            obj.insert(
+                "time".into(),
+                json!(crate::time::rfc3339(crate::time::now())),
+            );
+            obj.insert("mode".into(), json!(self.mode.as_str()));
+            if let Some(i) = &self.instance {
+                obj.insert("instance_id".into(), json!(i.ec2.instance_id));
+            }
+        }
+        if let Err(e) = self.audit.append(&record) {
+            tracing::error!(path = %self.audit.path().display(), error = %e, "cannot write the audit log");
+        }
+    }
+
+    /// Sends a message to the webhook (Slack-compatible `text`) and, for warnings, to the
+    /// terminals of logged-in users.
+    pub async fn notify(&self, text: &str, to_terminals: bool) {
+        if let Some(url) = &self.webhook_url {
+            let body = json!({ "text": text, "source": "gpuwatch" });
+            match self.http.post(url).json(&body).send().await {
+                Ok(r) if r.status().is_success() => {}
+                Ok(r) => tracing::warn!(
+                    status = r.status().as_u16(),
+                    "the webhook refused a message"
+                ),
+                Err(e) => tracing::warn!(error = %e, "cannot reach the webhook"),
+            }
+        }
+        if to_terminals && self.wall {
+            wall(text).await;
+        }
+    }
+
+    /// Carries out `action` for `rule`, exactly once. Returns what happened.
+    pub async fn execute(
+        &self,
+        rule: &Rule,
+        action: Action,
+        evidence: &serde_json::Value,
+    ) -> Outcome {
+        self.audit(json!({
+            "event": "action_attempt", "rule": rule.name, "action": action, "evidence": evidence,
+        }));
+        let outcome = match action {
+            Action::Alert => {
+                let text = format!("gpuwatch: rule \"{}\" breached: GPUs idle", rule.name);
+                tracing::warn!(rule = %rule.name, "{text}");
+                self.notify(&text, false).await;
+                Outcome::Done
+            }
+            Action::Exec if self.mode == Mode::DryRun => {
+                Outcome::DryRun(format!("would run {:?}", rule.command))
+            }
+            Action::Exec => self.exec(rule).await,
+            _ => self.instance_action(rule, action).await,
+        };
+        let (result, detail) = match &outcome {
+            Outcome::Done => ("done", String::new()),
+            Outcome::DryRun(d) | Outcome::Failed(d) | Outcome::Refused(d) => {
+                (outcome.label(), d.clone())
+            }
+        };
+        self.audit(json!({
+            "event": "action_result", "rule": rule.name, "action": action, "result": result, "detail": detail,
+        }));
+        let text = match &outcome {
+            Outcome::Done => format!("gpuwatch: {action} done (rule \"{}\")", rule.name),
+            Outcome::DryRun(d) => format!("gpuwatch (dry-run): {d} (rule \"{}\")", rule.name),
+            Outcome::Failed(d) => {
+                format!("gpuwatch: {action} FAILED (rule \"{}\"): {d}", rule.name)
+            }
+            Outcome::Refused(d) => {
+                format!("gpuwatch: {action} refused (rule \"{}\"): {d}", rule.name)
+            }
+        };
+        match &outcome {
+            Outcome::Failed(_) | Outcome::Refused(_) => tracing::error!("{text}"),
+            _ => tracing::warn!("{text}"),
+        }
+        if action != Action::Alert {
+            self.notify(&text, false).await;
+        }
+        outcome
+    }
+
+    async fn exec(&self, rule: &Rule) -> Outcome {
+        let Some((program, args)) = rule.command.split_first() else {
+            return Outcome::Refused("the rule has no command".into());
+        };
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args)
+            .env("GPUWATCH_RULE", &rule.name)
+            .env("GPUWATCH_ACTION", "exec")
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true);
+        match tokio::time::timeout(self.exec_timeout, cmd.status()).await {
+            Ok(Ok(status)) if status.success() => Outcome::Done,
+            Ok(Ok(status)) => Outcome::Failed(format!("{program:?} exited with {status}")),
+            Ok(Err(e)) => Outcome::Failed(format!("cannot run {program:?}: {e}")),
+            Err(_) => Outcome::Failed(format!(
+                "{program:?} ran past {:?} and was killed",
+                self.exec_timeout
+            )),
+        }
+    }
+
+    async fn instance_action(&self, rule: &Rule, action: Action) -> Outcome {
+        let Some(instance) = &self.instance else {
+            return match self.mode {
+                Mode::DryRun => Outcome::DryRun(format!(
+                    "would {action} this instance (no cloud provider is configured)"
+                )),
+                Mode::Enforce => Outcome::Refused(
+                    "no cloud provider: set [cloud] provider = \"aws\" on an EC2 instance".into(),
+                ),
+            };
+        };
+        let spot = if instance.lifecycle == Some(Lifecycle::Spot) {
+            match self.retry(|| instance.ec2.spot_request()).await {
+                Ok(s) => s,
+                Err(e) => return Outcome::Failed(format!("cannot tell the spot request: {e}")),
+            }
+        } else {
+            None
+        };
+        let steps = match plan(action, instance.lifecycle, spot.as_ref(), self.spot_stop) {
+            Plan::Refuse(why) => return Outcome::Refused(why),
+            Plan::Steps(s) => s,
+        };
+        let described: Vec<String> = steps.iter().map(describe).collect();
+        if self.mode == Mode::DryRun {
+            return Outcome::DryRun(format!("would {}", described.join(", then ")));
+        }
+        match self.retry(|| instance.ec2.tag_action(action.as_str(), &rule.name)).await {
+            Ok(id) => self.audit(json!({"event": "api_call", "rule": rule.name, "operation": "CreateTags", "request_id": id})),
+            Err(e) => return self.failed(rule, e),
+        }
+        for step in &steps {
+            let result = match step {
+                Step::CancelSpotRequest(id) => {
+                    self.retry(|| instance.ec2.cancel_spot_request(id)).await
+                }
+                Step::Stop { hibernate } => self.retry(|| instance.ec2.stop(*hibernate)).await,
+                Step::Terminate => self.retry(|| instance.ec2.terminate()).await,
+            };
+            match result {
+                Ok(id) => self.audit(json!({
+                    "event": "api_call", "rule": rule.name, "operation": describe(step), "request_id": id,
+                })),
+                Err(e) => return self.failed(rule, e),
+            }
+        }
+        Outcome::Done
+    }
+
+    fn failed(&self, rule: &Rule, e: CloudError) -> Outcome {
+        self.audit(json!({
+            "event": "api_error", "rule": rule.name, "operation": e.operation, "error": e.message,
+            "request_id": e.request_id,
+        }));
+        Outcome::Failed(e.to_string())
+    }
+
+    /// Retries throttling, 5xx and unreachable endpoints with backoff for up to `retry_for`.
+    /// Access denied is reported once, loudly, and not retried.
+    async fn retry<T, F, Fut>(&self, call: F) -> Result<T, CloudError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, CloudError>>,
+    {
+        let started = Instant::now();
+        let mut delay = Duration::from_millis(500);
+        loop {
+            match call().await {
+                Ok(v) => return Ok(v),
+                Err(e) if e.kind == ErrorKind::Retryable && started.elapsed() < self.retry_for => {
+                    tracing::warn!(error = %e, retry_in = ?delay, "EC2 call failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(30));
+                }
+                Err(e) => {
+                    if e.kind == ErrorKind::AccessDenied
+                        && !self.denied_reported.swap(true, Ordering::SeqCst)
+                    {
+                        tracing::error!(
+                            error = %e,
+                            "EC2 denied access: grant the calls in config/iam-policy.json to the instance role"
+                        );
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+fn describe(step: &Step) -> String {
+    match step {
+        Step::CancelSpotRequest(id) => format!("CancelSpotInstanceRequests {id}"),
+        Step::Stop { hibernate: false } => "StopInstances".into(),
+        Step::Stop { hibernate: true } => "StopInstances (hibernate)".into(),
+        Step::Terminate => "TerminateInstances".into(),
+    }
+}
+
+/// Writes a message to logged-in terminals with `wall`, where it exists. Best effort.
+async fn wall(text: &str) {
+    use tokio::io::AsyncWriteExt;
+    let child = tokio::process::Command::new("wall")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn();
+    let Ok(mut child) = child else {
+        tracing::debug!("no wall command; terminals are not told");
+        return;
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(text.as_bytes()).await;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+}

@@ -1,0 +1,237 @@
+//! The EC2 calls gpuwatch makes, and nothing else. `config/iam-policy.json` lists the same
+//! operations; a test keeps the two in step.
+
+use std::time::Duration;
+
+use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_ec2::operation::RequestId;
+use aws_sdk_ec2::types::{Filter, SpotInstanceType, Tag};
+
+/// Every EC2 operation this module calls.
+pub const OPERATIONS: &[&str] = &[
+    "DescribeInstances",
+    "DescribeSpotInstanceRequests",
+    "CreateTags",
+    "StopInstances",
+    "TerminateInstances",
+    "CancelSpotInstanceRequests",
+];
+
+/// An EC2 call that failed, with what a person needs to act on it.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{operation}: {message}")]
+pub struct CloudError {
+    pub operation: &'static str,
+    pub kind: ErrorKind,
+    pub message: String,
+    pub request_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Throttling, a 5xx, a timeout or no connection: worth retrying.
+    Retryable,
+    /// Credentials or IAM: retrying will not help.
+    AccessDenied,
+    /// Anything else, such as an instance in the wrong state.
+    Other,
+}
+
+fn classify<E: ProvideErrorMetadata + std::error::Error + 'static>(
+    operation: &'static str,
+    err: SdkError<E>,
+) -> CloudError {
+    let (kind, message, request_id) = match &err {
+        SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) | SdkError::ResponseError(_) => (
+            ErrorKind::Retryable,
+            aws_sdk_ec2::error::DisplayErrorContext(&err).to_string(),
+            None,
+        ),
+        SdkError::ServiceError(se) => {
+            let status = se.raw().status().as_u16();
+            let code = err.code().unwrap_or("");
+            let kind = if status >= 500
+                || code.contains("Throttl")
+                || code == "RequestLimitExceeded"
+                || code == "ServiceUnavailable"
+                || code == "InternalError"
+            {
+                ErrorKind::Retryable
+            } else if code == "UnauthorizedOperation"
+                || code == "AuthFailure"
+                || code.starts_with("AccessDenied")
+                || status == 401
+                || status == 403
+            {
+                ErrorKind::AccessDenied
+            } else {
+                ErrorKind::Other
+            };
+            let message = format!(
+                "{} (HTTP {status}): {}",
+                if code.is_empty() { "error" } else { code },
+                err.message().unwrap_or("no message")
+            );
+            (kind, message, err.request_id().map(str::to_string))
+        }
+        _ => (
+            ErrorKind::Other,
+            aws_sdk_ec2::error::DisplayErrorContext(&err).to_string(),
+            None,
+        ),
+    };
+    CloudError {
+        operation,
+        kind,
+        message,
+        request_id,
+    }
+}
+
+/// The spot request behind this instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpotRequest {
+    pub id: String,
+    pub persistent: bool,
+}
+
+/// The EC2 API, for this one instance.
+#[derive(Clone)]
+pub struct Ec2 {
+    client: aws_sdk_ec2::Client,
+    pub instance_id: String,
+}
+
+impl Ec2 {
+    /// Builds a client from the SDK's default credential chain (the instance role on EC2).
+    /// Retries are gpuwatch's own (see `actions`), so the SDK makes one attempt per call.
+    pub async fn new(region: &str, endpoint_url: Option<&str>, instance_id: &str) -> Ec2 {
+        let shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new(region.to_string()))
+            .load()
+            .await;
+        let mut builder = aws_sdk_ec2::config::Builder::from(&shared)
+            .retry_config(aws_config::retry::RetryConfig::disabled())
+            .timeout_config(
+                aws_config::timeout::TimeoutConfig::builder()
+                    .operation_timeout(Duration::from_secs(30))
+                    .connect_timeout(Duration::from_secs(5))
+                    .build(),
+            );
+        if let Some(url) = endpoint_url {
+            builder = builder.endpoint_url(url);
+        }
+        Ec2 {
+            client: aws_sdk_ec2::Client::from_conf(builder.build()),
+            instance_id: instance_id.to_string(),
+        }
+    }
+
+    /// The instance's tags, read from the API (IMDS tags may be off).
+    pub async fn tags(&self) -> Result<Vec<(String, String)>, CloudError> {
+        let out = self
+            .client
+            .describe_instances()
+            .instance_ids(&self.instance_id)
+            .send()
+            .await
+            .map_err(|e| classify("DescribeInstances", e))?;
+        Ok(out
+            .reservations()
+            .iter()
+            .flat_map(|r| r.instances())
+            .flat_map(|i| i.tags())
+            .filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or("").to_string())))
+            .collect())
+    }
+
+    /// The instance's state name (running, stopping, stopped, shutting-down, terminated).
+    pub async fn state(&self) -> Result<Option<String>, CloudError> {
+        let out = self
+            .client
+            .describe_instances()
+            .instance_ids(&self.instance_id)
+            .send()
+            .await
+            .map_err(|e| classify("DescribeInstances", e))?;
+        Ok(out
+            .reservations()
+            .iter()
+            .flat_map(|r| r.instances())
+            .find_map(|i| i.state()?.name().map(|n| n.as_str().to_string())))
+    }
+
+    /// The spot request that launched this instance, if one did and it is still open.
+    pub async fn spot_request(&self) -> Result<Option<SpotRequest>, CloudError> {
+        let out = self
+            .client
+            .describe_spot_instance_requests()
+            .filters(
+                Filter::builder()
+                    .name("instance-id")
+                    .values(&self.instance_id)
+                    .build(),
+            )
+            .send()
+            .await
+            .map_err(|e| classify("DescribeSpotInstanceRequests", e))?;
+        Ok(out
+            .spot_instance_requests()
+            .iter()
+            .filter(|r| r.instance_id() == Some(self.instance_id.as_str()))
+            .find_map(|r| {
+                Some(SpotRequest {
+                    id: r.spot_instance_request_id()?.to_string(),
+                    persistent: r.r#type() == Some(&SpotInstanceType::Persistent),
+                })
+            }))
+    }
+
+    /// Tags the instance with what gpuwatch is about to do, before it does it.
+    pub async fn tag_action(&self, action: &str, rule: &str) -> Result<Option<String>, CloudError> {
+        let out = self
+            .client
+            .create_tags()
+            .resources(&self.instance_id)
+            .tags(Tag::builder().key("gpuwatch:action").value(action).build())
+            .tags(Tag::builder().key("gpuwatch:rule").value(rule).build())
+            .send()
+            .await
+            .map_err(|e| classify("CreateTags", e))?;
+        Ok(out.request_id().map(str::to_string))
+    }
+
+    pub async fn stop(&self, hibernate: bool) -> Result<Option<String>, CloudError> {
+        let out = self
+            .client
+            .stop_instances()
+            .instance_ids(&self.instance_id)
+            .hibernate(hibernate)
+            .send()
+            .await
+            .map_err(|e| classify("StopInstances", e))?;
+        Ok(out.request_id().map(str::to_string))
+    }
+
+    pub async fn terminate(&self) -> Result<Option<String>, CloudError> {
+        let out = self
+            .client
+            .terminate_instances()
+            .instance_ids(&self.instance_id)
+            .send()
+            .await
+            .map_err(|e| classify("TerminateInstances", e))?;
+        Ok(out.request_id().map(str::to_string))
+    }
+
+    pub async fn cancel_spot_request(&self, id: &str) -> Result<Option<String>, CloudError> {
+        let out = self
+            .client
+            .cancel_spot_instance_requests()
+            .spot_instance_request_ids(id)
+            .send()
+            .await
+            .map_err(|e| classify("CancelSpotInstanceRequests", e))?;
+        Ok(out.request_id().map(str::to_string))
+    }
+}

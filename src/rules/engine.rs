@@ -1,0 +1,583 @@
+//! The decision state machine: breach, warn, re-check, act or cancel.
+//!
+//! `ingest` feeds observations; `evaluate` turns the state and a `Context` (the time, the boot
+//! grace, holds, the instance's lifecycle) into events. Both are pure. The state is what the
+//! daemon persists, so a restart resumes mid-window and mid-warning.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::window::{Assessment, Window};
+use super::{Action, Aggregation, Lifecycle, Observation, Rule};
+
+/// Engine settings that are not per rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub boot_grace: Duration,
+    pub warning: Duration,
+    /// The longest gap between samples that still counts as complete data, in seconds.
+    pub slack: f64,
+}
+
+/// Everything the engine needs to know about the world at one moment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Context {
+    /// Unix seconds.
+    pub now: f64,
+    /// No warning and no action before this time (boot grace).
+    pub grace_until: f64,
+    /// A hold that postpones every action until it expires.
+    pub hold_until: Option<f64>,
+    pub lifecycle: Option<Lifecycle>,
+    /// A spot interruption is announced: gpuwatch takes no competing action.
+    pub interruption: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct State {
+    pub rules: BTreeMap<String, RuleState>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RuleState {
+    pub window: Window,
+    pub breaching: bool,
+    pub pending: Option<Pending>,
+    /// Periods that start before this time never count again (after a cancel or an action).
+    pub not_before: f64,
+    /// An action handed to the executor whose result is not recorded yet.
+    pub in_flight: Option<InFlight>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pending {
+    pub action: Action,
+    pub warned_at: f64,
+    pub due_at: f64,
+    /// Activity seen since the warning: the GPUs came back, or data went missing.
+    pub activity: Option<String>,
+    /// The postponement by a hold or an interruption has been reported.
+    pub postponed: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InFlight {
+    pub action: Action,
+    pub at: f64,
+}
+
+/// What happened, for the log, the audit log, the metrics and `simulate`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Event {
+    /// The rule started breaching.
+    Breach { rule: String, evidence: Assessment },
+    /// The rule stopped breaching.
+    Recovered { rule: String },
+    /// A warning period started; the action is due at `due_at` unless the GPUs come back.
+    Warning {
+        rule: String,
+        action: Action,
+        due_at: f64,
+        evidence: Assessment,
+    },
+    /// A pending action was called off.
+    Cancelled {
+        rule: String,
+        action: Action,
+        reason: String,
+    },
+    /// A due action waits for a hold or a spot interruption.
+    Postponed {
+        rule: String,
+        action: Action,
+        reason: String,
+    },
+    /// The action is due now; the executor must carry it out exactly once.
+    Action {
+        rule: String,
+        action: Action,
+        evidence: Assessment,
+    },
+}
+
+impl Event {
+    pub fn rule(&self) -> &str {
+        match self {
+            Event::Breach { rule, .. }
+            | Event::Recovered { rule }
+            | Event::Warning { rule, .. }
+            | Event::Cancelled { rule, .. }
+            | Event::Postponed { rule, .. }
+            | Event::Action { rule, .. } => rule,
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::Breach { .. } => "breach",
+            Event::Recovered { .. } => "recovered",
+            Event::Warning { .. } => "warning",
+            Event::Cancelled { .. } => "cancelled",
+            Event::Postponed { .. } => "postponed",
+            Event::Action { .. } => "action",
+        }
+    }
+}
+
+/// Feeds one observation to every rule, and notes activity against pending actions.
+pub fn ingest(rules: &[Rule], state: &mut State, obs: &Observation) {
+    for rule in rules {
+        let rs = state.rules.entry(rule.name.clone()).or_default();
+        rs.window.ingest(rule, obs);
+        if let Some(p) = rs.pending.as_mut() {
+            if p.activity.is_none() && obs.t >= p.warned_at {
+                p.activity = activity(rule, obs);
+            }
+        }
+    }
+}
+
+/// Why one observation shows the node active for `rule`, if it does.
+fn activity(rule: &Rule, obs: &Observation) -> Option<String> {
+    if let Some(v) = &obs.veto {
+        return Some(format!("activity veto: {v}"));
+    }
+    if !obs.complete || obs.gpus.is_empty() {
+        return Some("GPU data went missing (unknown is busy)".into());
+    }
+    let mut idle = 0;
+    for g in &obs.gpus {
+        match g.get(rule.metric) {
+            None => {
+                return Some(format!(
+                    "GPU {} has no {} reading",
+                    g.index,
+                    rule.metric.as_str()
+                ))
+            }
+            Some(v) if rule.comparison.holds(v, rule.threshold) => idle += 1,
+            Some(v) => {
+                if rule.gpus == Aggregation::Every {
+                    return Some(format!(
+                        "GPU {} came back: {} {v:.3}",
+                        g.index,
+                        rule.metric.as_str()
+                    ));
+                }
+            }
+        }
+    }
+    (idle == 0).then(|| "no GPU meets the rule any more".to_string())
+}
+
+/// Advances every rule to `ctx.now` and returns what happened, in rule order.
+pub fn evaluate(
+    rules: &[Rule],
+    settings: &Settings,
+    state: &mut State,
+    ctx: &Context,
+) -> Vec<Event> {
+    let mut events = Vec::new();
+    for rule in rules {
+        let rs = state.rules.entry(rule.name.clone()).or_default();
+        if rule.lifecycle.is_some() && rule.lifecycle != ctx.lifecycle {
+            // Not for this instance; a lifecycle that is unknown matches no filter.
+            continue;
+        }
+        // Whether the rule breaches at all (reported), and whether it breaches on periods
+        // since it was last re-armed (acted on).
+        let raw = rs
+            .window
+            .assess(rule, ctx.now, settings.slack, f64::NEG_INFINITY);
+        let name = || rule.name.clone();
+        if raw.breaching != rs.breaching {
+            rs.breaching = raw.breaching;
+            events.push(if raw.breaching {
+                Event::Breach {
+                    rule: name(),
+                    evidence: raw.clone(),
+                }
+            } else {
+                Event::Recovered { rule: name() }
+            });
+        }
+        let a = if rs.not_before > 0.0 {
+            rs.window
+                .assess(rule, ctx.now, settings.slack, rs.not_before)
+        } else {
+            raw
+        };
+        if rs.in_flight.is_some() {
+            continue;
+        }
+        let blocked = if ctx.interruption {
+            Some("a spot interruption is pending".to_string())
+        } else {
+            ctx.hold_until.filter(|&h| h > ctx.now).map(|h| {
+                if h.is_finite() {
+                    format!("a hold is in place until {}", crate::time::rfc3339(h))
+                } else {
+                    "a hold without a readable expiry is in place".to_string()
+                }
+            })
+        };
+
+        match rs.pending.take() {
+            None => {
+                if a.breaching && ctx.now >= ctx.grace_until && blocked.is_none() {
+                    let due_at = ctx.now + settings.warning.as_secs_f64();
+                    rs.pending = Some(Pending {
+                        action: rule.action,
+                        warned_at: ctx.now,
+                        due_at,
+                        activity: None,
+                        postponed: false,
+                    });
+                    events.push(Event::Warning {
+                        rule: name(),
+                        action: rule.action,
+                        due_at,
+                        evidence: a,
+                    });
+                }
+            }
+            Some(mut p) => {
+                if let Some(reason) = p.activity.take() {
+                    rs.not_before = ctx.now;
+                    events.push(Event::Cancelled {
+                        rule: name(),
+                        action: p.action,
+                        reason,
+                    });
+                } else if ctx.now < p.due_at {
+                    rs.pending = Some(p);
+                } else if let Some(reason) = blocked {
+                    if !p.postponed {
+                        p.postponed = true;
+                        events.push(Event::Postponed {
+                            rule: name(),
+                            action: p.action,
+                            reason,
+                        });
+                    }
+                    rs.pending = Some(p);
+                } else if !a.breaching {
+                    rs.not_before = ctx.now;
+                    events.push(Event::Cancelled {
+                        rule: name(),
+                        action: p.action,
+                        reason: "the rule no longer breaches on fresh data".into(),
+                    });
+                } else {
+                    rs.not_before = ctx.now;
+                    rs.in_flight = Some(InFlight {
+                        action: p.action,
+                        at: ctx.now,
+                    });
+                    events.push(Event::Action {
+                        rule: name(),
+                        action: p.action,
+                        evidence: a,
+                    });
+                }
+            }
+        }
+    }
+    events
+}
+
+/// Records that the executor finished the rule's in-flight action.
+pub fn complete(state: &mut State, rule: &str) {
+    if let Some(rs) = state.rules.get_mut(rule) {
+        rs.in_flight = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::{Comparison, GpuReading, Metric, Statistic};
+
+    fn rule(period: u64, n: u32, m: u32) -> Rule {
+        Rule {
+            name: "idle".into(),
+            metric: Metric::GpuUtilization,
+            statistic: Statistic::Average,
+            comparison: Comparison::LessThan,
+            threshold: 0.05,
+            period: Duration::from_secs(period),
+            evaluation_periods: n,
+            datapoints_to_alarm: m,
+            gpus: Aggregation::Every,
+            lifecycle: None,
+            action: Action::Stop,
+            command: Vec::new(),
+        }
+    }
+
+    fn settings() -> Settings {
+        Settings {
+            boot_grace: Duration::from_secs(0),
+            warning: Duration::from_secs(30),
+            slack: 2.5,
+        }
+    }
+
+    fn obs(t: f64, utils: &[Option<f64>]) -> Observation {
+        Observation {
+            t,
+            complete: utils.iter().all(Option::is_some),
+            gpus: utils
+                .iter()
+                .enumerate()
+                .map(|(i, u)| {
+                    let mut g = GpuReading {
+                        index: i as u32,
+                        ..GpuReading::default()
+                    };
+                    g.set(Metric::GpuUtilization, *u);
+                    g
+                })
+                .collect(),
+            veto: None,
+        }
+    }
+
+    /// Runs one observation per second from `from` to `to` (exclusive), evaluating after each,
+    /// and returns (time, kind) of every event.
+    fn run(
+        r: &Rule,
+        state: &mut State,
+        ctx: &Context,
+        from: u64,
+        to: u64,
+        util: impl Fn(u64) -> Vec<Option<f64>>,
+    ) -> Vec<(u64, &'static str)> {
+        let mut out = Vec::new();
+        for t in from..to {
+            ingest(std::slice::from_ref(r), state, &obs(t as f64, &util(t)));
+            let c = Context {
+                now: t as f64,
+                ..ctx.clone()
+            };
+            for e in evaluate(std::slice::from_ref(r), &settings(), state, &c) {
+                out.push((t, e.kind()));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn datapoints_table() {
+        // (values per 60 s period, N, M, breaching?)
+        let cases: &[(&[f64], u32, u32, bool)] = &[
+            (&[0.01, 0.02], 2, 2, true),
+            (&[0.01, 0.20], 2, 2, false),
+            (&[0.20, 0.01, 0.01], 3, 2, true),
+            (&[0.20, 0.01, 0.30], 3, 2, false),
+            (&[0.049], 1, 1, true),
+            (&[0.05], 1, 1, false),
+        ];
+        for (values, n, m, want) in cases {
+            let r = rule(60, *n, *m);
+            let mut w = Window::default();
+            for (p, v) in values.iter().enumerate() {
+                for s in 0..60 {
+                    w.ingest(&r, &obs((p * 60 + s) as f64, &[Some(*v), Some(*v)]));
+                }
+            }
+            let now = (values.len() * 60) as f64;
+            let a = w.assess(&r, now, 2.5, 0.0);
+            assert_eq!(a.breaching, *want, "{values:?} {n}/{m}: {a:?}");
+        }
+    }
+
+    #[test]
+    fn every_gpu_must_be_idle_by_default() {
+        let r = rule(10, 1, 1);
+        let mut state = State::default();
+        let events = run(&r, &mut state, &Context::default(), 0, 60, |_| {
+            vec![Some(0.0), Some(0.0), Some(0.9), Some(0.0)]
+        });
+        assert!(events.is_empty(), "{events:?}");
+
+        let mut any = r.clone();
+        any.gpus = Aggregation::Any;
+        let mut state = State::default();
+        let events = run(&any, &mut state, &Context::default(), 0, 12, |_| {
+            vec![Some(0.0), Some(0.9)]
+        });
+        assert_eq!(events, vec![(10, "breach"), (10, "warning")]);
+    }
+
+    #[test]
+    fn unknown_is_busy() {
+        let r = rule(10, 1, 1);
+        // One GPU reading missing for one second in every period: never a breach.
+        let mut state = State::default();
+        let events = run(&r, &mut state, &Context::default(), 0, 100, |t| {
+            vec![Some(0.0), if t % 10 == 5 { None } else { Some(0.0) }]
+        });
+        assert!(events.is_empty(), "{events:?}");
+        // A gap in the samples longer than the slack: that period is unknown.
+        let mut w = Window::default();
+        for t in (0..10).chain(15..20) {
+            w.ingest(&r, &obs(t as f64, &[Some(0.0)]));
+        }
+        let a = w.assess(&r, 20.0, 2.5, 0.0);
+        assert!(!a.breaching, "{a:?}");
+    }
+
+    #[test]
+    fn warns_then_acts_once() {
+        let r = rule(10, 2, 2);
+        let mut state = State::default();
+        let events = run(&r, &mut state, &Context::default(), 0, 120, |_| {
+            vec![Some(0.01)]
+        });
+        // Two complete idle periods by t=20; the warning lasts 30 s.
+        assert_eq!(
+            events,
+            vec![(20, "breach"), (20, "warning"), (50, "action")]
+        );
+        assert!(state.rules["idle"].in_flight.is_some());
+        complete(&mut state, "idle");
+        // After the action, a completely fresh window is needed: next warning at 50+20.
+        let events = run(&r, &mut state, &Context::default(), 120, 130, |_| {
+            vec![Some(0.01)]
+        });
+        assert!(events.iter().all(|e| e.1 != "action"), "{events:?}");
+    }
+
+    #[test]
+    fn activity_during_the_warning_cancels() {
+        let r = rule(10, 1, 1);
+        let mut state = State::default();
+        let events = run(&r, &mut state, &Context::default(), 0, 60, |t| {
+            vec![Some(if t == 25 { 0.8 } else { 0.0 })]
+        });
+        // The busy second makes its period not breaching; the action is cancelled at once, and
+        // the rule re-arms only with periods that start after the cancellation.
+        assert_eq!(
+            events,
+            vec![
+                (10, "breach"),
+                (10, "warning"),
+                (25, "cancelled"),
+                (30, "recovered"),
+                (40, "breach"),
+                (40, "warning")
+            ],
+        );
+    }
+
+    #[test]
+    fn boot_grace_holds_and_interruptions_block() {
+        let r = rule(10, 1, 1);
+        let grace = Context {
+            grace_until: 45.0,
+            ..Context::default()
+        };
+        let mut state = State::default();
+        let events = run(&r, &mut state, &grace, 0, 50, |_| vec![Some(0.0)]);
+        assert_eq!(events, vec![(10, "breach"), (45, "warning")]);
+
+        let held = Context {
+            hold_until: Some(100.0),
+            ..Context::default()
+        };
+        let mut state = State::default();
+        let events = run(&r, &mut state, &held, 0, 130, |_| vec![Some(0.0)]);
+        assert_eq!(events, vec![(10, "breach"), (100, "warning")]);
+        let events = run(&r, &mut state, &held, 130, 131, |_| vec![Some(0.0)]);
+        assert_eq!(events, vec![(130, "action")]);
+
+        // A pending action that falls due during a hold waits for it, then runs.
+        let mut state = State::default();
+        run(&r, &mut state, &Context::default(), 0, 15, |_| {
+            vec![Some(0.0)]
+        });
+        let hold = Context {
+            hold_until: Some(60.0),
+            ..Context::default()
+        };
+        let events = run(&r, &mut state, &hold, 15, 61, |_| vec![Some(0.0)]);
+        assert_eq!(events, vec![(40, "postponed"), (60, "action")]);
+
+        let interrupted = Context {
+            interruption: true,
+            ..Context::default()
+        };
+        let mut state = State::default();
+        let events = run(&r, &mut state, &interrupted, 0, 100, |_| vec![Some(0.0)]);
+        assert_eq!(events, vec![(10, "breach")]);
+    }
+
+    #[test]
+    fn lifecycle_filter() {
+        let mut r = rule(10, 1, 1);
+        r.lifecycle = Some(Lifecycle::Spot);
+        for (lifecycle, want) in [
+            (None, 0),
+            (Some(Lifecycle::OnDemand), 0),
+            (Some(Lifecycle::Spot), 2),
+        ] {
+            let ctx = Context {
+                lifecycle,
+                ..Context::default()
+            };
+            let mut state = State::default();
+            let events = run(&r, &mut state, &ctx, 0, 12, |_| vec![Some(0.0)]);
+            assert_eq!(events.len(), want, "{lifecycle:?}: {events:?}");
+        }
+    }
+
+    #[test]
+    fn bursty_training_never_breaches_a_two_hour_rule() {
+        // Busy 50 min, idle 40 min (a checkpoint), repeating, for 12 hours.
+        let r = rule(3600, 2, 2);
+        let mut state = State::default();
+        let mut events = Vec::new();
+        for t in 0..12 * 3600u64 {
+            let u = if t % 5400 < 3000 { 0.95 } else { 0.0 };
+            ingest(
+                std::slice::from_ref(&r),
+                &mut state,
+                &obs(t as f64, &[Some(u), Some(u)]),
+            );
+            if t % 60 == 0 {
+                let ctx = Context {
+                    now: t as f64,
+                    ..Context::default()
+                };
+                events.extend(evaluate(
+                    std::slice::from_ref(&r),
+                    &settings(),
+                    &mut state,
+                    &ctx,
+                ));
+            }
+        }
+        assert!(events.is_empty(), "{events:?}");
+    }
+
+    #[test]
+    fn state_survives_a_round_trip_mid_warning() {
+        let r = rule(10, 1, 1);
+        let mut state = State::default();
+        run(&r, &mut state, &Context::default(), 0, 20, |_| {
+            vec![Some(0.0)]
+        });
+        assert!(state.rules["idle"].pending.is_some());
+        let json = serde_json::to_string(&state).unwrap();
+        let mut restored: State = serde_json::from_str(&json).unwrap();
+        assert_eq!(restored, state);
+        let events = run(&r, &mut restored, &Context::default(), 20, 41, |_| {
+            vec![Some(0.0)]
+        });
+        assert_eq!(events, vec![(40, "action")]);
+    }
+}

@@ -1,0 +1,237 @@
+//! Idle rules: what they say, and the pure engine that evaluates them.
+//!
+//! Nothing in this module does I/O or reads a clock: time is passed in as Unix seconds, so every
+//! rule can be table-tested and replayed from a trace (`gpuwatch simulate`).
+
+pub mod engine;
+pub mod json;
+pub mod window;
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// A validated rule, with CloudWatch-alarm semantics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    pub name: String,
+    pub metric: Metric,
+    pub statistic: Statistic,
+    pub comparison: Comparison,
+    /// In the metric's unit: a ratio from 0 to 1, or a process count.
+    pub threshold: f64,
+    pub period: Duration,
+    pub evaluation_periods: u32,
+    pub datapoints_to_alarm: u32,
+    pub gpus: Aggregation,
+    pub lifecycle: Option<Lifecycle>,
+    pub action: Action,
+    /// The command for `exec`.
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Metric {
+    GpuUtilization,
+    MemoryUtilization,
+    MemoryUsedRatio,
+    PowerRatio,
+    Processes,
+}
+
+impl Metric {
+    pub const ALL: [Metric; 5] = [
+        Metric::GpuUtilization,
+        Metric::MemoryUtilization,
+        Metric::MemoryUsedRatio,
+        Metric::PowerRatio,
+        Metric::Processes,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Metric::GpuUtilization => "gpu_utilization",
+            Metric::MemoryUtilization => "memory_utilization",
+            Metric::MemoryUsedRatio => "memory_used_ratio",
+            Metric::PowerRatio => "power_ratio",
+            Metric::Processes => "processes",
+        }
+    }
+
+    /// Whether the threshold is a ratio (0 to 1) rather than a count.
+    pub fn is_ratio(self) -> bool {
+        self != Metric::Processes
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Statistic {
+    Average,
+    Maximum,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Comparison {
+    LessThan,
+    LessThanOrEqual,
+    GreaterThan,
+    GreaterThanOrEqual,
+}
+
+impl Comparison {
+    /// Compares with a tolerance of 1e-9, so that an average that is the threshold in exact
+    /// arithmetic (60 samples of 0.05) compares as equal despite rounding.
+    pub fn holds(self, value: f64, threshold: f64) -> bool {
+        const EPS: f64 = 1e-9;
+        let d = value - threshold;
+        match self {
+            Comparison::LessThan => d < -EPS,
+            Comparison::LessThanOrEqual => d <= EPS,
+            Comparison::GreaterThan => d > EPS,
+            Comparison::GreaterThanOrEqual => d >= -EPS,
+        }
+    }
+
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Comparison::LessThan => "<",
+            Comparison::LessThanOrEqual => "<=",
+            Comparison::GreaterThan => ">",
+            Comparison::GreaterThanOrEqual => ">=",
+        }
+    }
+}
+
+/// How the GPUs of a node combine into one datapoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Aggregation {
+    /// The node breaches only when every GPU does (the default: one busy GPU keeps it alive).
+    Every,
+    /// The node breaches when any GPU does (for alerts about a single idle GPU).
+    Any,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Lifecycle {
+    Spot,
+    OnDemand,
+}
+
+impl Lifecycle {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lifecycle::Spot => "spot",
+            Lifecycle::OnDemand => "on-demand",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    Alert,
+    Exec,
+    Stop,
+    Hibernate,
+    Terminate,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Alert => "alert",
+            Action::Exec => "exec",
+            Action::Stop => "stop",
+            Action::Hibernate => "hibernate",
+            Action::Terminate => "terminate",
+        }
+    }
+
+    /// Whether the action changes the instance through the EC2 API.
+    pub fn is_instance_action(self) -> bool {
+        matches!(self, Action::Stop | Action::Hibernate | Action::Terminate)
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One GPU's readings at one moment, in rule units. `None` is unknown.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpuReading {
+    pub index: u32,
+    pub values: [Option<f64>; 5],
+}
+
+impl GpuReading {
+    pub fn get(&self, m: Metric) -> Option<f64> {
+        self.values[m as usize]
+    }
+
+    pub fn set(&mut self, m: Metric, v: Option<f64>) {
+        self.values[m as usize] = v;
+    }
+}
+
+/// What the engine sees of one sample of the node.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Observation {
+    /// Unix seconds.
+    pub t: f64,
+    /// False when the sample as a whole is unusable (NVML down, a GPU lost, a stale sample).
+    pub complete: bool,
+    pub gpus: Vec<GpuReading>,
+    /// An activity veto that keeps the node busy (an SSH session, a named process).
+    pub veto: Option<String>,
+}
+
+impl Observation {
+    /// Builds an observation from a snapshot: every GPU up, or the observation is incomplete.
+    pub fn from_snapshot(s: &crate::gpu::Snapshot) -> Observation {
+        let gpus: Vec<GpuReading> = s
+            .gpus
+            .iter()
+            .map(|g| {
+                let mut r = GpuReading {
+                    index: g.index,
+                    ..GpuReading::default()
+                };
+                if g.up {
+                    r.set(Metric::GpuUtilization, g.utilization_ratio);
+                    r.set(Metric::MemoryUtilization, g.memory_utilization_ratio);
+                    r.set(
+                        Metric::MemoryUsedRatio,
+                        match (g.memory_used_bytes, g.memory_total_bytes) {
+                            (Some(u), Some(t)) if t > 0 => Some(u as f64 / t as f64),
+                            _ => None,
+                        },
+                    );
+                    r.set(
+                        Metric::PowerRatio,
+                        match (g.power_watts, g.power_limit_watts) {
+                            (Some(p), Some(l)) if l > 0.0 => Some(p / l),
+                            _ => None,
+                        },
+                    );
+                    r.set(Metric::Processes, g.processes.map(f64::from));
+                }
+                r
+            })
+            .collect();
+        Observation {
+            t: s.timestamp,
+            complete: s.nvml.up && !s.gpus.is_empty() && s.gpus.iter().all(|g| g.up),
+            gpus,
+            veto: None,
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! Per-rule period aggregates: the sample history a rule needs, and nothing more.
+//!
+//! Periods are aligned to multiples of the rule's period since the Unix epoch, as CloudWatch
+//! aligns them. A rule keeps at most `evaluation_periods + 1` buckets, so memory does not grow
+//! with the length of its periods.
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Aggregation, Observation, Rule, Statistic};
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Window {
+    buckets: VecDeque<Bucket>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Bucket {
+    idx: i64,
+    first_t: f64,
+    last_t: f64,
+    max_gap: f64,
+    samples: u32,
+    /// Why the period's data cannot be trusted, if it cannot.
+    unknown: Option<String>,
+    veto: Option<String>,
+    gpus: Vec<GpuStat>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct GpuStat {
+    index: u32,
+    sum: f64,
+    count: u32,
+    max: f64,
+}
+
+/// One evaluated period, as evidence for a decision.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Period {
+    /// Unix seconds at which the period starts (RFC 3339 when serialized).
+    #[serde(serialize_with = "crate::time::serialize_rfc3339")]
+    pub start: f64,
+    /// The statistic of each GPU over the period, by GPU index; empty when unknown.
+    pub values: Vec<(u32, f64)>,
+    pub state: PeriodState,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "reason")]
+pub enum PeriodState {
+    Breaching,
+    NotBreaching,
+    /// Missing, incomplete or vetoed data: counts as not breaching (unknown is busy).
+    Unknown(String),
+}
+
+/// The outcome of evaluating a rule's last `evaluation_periods` complete periods.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Assessment {
+    pub breaching: bool,
+    pub breaching_periods: u32,
+    pub threshold: f64,
+    pub periods: Vec<Period>,
+}
+
+impl Window {
+    /// Adds one observation. Observations older than the newest bucket are ignored.
+    pub fn ingest(&mut self, rule: &Rule, obs: &Observation) {
+        let period = rule.period.as_secs_f64();
+        let idx = (obs.t / period).floor() as i64;
+        if let Some(last) = self.buckets.back() {
+            if idx < last.idx || (idx == last.idx && obs.t < last.last_t) {
+                return;
+            }
+        }
+        if self.buckets.back().is_none_or(|b| b.idx != idx) {
+            self.buckets.push_back(Bucket {
+                idx,
+                first_t: obs.t,
+                last_t: obs.t,
+                max_gap: 0.0,
+                samples: 0,
+                unknown: None,
+                veto: None,
+                gpus: obs
+                    .gpus
+                    .iter()
+                    .map(|g| GpuStat {
+                        index: g.index,
+                        sum: 0.0,
+                        count: 0,
+                        max: f64::NEG_INFINITY,
+                    })
+                    .collect(),
+            });
+        }
+        let keep = rule.evaluation_periods as i64 + 1;
+        while self.buckets.front().is_some_and(|b| b.idx <= idx - keep) {
+            self.buckets.pop_front();
+        }
+        let Some(b) = self.buckets.back_mut() else {
+            return;
+        };
+        b.max_gap = b.max_gap.max(obs.t - b.last_t);
+        b.last_t = obs.t;
+        b.samples += 1;
+        if let Some(v) = &obs.veto {
+            b.veto.get_or_insert_with(|| v.clone());
+        }
+        if b.unknown.is_some() {
+            return;
+        }
+        if !obs.complete {
+            b.unknown = Some("a sample was incomplete (NVML down or a GPU lost)".into());
+            return;
+        }
+        let same_gpus = obs.gpus.len() == b.gpus.len()
+            && obs
+                .gpus
+                .iter()
+                .zip(&b.gpus)
+                .all(|(o, s)| o.index == s.index);
+        if !same_gpus {
+            b.unknown = Some("the set of GPUs changed".into());
+            return;
+        }
+        for (o, s) in obs.gpus.iter().zip(b.gpus.iter_mut()) {
+            match o.get(rule.metric) {
+                Some(v) => {
+                    s.sum += v;
+                    s.count += 1;
+                    s.max = s.max.max(v);
+                }
+                None => {
+                    b.unknown = Some(format!(
+                        "GPU {} had no {} reading",
+                        o.index,
+                        rule.metric.as_str()
+                    ));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Evaluates the last `evaluation_periods` complete periods before `now`. A period counts as
+    /// breaching only with complete data: samples cover it to within `slack` seconds at both
+    /// ends and between samples, every sample was complete, and no veto was seen. Periods that
+    /// start before `not_before` never count (they predate a cancellation or an action).
+    pub fn assess(&self, rule: &Rule, now: f64, slack: f64, not_before: f64) -> Assessment {
+        let period = rule.period.as_secs_f64();
+        let last = (now / period).floor() as i64 - 1;
+        let first = last - rule.evaluation_periods as i64 + 1;
+        let mut periods = Vec::with_capacity(rule.evaluation_periods as usize);
+        for idx in first..=last {
+            let start = idx as f64 * period;
+            let bucket = self.buckets.iter().find(|b| b.idx == idx);
+            periods.push(evaluate_period(
+                rule, bucket, start, period, slack, not_before,
+            ));
+        }
+        let breaching_periods = periods
+            .iter()
+            .filter(|p| p.state == PeriodState::Breaching)
+            .count() as u32;
+        Assessment {
+            breaching: breaching_periods >= rule.datapoints_to_alarm,
+            breaching_periods,
+            threshold: rule.threshold,
+            periods,
+        }
+    }
+}
+
+fn evaluate_period(
+    rule: &Rule,
+    bucket: Option<&Bucket>,
+    start: f64,
+    period: f64,
+    slack: f64,
+    not_before: f64,
+) -> Period {
+    let unknown = |reason: String| Period {
+        start,
+        values: Vec::new(),
+        state: PeriodState::Unknown(reason),
+    };
+    let Some(b) = bucket else {
+        return unknown("no samples".into());
+    };
+    if start < not_before {
+        return unknown("before the rule was re-armed".into());
+    }
+    if let Some(reason) = &b.unknown {
+        return unknown(reason.clone());
+    }
+    if let Some(v) = &b.veto {
+        return unknown(format!("activity veto: {v}"));
+    }
+    let end = start + period;
+    if b.first_t - start > slack || end - b.last_t > slack || b.max_gap > slack {
+        return unknown("samples do not cover the period".into());
+    }
+    if b.gpus.is_empty() {
+        return unknown("no GPUs".into());
+    }
+    let values: Vec<(u32, f64)> = b
+        .gpus
+        .iter()
+        .map(|s| {
+            let v = match rule.statistic {
+                Statistic::Average => s.sum / f64::from(s.count.max(1)),
+                Statistic::Maximum => s.max,
+            };
+            (s.index, v)
+        })
+        .collect();
+    let holds = |v: &f64| rule.comparison.holds(*v, rule.threshold);
+    let breaching = match rule.gpus {
+        Aggregation::Every => values.iter().all(|(_, v)| holds(v)),
+        Aggregation::Any => values.iter().any(|(_, v)| holds(v)),
+    };
+    Period {
+        start,
+        values,
+        state: if breaching {
+            PeriodState::Breaching
+        } else {
+            PeriodState::NotBreaching
+        },
+    }
+}

@@ -1,0 +1,450 @@
+//! The cost watch loop: feeds each new snapshot to the rule engine, persists the state, and hands
+//! decisions to the executor. This is the I/O edge around the pure `rules::engine`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::actions::{Executor, Outcome};
+use crate::config::Config;
+use crate::gpu::sampler::Snapshots;
+use crate::rules::engine::{self, Context, Event, Settings};
+use crate::rules::{Comparison, Lifecycle, Metric, Observation, Rule};
+use crate::state::{HoldStatus, LoadError, Persisted, StateDir};
+
+/// What the watch exports, swapped whole on each update and read by the collector.
+#[derive(Debug, Clone, Default)]
+pub struct WatchView {
+    /// (gpu, uuid, seconds idle).
+    pub gpu_idle: Vec<(u32, String, f64)>,
+    pub breaching: Vec<(String, bool)>,
+    /// (rule, action, due time).
+    pub pending: Vec<(String, String, f64)>,
+    pub actions: BTreeMap<(String, String), u64>,
+    pub hold_until: Option<f64>,
+    pub interruption: Option<f64>,
+    pub node: Option<NodeInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeInfo {
+    pub instance_id: String,
+    pub instance_type: String,
+    pub availability_zone: String,
+    pub lifecycle: String,
+}
+
+/// Shared between the loops that write it and the collector that reads it.
+#[derive(Debug, Default)]
+pub struct WatchMetrics(Mutex<Arc<WatchView>>);
+
+impl WatchMetrics {
+    pub fn view(&self) -> Arc<WatchView> {
+        self.0.lock().map(|v| Arc::clone(&v)).unwrap_or_default()
+    }
+
+    pub fn update(&self, f: impl FnOnce(&mut WatchView)) {
+        if let Ok(mut v) = self.0.lock() {
+            let mut next = (**v).clone();
+            f(&mut next);
+            *v = Arc::new(next);
+        }
+    }
+}
+
+/// The world outside the GPUs, as the watch loop reads it each cycle.
+#[derive(Debug, Default)]
+pub struct Outside {
+    pub lifecycle: Option<Lifecycle>,
+    /// An instance-tag hold (`gpuwatch:hold`), refreshed by the cloud poller.
+    pub tag_hold: Mutex<HoldStatus>,
+    /// A spot interruption or rebalance notice is in effect.
+    pub interruption: Mutex<Option<f64>>,
+}
+
+/// The utilization below which a GPU counts as idle for `gpuwatch_gpu_idle_seconds`: the
+/// lowest threshold of the `gpu_utilization < x` rules, or 5%.
+fn idle_threshold(rules: &[Rule]) -> f64 {
+    rules
+        .iter()
+        .filter(|r| r.metric == Metric::GpuUtilization)
+        .filter(|r| {
+            matches!(
+                r.comparison,
+                Comparison::LessThan | Comparison::LessThanOrEqual
+            )
+        })
+        .map(|r| r.threshold)
+        .fold(None, |acc: Option<f64>, t| {
+            Some(acc.map_or(t, |a| a.min(t)))
+        })
+        .unwrap_or(0.05)
+}
+
+/// Unix time the machine booted, from /proc/stat.
+fn boot_time() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    stat.lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+pub struct Watch {
+    pub config: Config,
+    pub state_dir: StateDir,
+    pub executor: Arc<Executor>,
+    pub metrics: Arc<WatchMetrics>,
+    pub outside: Arc<Outside>,
+}
+
+impl Watch {
+    pub async fn run(self, snapshots: Snapshots) {
+        let rules = self.config.rules.clone();
+        let started = crate::time::now();
+        let grace_from = boot_time().map_or(started, |b| b.max(started));
+        let grace_until = grace_from + self.config.actions.boot_grace.as_secs_f64();
+        let settings = Settings {
+            boot_grace: self.config.actions.boot_grace,
+            warning: self.config.actions.warning,
+            slack: (self.config.sampling.interval.as_secs_f64() * 2.5)
+                .max(self.config.sampling.timeout.as_secs_f64()),
+        };
+        if let Err(e) = self.state_dir.create() {
+            tracing::error!(dir = %self.state_dir.path().display(), error = %e, "cannot create the state directory; decisions will not survive a restart");
+        }
+        let mut persisted = match self.state_dir.load() {
+            Ok(p) => p,
+            Err(LoadError::Missing(line)) => {
+                tracing::info!("{line}");
+                Persisted::default()
+            }
+            Err(LoadError::Corrupt(line)) => {
+                tracing::warn!("{line}");
+                self.executor
+                    .audit(json!({"event": "state_reset", "reason": line}));
+                Persisted::default()
+            }
+        };
+        // Rules that left the config leave the state.
+        persisted
+            .engine
+            .rules
+            .retain(|name, _| rules.iter().any(|r| &r.name == name));
+        self.resume_in_flight(&mut persisted).await;
+        tracing::info!(
+            rules = rules.len(),
+            mode = self.config.actions.mode.as_str(),
+            grace_until = %crate::time::rfc3339(grace_until),
+            "cost watch started"
+        );
+        self.executor.audit(
+            json!({"event": "started", "rules": rules.iter().map(|r| &r.name).collect::<Vec<_>>(),
+            "grace_until": crate::time::rfc3339(grace_until)}),
+        );
+
+        let threshold = idle_threshold(&rules);
+        let mut idle_since: BTreeMap<u32, f64> = BTreeMap::new();
+        let mut last_durable = started;
+        let mut last_hold = HoldStatus::None;
+        let mut seq = 0;
+        loop {
+            let snap = snapshots.next_after(seq).await;
+            if snap.seq == seq {
+                continue;
+            }
+            seq = snap.seq;
+            let now = snap.timestamp;
+            let mut obs = Observation::from_snapshot(&snap);
+            obs.veto = crate::vetoes::check(&self.config.vetoes);
+            engine::ingest(&rules, &mut persisted.engine, &obs);
+
+            let local = self.state_dir.hold();
+            let tag = self
+                .outside
+                .tag_hold
+                .lock()
+                .map(|h| h.clone())
+                .unwrap_or_default();
+            let hold_until = [local.until(), tag.until()]
+                .into_iter()
+                .flatten()
+                .fold(None, |a: Option<f64>, t| Some(a.map_or(t, |a| a.max(t))));
+            for h in [&local, &tag] {
+                if let HoldStatus::Unreadable(why) = h {
+                    if &last_hold != h {
+                        tracing::warn!("a hold with an unreadable expiry counts as a hold: {why}");
+                    }
+                }
+            }
+            last_hold = if matches!(tag, HoldStatus::Unreadable(_)) {
+                tag
+            } else {
+                local
+            };
+            let interruption = self.outside.interruption.lock().map(|i| *i).unwrap_or(None);
+            let ctx = Context {
+                now,
+                grace_until,
+                hold_until,
+                lifecycle: self.outside.lifecycle,
+                interruption: interruption.is_some(),
+            };
+            let events = engine::evaluate(&rules, &settings, &mut persisted.engine, &ctx);
+            let durable = !events.is_empty() || now - last_durable > 60.0;
+            if let Err(e) = self.state_dir.save(&persisted, durable) {
+                tracing::error!(error = %e, "cannot save state");
+            } else if durable {
+                last_durable = now;
+            }
+            for event in events {
+                self.handle(&rules, &mut persisted, event).await;
+            }
+
+            // Metrics.
+            for g in &snap.gpus {
+                match g.utilization_ratio.filter(|_| g.up) {
+                    Some(u) if u < threshold => {
+                        idle_since.entry(g.index).or_insert(now);
+                    }
+                    _ => {
+                        idle_since.remove(&g.index);
+                    }
+                }
+            }
+            let breaching: Vec<(String, bool)> = rules
+                .iter()
+                .map(|r| {
+                    (
+                        r.name.clone(),
+                        persisted
+                            .engine
+                            .rules
+                            .get(&r.name)
+                            .is_some_and(|s| s.breaching),
+                    )
+                })
+                .collect();
+            let pending: Vec<(String, String, f64)> = rules
+                .iter()
+                .filter_map(|r| {
+                    let p = persisted.engine.rules.get(&r.name)?.pending.as_ref()?;
+                    Some((r.name.clone(), p.action.to_string(), p.due_at))
+                })
+                .collect();
+            let gpu_idle: Vec<(u32, String, f64)> = snap
+                .gpus
+                .iter()
+                .filter(|g| g.up)
+                .map(|g| {
+                    (
+                        g.index,
+                        g.uuid.clone(),
+                        idle_since.get(&g.index).map_or(0.0, |s| now - s),
+                    )
+                })
+                .collect();
+            self.metrics.update(|v| {
+                v.gpu_idle = gpu_idle;
+                v.breaching = breaching;
+                v.pending = pending;
+                v.hold_until = hold_until.filter(|h| h.is_finite() && *h > now);
+                v.interruption = interruption;
+            });
+        }
+    }
+
+    /// An action that was handed out before a restart is never sent again. Its outcome is
+    /// recorded from the instance's state where that can be read.
+    async fn resume_in_flight(&self, persisted: &mut Persisted) {
+        for (name, rs) in persisted.engine.rules.iter_mut() {
+            let Some(f) = rs.in_flight.take() else {
+                continue;
+            };
+            let state = match &self.executor.instance {
+                Some(i) => i.ec2.state().await.ok().flatten(),
+                None => None,
+            };
+            tracing::warn!(
+                rule = %name, action = %f.action, instance_state = state.as_deref().unwrap_or("unknown"),
+                "an action was sent before the restart; it is not repeated"
+            );
+            self.executor.audit(json!({
+                "event": "in_flight_at_restart", "rule": name, "action": f.action,
+                "sent_at": crate::time::rfc3339(f.at), "instance_state": state, "repeated": false,
+            }));
+        }
+        if let Err(e) = self.state_dir.save(persisted, true) {
+            tracing::error!(error = %e, "cannot save state");
+        }
+    }
+
+    async fn handle(&self, rules: &[Rule], persisted: &mut Persisted, event: Event) {
+        let rule_name = event.rule().to_string();
+        let Some(rule) = rules.iter().find(|r| r.name == rule_name) else {
+            return;
+        };
+        let evidence = match &event {
+            Event::Breach { evidence, .. }
+            | Event::Warning { evidence, .. }
+            | Event::Action { evidence, .. } => serde_json::to_value(evidence).unwrap_or_default(),
+            _ => serde_json::Value::Null,
+        };
+        match &event {
+            Event::Breach { evidence: e, .. } => {
+                tracing::info!(rule = %rule.name, periods = e.breaching_periods, "rule breaching");
+                self.executor
+                    .audit(json!({"event": "breach", "rule": rule.name, "evidence": evidence}));
+            }
+            Event::Recovered { .. } => {
+                tracing::info!(rule = %rule.name, "rule no longer breaching");
+                self.executor
+                    .audit(json!({"event": "recovered", "rule": rule.name}));
+            }
+            Event::Warning { action, due_at, .. } => {
+                let text = format!(
+                    "gpuwatch: GPUs idle; this instance will {action} at {} (rule \"{}\", {}) unless the GPUs are used again. `gpuwatch hold 2h --reason ...` postpones it.",
+                    crate::time::rfc3339(*due_at),
+                    rule.name,
+                    self.executor.mode.as_str()
+                );
+                tracing::warn!("{text}");
+                self.executor.audit(
+                    json!({"event": "warning", "rule": rule.name, "action": action,
+                    "due_at": crate::time::rfc3339(*due_at), "evidence": evidence}),
+                );
+                self.executor.notify(&text, true).await;
+            }
+            Event::Cancelled { action, reason, .. } => {
+                let text = format!(
+                    "gpuwatch: {action} cancelled (rule \"{}\"): {reason}",
+                    rule.name
+                );
+                tracing::info!("{text}");
+                self.executor.audit(json!({"event": "cancelled", "rule": rule.name, "action": action, "reason": reason}));
+                self.count(*action, "cancelled");
+                self.executor.notify(&text, true).await;
+            }
+            Event::Postponed { action, reason, .. } => {
+                tracing::info!(rule = %rule.name, action = %action, "action postponed: {reason}");
+                self.executor.audit(json!({"event": "postponed", "rule": rule.name, "action": action, "reason": reason}));
+            }
+            Event::Action { action, .. } => {
+                // The state already says "in flight" durably: a restart from here on never
+                // repeats the action.
+                let outcome = self.executor.execute(rule, *action, &evidence).await;
+                self.count(*action, outcome.label());
+                engine::complete(&mut persisted.engine, &rule.name);
+                if let Err(e) = self.state_dir.save(persisted, true) {
+                    tracing::error!(error = %e, "cannot save state");
+                }
+                if let Outcome::Failed(_) = outcome {
+                    tracing::error!(rule = %rule.name, "the action failed; the rule re-arms on fresh data");
+                }
+            }
+        }
+    }
+
+    fn count(&self, action: crate::rules::Action, result: &str) {
+        self.metrics.update(|v| {
+            *v.actions
+                .entry((action.to_string(), result.to_string()))
+                .or_default() += 1;
+        });
+    }
+}
+
+/// The spot and tag poller: instance metadata notices, and `gpuwatch:hold` tags.
+pub async fn poll_cloud(
+    imds: Arc<crate::cloud::imds::Imds>,
+    ec2: Option<crate::cloud::ec2::Ec2>,
+    outside: Arc<Outside>,
+    executor: Arc<Executor>,
+    hook: Vec<String>,
+    hook_timeout: Duration,
+    every: Duration,
+) {
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut hook_ran = false;
+    loop {
+        ticker.tick().await;
+        match imds.notice().await {
+            Ok(Some(notice)) => {
+                let time = match &notice {
+                    crate::cloud::imds::Notice::Interruption { time, .. } => *time,
+                    crate::cloud::imds::Notice::Rebalance { time } => *time,
+                };
+                let was = outside
+                    .interruption
+                    .lock()
+                    .map(|mut i| i.replace(time))
+                    .unwrap_or(None);
+                if was.is_none() {
+                    tracing::warn!(
+                        ?notice,
+                        "spot interruption notice: gpuwatch takes no action of its own"
+                    );
+                    executor.audit(
+                        json!({"event": "spot_interruption", "notice": format!("{notice:?}"),
+                        "time": crate::time::rfc3339(time)}),
+                    );
+                    executor
+                        .notify(
+                            &format!("gpuwatch: spot interruption notice ({notice:?})"),
+                            true,
+                        )
+                        .await;
+                }
+                if !hook_ran && !hook.is_empty() {
+                    hook_ran = true;
+                    run_hook(&hook, hook_timeout, &executor).await;
+                }
+            }
+            Ok(None) => {
+                if let Ok(mut i) = outside.interruption.lock() {
+                    *i = None;
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot read spot notices"),
+        }
+        if let Some(ec2) = &ec2 {
+            match ec2.tags().await {
+                Ok(tags) => {
+                    let hold = match tags.iter().find(|(k, _)| k == "gpuwatch:hold") {
+                        None => HoldStatus::None,
+                        Some((_, v)) => match crate::time::parse_rfc3339(v) {
+                            Some(t) => HoldStatus::Until(t, "instance tag gpuwatch:hold".into()),
+                            None => HoldStatus::Unreadable(format!(
+                                "instance tag gpuwatch:hold = \"{v}\" is not RFC 3339"
+                            )),
+                        },
+                    };
+                    if let Ok(mut h) = outside.tag_hold.lock() {
+                        *h = hold;
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "cannot read instance tags"),
+            }
+        }
+    }
+}
+
+async fn run_hook(hook: &[String], timeout: Duration, executor: &Executor) {
+    let Some((program, args)) = hook.split_first() else {
+        return;
+    };
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let result = match tokio::time::timeout(timeout, cmd.status()).await {
+        Ok(Ok(s)) if s.success() => "done".to_string(),
+        Ok(Ok(s)) => format!("exited with {s}"),
+        Ok(Err(e)) => format!("cannot run: {e}"),
+        Err(_) => format!("ran past {timeout:?} and was killed"),
+    };
+    tracing::warn!(hook = ?hook, result = %result, "pre-interruption hook");
+    executor.audit(json!({"event": "interruption_hook", "command": hook, "result": result}));
+}

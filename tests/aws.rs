@@ -1,0 +1,592 @@
+//! Idle rules acting on EC2, end to end: the daemon over fake GPUs, an IMDSv2 fake, and a moto
+//! server speaking the real EC2 wire protocol. Rule periods are one second long.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::aws::{self, Kind, ProxyMode};
+use common::{events, metric, Daemon};
+use serde_json::Value;
+
+const IDLE4: &str = "[[gpu]]\nutilization = 0\n[[gpu]]\nutilization = 0\n[[gpu]]\nutilization = 0\n[[gpu]]\nutilization = 0\n";
+const LIMIT: Duration = Duration::from_secs(60);
+
+struct Setup<'a> {
+    imds: &'a aws::Imds,
+    endpoint: SocketAddr,
+    mode: &'a str,
+    action: &'a str,
+    /// Lines added to [actions].
+    actions: &'a str,
+    /// Extra top-level sections.
+    extra: &'a str,
+    period: &'a str,
+    evaluation_periods: u32,
+}
+
+impl<'a> Setup<'a> {
+    fn new(imds: &'a aws::Imds, action: &'a str) -> Setup<'a> {
+        Setup {
+            imds,
+            endpoint: aws::moto().addr,
+            mode: "enforce",
+            action,
+            actions: "warning = \"1s\"",
+            extra: "",
+            period: "1s",
+            evaluation_periods: 2,
+        }
+    }
+
+    fn config(&self, dir: &std::path::Path) -> String {
+        format!(
+            r#"[nvml]
+library = "{lib}"
+[sampling]
+interval = "100ms"
+timeout = "500ms"
+[cloud]
+provider = "aws"
+imds_endpoint = "http://{imds}"
+endpoint_url = "http://{endpoint}"
+region = "us-east-1"
+poll_interval = "200ms"
+[actions]
+mode = "{mode}"
+boot_grace = "0s"
+wall = false
+retry_for = "60s"
+state_dir = "{state}"
+{actions}
+{extra}
+[[rules]]
+name = "idle"
+metric = "gpu_utilization"
+comparison = "less_than"
+threshold = 0.05
+period = "{period}"
+evaluation_periods = {n}
+action = "{action}"
+"#,
+            lib = common::fake_library().display(),
+            imds = self.imds.addr,
+            endpoint = self.endpoint,
+            mode = self.mode,
+            state = dir.join("state").display(),
+            actions = self.actions,
+            extra = self.extra,
+            period = self.period,
+            n = self.evaluation_periods,
+            action = self.action,
+        )
+    }
+
+    fn start(&self, scenario: &str) -> Daemon {
+        self.start_in(tempfile::tempdir().unwrap(), scenario)
+    }
+
+    fn start_in(&self, dir: tempfile::TempDir, scenario: &str) -> Daemon {
+        std::fs::write(dir.path().join("scenario.toml"), scenario).unwrap();
+        let config = self.config(dir.path());
+        Daemon::start_with(dir, &config)
+    }
+}
+
+fn actions(s: &common::Scrape, action: &str, result: &str) -> f64 {
+    metric("gpuwatch_actions_total")
+        .label("action", action)
+        .label("result", result)
+        .get(s)
+        .unwrap_or(0.0)
+}
+
+fn api_calls(audit: &[Value]) -> Vec<String> {
+    events(audit, "api_call")
+        .iter()
+        .map(|r| r["operation"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn secs(rfc3339: &Value) -> f64 {
+    gpuwatch::time::parse_rfc3339(rfc3339.as_str().unwrap()).unwrap()
+}
+
+#[test]
+fn an_on_demand_instance_is_stopped_after_a_warning() {
+    let inst = aws::launch(Kind::OnDemand);
+    let imds = aws::imds(&inst.id, "on-demand");
+    let d = Setup::new(&imds, "stop").start(IDLE4);
+    let s = d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    metric("gpuwatch_node_info")
+        .label("instance_id", &inst.id)
+        .label("instance_type", "p4d.24xlarge")
+        .label("lifecycle", "on-demand")
+        .value(1.0)
+        .assert_in(&s);
+
+    assert!(["stopping", "stopped"].contains(&aws::instance_state(&inst.id).as_str()));
+    let tags = aws::instance_tags(&inst.id);
+    assert_eq!(
+        tags.get("gpuwatch:action").map(String::as_str),
+        Some("stop")
+    );
+    assert_eq!(tags.get("gpuwatch:rule").map(String::as_str), Some("idle"));
+
+    let audit = d.audit();
+    let warning = events(&audit, "warning")[0];
+    let attempt = events(&audit, "action_attempt")[0];
+    assert!(
+        secs(&attempt["time"]) >= secs(&warning["due_at"]) - 0.5,
+        "{warning} {attempt}"
+    );
+    assert_eq!(attempt["mode"], "enforce");
+    assert_eq!(attempt["evidence"]["periods"].as_array().unwrap().len(), 2);
+    // Tag first, then the call, each with its request id.
+    assert_eq!(api_calls(&audit), ["CreateTags", "StopInstances"]);
+    for call in events(&audit, "api_call") {
+        assert!(call["request_id"].is_string(), "{call}");
+        assert_eq!(call["instance_id"], inst.id.as_str());
+    }
+    assert_eq!(events(&audit, "action_result")[0]["result"], "done");
+}
+
+#[test]
+fn a_one_time_spot_instance_is_terminated_when_stop_is_asked() {
+    let inst = aws::launch(Kind::OneTimeSpot);
+    let imds = aws::imds(&inst.id, "spot");
+    let mut setup = Setup::new(&imds, "stop");
+    setup.actions = "warning = \"1s\"\nspot_stop = \"terminate\"";
+    let d = setup.start(IDLE4);
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    assert!(["shutting-down", "terminated"].contains(&aws::instance_state(&inst.id).as_str()));
+    assert_eq!(api_calls(&d.audit()), ["CreateTags", "TerminateInstances"]);
+}
+
+#[test]
+fn a_one_time_spot_instance_is_not_stopped_without_permission() {
+    let inst = aws::launch(Kind::OneTimeSpot);
+    let imds = aws::imds(&inst.id, "spot");
+    let d = Setup::new(&imds, "stop").start(IDLE4);
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "refused") == 1.0);
+    assert_eq!(aws::instance_state(&inst.id), "running");
+    let audit = d.audit();
+    assert!(api_calls(&audit).is_empty());
+    let result = events(&audit, "action_result")[0];
+    assert!(
+        result["detail"].as_str().unwrap().contains("cannot stop"),
+        "{result}"
+    );
+}
+
+#[test]
+fn a_persistent_spot_request_is_cancelled_then_its_instance_terminated() {
+    let inst = aws::launch(Kind::PersistentSpot);
+    let request = inst.spot_request.clone().unwrap();
+    assert_eq!(aws::spot_request_state(&request).as_deref(), Some("active"));
+    let imds = aws::imds(&inst.id, "spot");
+    let d = Setup::new(&imds, "terminate").start(IDLE4);
+    d.await_scrape(LIMIT, |s| actions(s, "terminate", "done") == 1.0);
+    assert!(["shutting-down", "terminated"].contains(&aws::instance_state(&inst.id).as_str()));
+    // moto drops a cancelled request; AWS shows it as cancelled. Either way it is not active.
+    let state = aws::spot_request_state(&request);
+    assert!(
+        state.is_none() || state.as_deref() == Some("cancelled"),
+        "{state:?}"
+    );
+    assert_eq!(
+        api_calls(&d.audit()),
+        [
+            "CreateTags",
+            &format!("CancelSpotInstanceRequests {request}"),
+            "TerminateInstances"
+        ]
+    );
+}
+
+#[test]
+fn dry_run_changes_nothing_and_says_would() {
+    let inst = aws::launch(Kind::PersistentSpot);
+    let imds = aws::imds(&inst.id, "spot");
+    let mut setup = Setup::new(&imds, "terminate");
+    setup.mode = "dry-run";
+    let d = setup.start(IDLE4);
+    d.await_scrape(LIMIT, |s| actions(s, "terminate", "dry_run") == 1.0);
+    assert_eq!(aws::instance_state(&inst.id), "running");
+    assert_eq!(
+        aws::spot_request_state(inst.spot_request.as_deref().unwrap()).as_deref(),
+        Some("active")
+    );
+    assert!(!aws::instance_tags(&inst.id).contains_key("gpuwatch:action"));
+    let audit = d.audit();
+    assert!(api_calls(&audit).is_empty());
+    let result = events(&audit, "action_result")[0];
+    assert_eq!(result["mode"], "dry-run");
+    assert!(
+        result["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("would CancelSpotInstanceRequests"),
+        "{result}"
+    );
+}
+
+#[test]
+fn one_busy_gpu_of_four_keeps_the_node() {
+    let inst = aws::launch(Kind::OnDemand);
+    let imds = aws::imds(&inst.id, "on-demand");
+    let scenario = "[[gpu]]\nutilization = 0\n[[gpu]]\nutilization = 0\n[[gpu]]\nutilization = 50\n[[gpu]]\nutilization = 0\n";
+    let d = Setup::new(&imds, "stop").start(scenario);
+    let first = d.await_sample(LIMIT, |s| s["nvml"]["up"] == true);
+    // Long past when an idle node would have been stopped: two periods, the warning, margin.
+    d.await_time(first["timestamp"].as_f64().unwrap() + 6.0);
+    let s = d.scrape();
+    metric("gpuwatch_rule_breaching")
+        .label("rule", "idle")
+        .value(0.0)
+        .assert_in(&s);
+    assert!(events(&d.audit(), "warning").is_empty());
+    assert!(events(&d.audit(), "action_attempt").is_empty());
+    assert_eq!(aws::instance_state(&inst.id), "running");
+    // The idle GPUs are idle, the busy one is not.
+    assert!(metric("gpuwatch_gpu_idle_seconds").gpu(0).get(&s).unwrap() > 3.0);
+    metric("gpuwatch_gpu_idle_seconds")
+        .gpu(2)
+        .value(0.0)
+        .assert_in(&s);
+}
+
+#[test]
+fn a_gpu_lost_in_the_window_delays_the_action_until_fresh_complete_data() {
+    let inst = aws::launch(Kind::OnDemand);
+    let imds = aws::imds(&inst.id, "on-demand");
+    let scenario =
+        format!("{IDLE4}[[fault]]\nat = \"500ms\"\nuntil = \"3s\"\ngpu = 1\nkind = \"lost\"\n");
+    let d = Setup::new(&imds, "stop").start(&scenario);
+    d.await_sample(LIMIT, |s| s["gpus"][1]["up"] == false);
+    let back = d.await_sample(LIMIT, |s| s["gpus"][1]["up"] == true);
+    let back_at = back["timestamp"].as_f64().unwrap();
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    let audit = d.audit();
+    let attempt = events(&audit, "action_attempt")[0];
+    for p in attempt["evidence"]["periods"].as_array().unwrap() {
+        assert!(
+            secs(&p["start"]) >= back_at.floor(),
+            "period {p} predates the GPU's return at {back_at}"
+        );
+    }
+    let warning = events(&audit, "warning")[0];
+    assert!(
+        secs(&warning["time"]) > back_at,
+        "warned at {} before the GPU was back at {back_at}",
+        warning["time"]
+    );
+}
+
+#[test]
+fn gpus_coming_back_during_the_warning_cancel_the_action() {
+    let inst = aws::launch(Kind::OnDemand);
+    let imds = aws::imds(&inst.id, "on-demand");
+    let dir = tempfile::tempdir().unwrap();
+    // Idle for 6 s, then busy for good; the warning lasts 5 s.
+    std::fs::write(dir.path().join("u.csv"), "0,0\n5.9,0\n6,80\n").unwrap();
+    let scenario =
+        "[[gpu]]\nutilization = { kind = \"trace\", file = \"u.csv\" }\n[[gpu]]\nutilization = 0\n";
+    let mut setup = Setup::new(&imds, "stop");
+    setup.actions = "warning = \"5s\"";
+    let d = setup.start_in(dir, scenario);
+    let s = d.await_scrape(LIMIT, |s| actions(s, "stop", "cancelled") == 1.0);
+    assert_eq!(actions(&s, "stop", "done"), 0.0);
+    metric("gpuwatch_action_pending")
+        .label("rule", "idle")
+        .absent()
+        .assert_in(&s);
+    let audit = d.audit();
+    assert_eq!(events(&audit, "warning").len(), 1);
+    let cancelled = events(&audit, "cancelled")[0];
+    assert!(
+        cancelled["reason"]
+            .as_str()
+            .unwrap()
+            .contains("GPU 0 came back"),
+        "{cancelled}"
+    );
+    assert!(events(&audit, "action_attempt").is_empty());
+    assert_eq!(aws::instance_state(&inst.id), "running");
+}
+
+#[test]
+fn a_local_hold_postpones_the_action_until_it_expires() {
+    let inst = aws::launch(Kind::OnDemand);
+    let imds = aws::imds(&inst.id, "on-demand");
+    let setup = Setup::new(&imds, "stop");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("hold.toml");
+    std::fs::write(&config, setup.config(dir.path())).unwrap();
+    let out = std::process::Command::new(common::BIN)
+        .args(["hold", "5s", "--reason", "checkpointing", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let hold: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("state/hold.json")).unwrap())
+            .unwrap();
+    let until = secs(&hold["until"]);
+    assert_eq!(hold["reason"], "checkpointing");
+
+    let d = setup.start_in(dir, IDLE4);
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_hold_until_timestamp_seconds")
+            .get(s)
+            .is_some()
+    });
+    metric("gpuwatch_hold_until_timestamp_seconds")
+        .value(until)
+        .assert_in(&s);
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    let audit = d.audit();
+    let warning = events(&audit, "warning")[0];
+    assert!(
+        secs(&warning["time"]) >= until,
+        "warned at {} during the hold (until {until})",
+        warning["time"]
+    );
+    assert!(secs(&events(&audit, "action_attempt")[0]["time"]) >= until);
+}
+
+#[test]
+fn an_instance_tag_hold_is_honoured_and_an_unreadable_one_holds() {
+    let inst = aws::launch(Kind::OnDemand);
+    aws::tag_instance(&inst.id, "gpuwatch:hold", "after lunch");
+    let imds = aws::imds(&inst.id, "on-demand");
+    let d = Setup::new(&imds, "stop").start(IDLE4);
+    let first = d.await_sample(LIMIT, |s| s["nvml"]["up"] == true);
+    let t0 = first["timestamp"].as_f64().unwrap();
+    d.await_time(t0 + 5.0);
+    assert!(events(&d.audit(), "action_attempt").is_empty());
+    assert!(
+        d.log()
+            .contains("a hold with an unreadable expiry counts as a hold"),
+        "{}",
+        d.log()
+    );
+
+    // A readable expiry 3 s ahead: the action follows once it passes.
+    let until = gpuwatch::time::now().ceil() + 3.0;
+    aws::tag_instance(&inst.id, "gpuwatch:hold", &gpuwatch::time::rfc3339(until));
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    assert!(secs(&events(&d.audit(), "action_attempt")[0]["time"]) >= until);
+}
+
+#[test]
+fn a_restart_mid_window_keeps_the_window() {
+    let inst = aws::launch(Kind::OnDemand);
+    let imds = aws::imds(&inst.id, "on-demand");
+    let mut setup = Setup::new(&imds, "stop");
+    setup.period = "2s";
+    setup.evaluation_periods = 3;
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = dir.path().join("state");
+    let scenario_dir = dir.path().to_path_buf();
+    let mut d = setup.start_in(dir, IDLE4);
+    let first = d.await_sample(LIMIT, |s| s["nvml"]["up"] == true);
+    d.await_time(first["timestamp"].as_f64().unwrap() + 4.5);
+    d.kill();
+    let restarted_at = gpuwatch::time::now();
+    // The same state directory, a new process.
+    let config = std::fs::read_to_string(scenario_dir.join("gpuwatch.toml")).unwrap();
+    let d2 = Daemon::start_with(keep(scenario_dir), &config);
+    d2.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    let audit = common::audit_records(&state_dir.join("audit.jsonl"));
+    let attempt = events(&audit, "action_attempt")[0];
+    let oldest = attempt["evidence"]["periods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| secs(&p["start"]))
+        .fold(f64::INFINITY, f64::min);
+    assert!(
+        oldest < restarted_at,
+        "no period from before the restart ({restarted_at}) counted: {attempt}"
+    );
+    assert_eq!(api_calls(&audit), ["CreateTags", "StopInstances"]);
+}
+
+/// Reuses an existing directory as the daemon's (it is removed with the test's temp root).
+fn keep(path: std::path::PathBuf) -> tempfile::TempDir {
+    let td = tempfile::Builder::new()
+        .prefix("gpuwatch-restart-")
+        .tempdir()
+        .unwrap();
+    for entry in std::fs::read_dir(&path).unwrap().flatten() {
+        let to = td.path().join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            std::fs::create_dir_all(&to).unwrap();
+            for f in std::fs::read_dir(entry.path()).unwrap().flatten() {
+                std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
+            }
+        } else {
+            std::fs::copy(entry.path(), &to).unwrap();
+        }
+    }
+    // The config names the old state directory; point it at the copy.
+    let config = std::fs::read_to_string(td.path().join("gpuwatch.toml")).unwrap();
+    std::fs::write(
+        td.path().join("gpuwatch.toml"),
+        config.replace(
+            &path.display().to_string(),
+            &td.path().display().to_string(),
+        ),
+    )
+    .unwrap();
+    td
+}
+
+#[test]
+fn a_restart_after_an_action_was_sent_does_not_repeat_it() {
+    let inst = aws::launch(Kind::OnDemand);
+    let imds = aws::imds(&inst.id, "on-demand");
+    let mut setup = Setup::new(&imds, "stop");
+    setup.actions = "warning = \"1h\"";
+    let dir = tempfile::tempdir().unwrap();
+    // The state a daemon leaves when it is killed after sending StopInstances and before
+    // recording the result.
+    let now = gpuwatch::time::now();
+    std::fs::create_dir_all(dir.path().join("state")).unwrap();
+    std::fs::write(
+        dir.path().join("state/state.json"),
+        format!(
+            r#"{{"engine":{{"rules":{{"idle":{{"window":{{"buckets":[]}},"breaching":true,"pending":null,"not_before":{now},"in_flight":{{"action":"stop","at":{now}}}}}}}}}}}"#
+        ),
+    )
+    .unwrap();
+    let d = setup.start_in(dir, IDLE4);
+    let first = d.await_sample(LIMIT, |s| s["nvml"]["up"] == true);
+    d.await_time(first["timestamp"].as_f64().unwrap() + 4.0);
+    let audit = d.audit();
+    let resumed = events(&audit, "in_flight_at_restart");
+    assert_eq!(resumed.len(), 1, "{audit:?}");
+    assert_eq!(resumed[0]["repeated"], false);
+    assert_eq!(resumed[0]["instance_state"], "running");
+    assert!(events(&audit, "action_attempt").is_empty());
+    assert!(api_calls(&audit).is_empty());
+}
+
+#[test]
+fn aws_outage_then_errors_then_recovery_acts_exactly_once() {
+    let inst = aws::launch(Kind::OnDemand);
+    let imds = aws::imds(&inst.id, "on-demand");
+    let proxy = aws::Proxy::start(ProxyMode::Refuse);
+    let mut setup = Setup::new(&imds, "stop");
+    setup.endpoint = proxy.addr;
+    let d = setup.start(IDLE4);
+    // Unreachable: the action is attempted and retried.
+    d.await_sample(LIMIT, |_| d.log().contains("EC2 call failed; retrying"));
+    // Then errors: 503s are retried too.
+    proxy.set(ProxyMode::Unavailable);
+    d.await_sample(LIMIT, |_| {
+        proxy
+            .unavailable_answers
+            .load(std::sync::atomic::Ordering::SeqCst)
+            >= 2
+    });
+    proxy.set(ProxyMode::Forward);
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    let audit = d.audit();
+    assert_eq!(api_calls(&audit), ["CreateTags", "StopInstances"]);
+    assert_eq!(events(&audit, "action_attempt").len(), 1);
+    assert!(["stopping", "stopped"].contains(&aws::instance_state(&inst.id).as_str()));
+}
+
+#[test]
+fn a_spot_interruption_notice_sets_the_metric_runs_the_hook_and_blocks_actions() {
+    let inst = aws::launch(Kind::OneTimeSpot);
+    let imds = aws::imds(&inst.id, "spot");
+    let notice_at = gpuwatch::time::now().floor() + 120.0;
+    imds.state.lock().unwrap().instance_action = Some(format!(
+        r#"{{"action": "terminate", "time": "{}"}}"#,
+        gpuwatch::time::rfc3339(notice_at)
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("hook-ran");
+    let mut setup = Setup::new(&imds, "terminate");
+    let extra = format!(
+        "[spot]\ninterruption_hook = [\"touch\", \"{}\"]\nhook_timeout = \"5s\"",
+        marker.display()
+    );
+    setup.extra = &extra;
+    let d = setup.start_in(dir, IDLE4);
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_spot_interruption_pending").get(s) == Some(1.0)
+    });
+    metric("gpuwatch_spot_interruption_timestamp_seconds")
+        .value(notice_at)
+        .assert_in(&s);
+    d.await_sample(LIMIT, |_| marker.exists());
+    d.await_time(gpuwatch::time::now() + 4.0);
+    let audit = d.audit();
+    assert_eq!(events(&audit, "interruption_hook")[0]["result"], "done");
+    assert!(
+        events(&audit, "action_attempt").is_empty(),
+        "gpuwatch must not compete with AWS"
+    );
+    assert_eq!(aws::instance_state(&inst.id), "running");
+}
+
+#[test]
+fn the_iam_policy_grants_exactly_the_calls_in_the_code() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let policy: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("config/iam-policy.json")).unwrap(),
+    )
+    .unwrap();
+    let mut granted: Vec<String> = policy["Statement"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["Action"].as_array().unwrap().iter())
+        .map(|a| {
+            a.as_str()
+                .unwrap()
+                .strip_prefix("ec2:")
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    granted.sort();
+    // Every `client.<operation>()` call in the EC2 module, in PascalCase.
+    let source = std::fs::read_to_string(root.join("src/cloud/ec2.rs")).unwrap();
+    let squeezed: String = source.split_whitespace().collect();
+    let mut called: Vec<String> = squeezed
+        .split(".client.")
+        .skip(1)
+        .filter_map(|rest| rest.split('(').next())
+        .map(|snake| {
+            snake
+                .split('_')
+                .map(|w| w[..1].to_uppercase() + &w[1..])
+                .collect()
+        })
+        .collect();
+    called.sort();
+    called.dedup();
+    let mut listed: Vec<String> = gpuwatch::cloud::ec2::OPERATIONS
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    listed.sort();
+    assert_eq!(
+        called, listed,
+        "ec2::OPERATIONS drifted from the calls in src/cloud/ec2.rs"
+    );
+    assert_eq!(
+        granted, listed,
+        "config/iam-policy.json drifted from the calls in src/cloud/ec2.rs"
+    );
+}

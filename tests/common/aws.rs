@@ -1,0 +1,463 @@
+//! AWS test harness: a moto server, an in-process IMDSv2 fake following the routes of
+//! amazon-ec2-metadata-mock, an EC2 client for checking moto's state, and a fault proxy.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use aws_sdk_ec2::types::{
+    InstanceMarketOptionsRequest, InstanceType, MarketType, SpotInstanceType, SpotMarketOptions,
+};
+
+pub const REGION: &str = "us-east-1";
+
+/// Every process a test starts gets these, so nothing ever probes the real metadata address.
+pub const SAFE_ENV: &[(&str, &str)] = &[
+    ("AWS_EC2_METADATA_DISABLED", "true"),
+    ("AWS_ACCESS_KEY_ID", "testing"),
+    ("AWS_SECRET_ACCESS_KEY", "testing"),
+    ("AWS_REGION", REGION),
+];
+
+/// A runtime for the async parts of the harness.
+pub fn rt() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    })
+}
+
+/// One moto server per test binary, stopped (by PID) when the process exits.
+pub struct Moto {
+    pub addr: SocketAddr,
+    _child: Mutex<Child>,
+}
+
+fn moto_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("MOTO_SERVER") {
+        return PathBuf::from(p);
+    }
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/moto_server");
+    if venv.is_file() {
+        return venv;
+    }
+    PathBuf::from("moto_server")
+}
+
+pub fn moto() -> &'static Moto {
+    static MOTO: OnceLock<Moto> = OnceLock::new();
+    MOTO.get_or_init(|| {
+        let port = super::free_port();
+        let child = Command::new(moto_binary())
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .envs(SAFE_ENV.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("moto_server not found: scripts/test installs moto[server] in .venv");
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        // moto takes a moment to import; wait for its port (an outside server, not our loop).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect(addr).is_err() {
+            assert!(Instant::now() < deadline, "moto_server did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        reap_at_exit(child.id());
+        Moto {
+            addr,
+            _child: Mutex::new(child),
+        }
+    })
+}
+
+/// moto outlives a test binary unless killed; a guard thread cannot run at exit, so the PID is
+/// remembered and killed by `libc::atexit`.
+fn reap_at_exit(pid: u32) {
+    static PIDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+    extern "C" fn kill_all() {
+        if let Ok(pids) = PIDS.lock() {
+            for pid in pids.iter() {
+                // SAFETY: kill(2) on a PID we started.
+                unsafe {
+                    libc::kill(*pid as i32, libc::SIGKILL);
+                }
+            }
+        }
+    }
+    let mut pids = PIDS.lock().unwrap();
+    if pids.is_empty() {
+        // SAFETY: registering a plain extern "C" function.
+        unsafe {
+            libc::atexit(kill_all);
+        }
+    }
+    pids.push(pid);
+}
+
+pub fn ec2_client(endpoint: SocketAddr) -> aws_sdk_ec2::Client {
+    let creds = aws_sdk_ec2::config::Credentials::new("testing", "testing", None, None, "test");
+    let conf = aws_sdk_ec2::config::Builder::new()
+        .behavior_version(aws_sdk_ec2::config::BehaviorVersion::latest())
+        .region(aws_sdk_ec2::config::Region::new(REGION))
+        .credentials_provider(creds)
+        .endpoint_url(format!("http://{endpoint}"))
+        .build();
+    aws_sdk_ec2::Client::from_conf(conf)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Kind {
+    OnDemand,
+    OneTimeSpot,
+    PersistentSpot,
+}
+
+/// An instance launched in moto.
+pub struct Launched {
+    pub id: String,
+    pub spot_request: Option<String>,
+}
+
+pub fn launch(kind: Kind) -> Launched {
+    let ec2 = ec2_client(moto().addr);
+    rt().block_on(async {
+        match kind {
+            Kind::OnDemand | Kind::OneTimeSpot => {
+                let mut req = ec2
+                    .run_instances()
+                    .image_id("ami-12c6146b")
+                    .instance_type(InstanceType::P4d24xlarge)
+                    .min_count(1)
+                    .max_count(1);
+                if kind == Kind::OneTimeSpot {
+                    req = req.instance_market_options(
+                        InstanceMarketOptionsRequest::builder()
+                            .market_type(MarketType::Spot)
+                            .spot_options(
+                                SpotMarketOptions::builder()
+                                    .spot_instance_type(SpotInstanceType::OneTime)
+                                    .build(),
+                            )
+                            .build(),
+                    );
+                }
+                let out = req.send().await.unwrap();
+                Launched {
+                    id: out.instances()[0].instance_id().unwrap().to_string(),
+                    spot_request: None,
+                }
+            }
+            Kind::PersistentSpot => {
+                let out = ec2
+                    .request_spot_instances()
+                    .spot_price("10.0")
+                    .instance_count(1)
+                    .r#type(SpotInstanceType::Persistent)
+                    .launch_specification(
+                        aws_sdk_ec2::types::RequestSpotLaunchSpecification::builder()
+                            .image_id("ami-12c6146b")
+                            .instance_type(InstanceType::P4d24xlarge)
+                            .build(),
+                    )
+                    .send()
+                    .await
+                    .unwrap();
+                let req = &out.spot_instance_requests()[0];
+                Launched {
+                    id: req
+                        .instance_id()
+                        .expect("moto fulfils spot requests")
+                        .to_string(),
+                    spot_request: Some(req.spot_instance_request_id().unwrap().to_string()),
+                }
+            }
+        }
+    })
+}
+
+/// The instance's state name in moto.
+pub fn instance_state(id: &str) -> String {
+    let ec2 = ec2_client(moto().addr);
+    rt().block_on(async {
+        let out = ec2
+            .describe_instances()
+            .instance_ids(id)
+            .send()
+            .await
+            .unwrap();
+        out.reservations()[0].instances()[0]
+            .state()
+            .unwrap()
+            .name()
+            .unwrap()
+            .as_str()
+            .to_string()
+    })
+}
+
+pub fn instance_tags(id: &str) -> BTreeMap<String, String> {
+    let ec2 = ec2_client(moto().addr);
+    rt().block_on(async {
+        let out = ec2
+            .describe_instances()
+            .instance_ids(id)
+            .send()
+            .await
+            .unwrap();
+        out.reservations()[0].instances()[0]
+            .tags()
+            .iter()
+            .map(|t| {
+                (
+                    t.key().unwrap().to_string(),
+                    t.value().unwrap_or("").to_string(),
+                )
+            })
+            .collect()
+    })
+}
+
+pub fn tag_instance(id: &str, key: &str, value: &str) {
+    let ec2 = ec2_client(moto().addr);
+    rt().block_on(async {
+        ec2.create_tags()
+            .resources(id)
+            .tags(
+                aws_sdk_ec2::types::Tag::builder()
+                    .key(key)
+                    .value(value)
+                    .build(),
+            )
+            .send()
+            .await
+            .unwrap();
+    });
+}
+
+/// The spot request's state in moto, or `None` once moto has dropped a cancelled request.
+pub fn spot_request_state(id: &str) -> Option<String> {
+    let ec2 = ec2_client(moto().addr);
+    rt().block_on(async {
+        let out = ec2.describe_spot_instance_requests().send().await.unwrap();
+        out.spot_instance_requests()
+            .iter()
+            .find(|r| r.spot_instance_request_id() == Some(id))
+            .and_then(|r| r.state().map(|s| s.as_str().to_string()))
+    })
+}
+
+// ---- IMDSv2 fake --------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Default)]
+pub struct ImdsState {
+    pub instance_id: String,
+    pub instance_type: String,
+    pub lifecycle: String,
+    pub tags: BTreeMap<String, String>,
+    /// `spot/instance-action` JSON, when an interruption is announced.
+    pub instance_action: Option<String>,
+    pub rebalance: Option<String>,
+    pub token_requests: usize,
+}
+
+/// The fake metadata service, on a loopback port, stopped when dropped.
+pub struct Imds {
+    pub addr: SocketAddr,
+    pub state: Arc<Mutex<ImdsState>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for Imds {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+const TOKEN: &str = "AQAAAFakeTokenForTests==";
+
+pub fn imds(instance_id: &str, lifecycle: &str) -> Imds {
+    use axum::extract::{Path as AxPath, State};
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::routing::{get, put};
+
+    let state = Arc::new(Mutex::new(ImdsState {
+        instance_id: instance_id.to_string(),
+        instance_type: "p4d.24xlarge".into(),
+        lifecycle: lifecycle.to_string(),
+        ..ImdsState::default()
+    }));
+    type S = Arc<Mutex<ImdsState>>;
+    async fn token(State(s): State<S>, headers: HeaderMap) -> (StatusCode, String) {
+        if !headers.contains_key("x-aws-ec2-metadata-token-ttl-seconds") {
+            return (StatusCode::BAD_REQUEST, String::new());
+        }
+        s.lock().unwrap().token_requests += 1;
+        (StatusCode::OK, TOKEN.to_string())
+    }
+    async fn meta(
+        State(s): State<S>,
+        headers: HeaderMap,
+        AxPath(path): AxPath<String>,
+    ) -> (StatusCode, String) {
+        if headers
+            .get("x-aws-ec2-metadata-token")
+            .and_then(|v| v.to_str().ok())
+            != Some(TOKEN)
+        {
+            return (StatusCode::UNAUTHORIZED, String::new());
+        }
+        let st = s.lock().unwrap().clone();
+        let found = match path.as_str() {
+            "instance-id" => Some(st.instance_id),
+            "instance-type" => Some(st.instance_type),
+            "placement/availability-zone" => Some(format!("{REGION}a")),
+            "placement/region" => Some(REGION.to_string()),
+            "instance-life-cycle" => Some(st.lifecycle),
+            "tags/instance" if !st.tags.is_empty() => {
+                Some(st.tags.keys().cloned().collect::<Vec<_>>().join("\n"))
+            }
+            "spot/instance-action" => st.instance_action,
+            "events/recommendations/rebalance" => st.rebalance,
+            p => p
+                .strip_prefix("tags/instance/")
+                .and_then(|k| st.tags.get(k).cloned()),
+        };
+        match found {
+            Some(body) => (StatusCode::OK, body),
+            None => (StatusCode::NOT_FOUND, String::new()),
+        }
+    }
+    let app = axum::Router::new()
+        .route("/latest/api/token", put(token))
+        .route("/latest/meta-data/{*path}", get(meta))
+        .with_state(Arc::clone(&state));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    rt().spawn(async move {
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    Imds {
+        addr,
+        state,
+        stop: Some(stop),
+    }
+}
+
+// ---- fault proxy --------------------------------------------------------------------------------
+
+/// What the proxy does with each new connection.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(u8)]
+pub enum ProxyMode {
+    /// Close it at once: an unreachable endpoint.
+    Refuse = 0,
+    /// Answer every request with HTTP 503 and an AWS error body.
+    Unavailable = 1,
+    /// Pass it through to moto.
+    Forward = 2,
+}
+
+/// A loopback TCP proxy in front of moto that can refuse, fail or forward.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    mode: Arc<AtomicU8>,
+    pub unavailable_answers: Arc<AtomicUsize>,
+}
+
+impl Proxy {
+    pub fn start(mode: ProxyMode) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mode = Arc::new(AtomicU8::new(mode as u8));
+        let answers = Arc::new(AtomicUsize::new(0));
+        let (m, a) = (Arc::clone(&mode), Arc::clone(&answers));
+        let upstream = moto().addr;
+        std::thread::spawn(move || {
+            for conn in listener.incoming().map_while(Result::ok) {
+                let mode = m.load(Ordering::SeqCst);
+                let a = Arc::clone(&a);
+                std::thread::spawn(move || match mode {
+                    0 => drop(conn),
+                    1 => answer_unavailable(conn, &a),
+                    _ => forward(conn, upstream),
+                });
+            }
+        });
+        Proxy {
+            addr,
+            mode,
+            unavailable_answers: answers,
+        }
+    }
+
+    pub fn set(&self, mode: ProxyMode) {
+        self.mode.store(mode as u8, Ordering::SeqCst);
+    }
+}
+
+fn answer_unavailable(conn: TcpStream, answers: &AtomicUsize) {
+    let mut reader = BufReader::new(conn);
+    loop {
+        let mut length = 0usize;
+        let mut first = true;
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            if line == "\r\n" && !first {
+                break;
+            }
+            first = false;
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut body = vec![0; length];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        answers.fetch_add(1, Ordering::SeqCst);
+        let xml = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Response><Errors><Error><Code>Unavailable</Code><Message>The service is unavailable</Message></Error></Errors><RequestID>fault-proxy</RequestID></Response>";
+        let resp = format!(
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/xml\r\nContent-Length: {}\r\n\r\n{xml}",
+            xml.len()
+        );
+        if reader.get_mut().write_all(resp.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+fn forward(conn: TcpStream, upstream: SocketAddr) {
+    let Ok(up) = TcpStream::connect(upstream) else {
+        return;
+    };
+    let (mut c2, mut u2) = (conn.try_clone().unwrap(), up.try_clone().unwrap());
+    let (mut c1, mut u1) = (conn, up);
+    let t = std::thread::spawn(move || {
+        let _ = std::io::copy(&mut c1, &mut u1);
+        let _ = u1.shutdown(std::net::Shutdown::Write);
+    });
+    let _ = std::io::copy(&mut u2, &mut c2);
+    let _ = c2.shutdown(std::net::Shutdown::Write);
+    let _ = t.join();
+}

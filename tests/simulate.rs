@@ -1,0 +1,120 @@
+//! `gpuwatch simulate` replays a trace with golden output (text and JSON), and rules in the JSON
+//! form mean exactly what their TOML twins mean.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use gpuwatch::config::Config;
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/simulate")
+        .join(name)
+}
+
+fn golden(args: &[&str], file: &str) {
+    let out = Command::new(common::BIN)
+        .arg("simulate")
+        .arg("--config")
+        .arg(data("config.toml"))
+        .arg("--trace")
+        .arg(data("trace.csv"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = String::from_utf8(out.stdout).unwrap();
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(data(file), &got).unwrap();
+    }
+    let want = std::fs::read_to_string(data(file)).unwrap();
+    assert_eq!(
+        got, want,
+        "simulate output changed; review it and rerun with UPDATE_GOLDEN=1"
+    );
+}
+
+#[test]
+fn replay_timeline_matches_golden_text() {
+    golden(&[], "expected.txt");
+}
+
+#[test]
+fn replay_timeline_matches_golden_json() {
+    golden(&["--json"], "expected.jsonl");
+    // Each line is one event object with the documented fields.
+    let text = std::fs::read_to_string(data("expected.jsonl")).unwrap();
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        for key in ["time", "rule", "kind", "action", "detail"] {
+            assert!(v.get(key).is_some(), "{key} missing in {line}");
+        }
+    }
+    assert!(text.contains("\"kind\":\"action\""));
+    assert!(text.contains("\"kind\":\"cancelled\""));
+}
+
+#[test]
+fn json_rules_mean_what_the_toml_rule_means() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("rules.json");
+    std::fs::write(
+        &json,
+        r#"{"Rules": [{"Description": "Terminate if GPU idle > 2h",
+                       "Actions": [{"Type": "Terminate"}],
+                       "Trigger": {"Metric": "GPUUtilization", "Comparison": "LessThan",
+                                   "Threshold": 5, "Period": 3600, "EvaluationPeriods": 2}}]}"#,
+    )
+    .unwrap();
+    let mut from_json = Config::default();
+    from_json.add_rules_file(&json).unwrap();
+    let toml = r#"
+[[rules]]
+name = "Terminate if GPU idle > 2h"
+metric = "gpu_utilization"
+comparison = "less_than"
+threshold = 0.05
+period = "1h"
+evaluation_periods = 2
+action = "terminate"
+"#;
+    let from_toml = Config::parse(toml, Path::new("t.toml")).unwrap();
+    assert_eq!(from_json.rules, from_toml.rules);
+
+    // And the replay of the same trace is the same, event for event.
+    let rows =
+        gpuwatch::simulate::parse_trace(&std::fs::read_to_string(data("trace.csv")).unwrap())
+            .unwrap();
+    let a = gpuwatch::simulate::replay(&from_json, &rows, None);
+    let b = gpuwatch::simulate::replay(&from_toml, &rows, None);
+    assert_eq!(a, b);
+}
+
+#[test]
+fn bad_rules_name_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("rules.json");
+    std::fs::write(
+        &json,
+        r#"{"Rules": [{"Description": "x", "Actions": [{"Type": "Terminate"}],
+           "Trigger": {"Metric": "GPUTemperature", "Comparison": "LessThan", "Threshold": 5, "Period": 60}}]}"#,
+    )
+    .unwrap();
+    let err = Config::default()
+        .add_rules_file(&json)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        format!(
+            "config: {}: Rules[0].Trigger.Metric: \"GPUTemperature\" is not one of GPUUtilization, GPUMemoryUtilization, GPUMemoryUsedPercent, GPUPowerPercent, GPUProcessCount",
+            json.display()
+        )
+    );
+}
