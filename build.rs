@@ -1,4 +1,5 @@
-//! Records the source revision for `gpuwatch_build_info` and `--version`.
+//! Records the source revision (for `gpuwatch_build_info` and `--version`) and the bundled price
+//! table's date (for `--version`).
 
 use std::process::Command;
 
@@ -20,4 +21,13 @@ fn main() {
         "cargo:rustc-env=GPUWATCH_REVISION={}",
         revision.unwrap_or_else(|| "unknown".to_string())
     );
+
+    // The bundled price table's date, for `gpuwatch --version`.
+    println!("cargo:rerun-if-changed=src/cost/prices.csv");
+    let prices = std::fs::read_to_string("src/cost/prices.csv").unwrap_or_default();
+    let as_of = prices
+        .lines()
+        .find_map(|l| l.strip_prefix("# prices as of "))
+        .map_or("unknown", str::trim);
+    println!("cargo:rustc-env=GPUWATCH_PRICES_AS_OF={as_of}");
 }

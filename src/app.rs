@@ -42,7 +42,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     )));
     let watch_metrics = Arc::new(WatchMetrics::default());
     registry.register_collector(Box::new(WatchCollector(Arc::clone(&watch_metrics))));
-    start_watch(&config, snapshots.clone(), watch_metrics).await;
+    let cloudwatch = Arc::new(crate::cloudwatch::Counters::default());
+    if config.cloudwatch.enabled {
+        registry.register_collector(Box::new(crate::metrics::CloudWatchCollector(Arc::clone(
+            &cloudwatch,
+        ))));
+    }
+    start_watch(&config, snapshots.clone(), watch_metrics, cloudwatch).await;
 
     let listener = tokio::net::TcpListener::bind(config.server.listen)
         .await
@@ -68,10 +74,20 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
 /// Starts the cost watch: rules, actions, and (with `provider = "aws"`) instance metadata and the
 /// EC2 API. Off AWS, or when instance metadata does not answer, rules run with local actions only.
-async fn start_watch(config: &Config, snapshots: Snapshots, metrics: Arc<WatchMetrics>) {
-    if config.rules.is_empty() && config.cloud.provider == Provider::None {
-        tracing::info!("no rules and no cloud: the cost watch is off");
-        return;
+async fn start_watch(
+    config: &Config,
+    snapshots: Snapshots,
+    metrics: Arc<WatchMetrics>,
+    cloudwatch: Arc<crate::cloudwatch::Counters>,
+) {
+    if config.rules.is_empty()
+        && config.budgets.is_empty()
+        && config.cloud.provider == Provider::None
+    {
+        tracing::info!("no rules, no budgets and no cloud: the cost watch is off");
+        if config.cost.hourly_price_usd.is_none() {
+            return;
+        }
     }
     let state_dir = StateDir::new(&config.actions.state_dir);
     if let Err(e) = state_dir.create() {
@@ -81,6 +97,9 @@ async fn start_watch(config: &Config, snapshots: Snapshots, metrics: Arc<WatchMe
     let mut outside = Outside::default();
     let mut instance = None;
     let mut imds = None;
+    let mut node = crate::spend::Node::default();
+    let mut services = None;
+    let known = Arc::new(crate::spend::Known::default());
     if config.cloud.provider == Provider::Aws {
         let client = Arc::new(Imds::new(&config.cloud.imds_endpoint));
         match client.identity().await {
@@ -97,12 +116,64 @@ async fn start_watch(config: &Config, snapshots: Snapshots, metrics: Arc<WatchMe
                     .region
                     .clone()
                     .unwrap_or_else(|| id.region.clone());
-                let ec2 = Ec2::new(
+                let shared = crate::cloud::services::shared_config(
                     &region,
                     config.cloud.endpoint_url.as_deref(),
-                    &id.instance_id,
                 )
                 .await;
+                let ec2 = Ec2::with_config(&shared, &id.instance_id);
+                let svc = crate::cloud::services::Services::new(
+                    &shared,
+                    config.cost.pricing_endpoint_url.as_deref(),
+                );
+                node = crate::spend::Node {
+                    region: Some(region.clone()),
+                    instance_type: Some(id.instance_type.clone()),
+                    availability_zone: Some(id.availability_zone.clone()),
+                    lifecycle: id.lifecycle,
+                };
+                if config.cost.hourly_price_usd.is_none() {
+                    match id.lifecycle {
+                        Some(crate::rules::Lifecycle::Spot) => {
+                            tokio::spawn(crate::spend::poll_spot_price(
+                                ec2.clone(),
+                                node.clone(),
+                                Arc::clone(&known),
+                                config.cost.spot_price_refresh,
+                            ));
+                        }
+                        _ if config.cost.pricing_api => {
+                            tokio::spawn(crate::spend::poll_pricing_api(
+                                svc.clone(),
+                                node.clone(),
+                                Arc::clone(&known),
+                            ));
+                        }
+                        _ => {}
+                    }
+                }
+                for b in &config.budgets {
+                    if matches!(b.source, crate::config::BudgetSource::AwsBudgets { .. }) {
+                        tokio::spawn(crate::spend::poll_budget(
+                            svc.clone(),
+                            b.clone(),
+                            Arc::clone(&known),
+                        ));
+                    }
+                }
+                if config.cloudwatch.enabled {
+                    tokio::spawn(crate::cloudwatch::run(
+                        config.cloudwatch.clone(),
+                        svc.clone(),
+                        crate::cloudwatch::Instance {
+                            id: id.instance_id.clone(),
+                            instance_type: id.instance_type.clone(),
+                        },
+                        snapshots.clone(),
+                        Arc::clone(&cloudwatch),
+                    ));
+                }
+                services = Some(svc);
                 outside.lifecycle = id.lifecycle;
                 metrics.update(|v| {
                     v.node = Some(NodeInfo {
@@ -146,7 +217,18 @@ async fn start_watch(config: &Config, snapshots: Snapshots, metrics: Arc<WatchMe
             config.cloud.poll_interval,
         ));
     }
+    if config.cloudwatch.enabled && services.is_none() {
+        tracing::warn!("[cloudwatch] enabled is set, but gpuwatch is not on EC2 with provider = \"aws\": nothing is published");
+    }
+    for b in &config.budgets {
+        if services.is_none() && matches!(b.source, crate::config::BudgetSource::AwsBudgets { .. })
+        {
+            tracing::warn!(budget = %b.name, "an aws_budgets budget needs provider = \"aws\" on EC2; it stays unknown");
+        }
+    }
     let watch = Watch {
+        tracker: crate::spend::Tracker::new(config.clone(), node, known),
+        services,
         config: config.clone(),
         state_dir,
         executor,

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::rules::{Action, Aggregation, Comparison, Lifecycle, Metric, Rule, Statistic};
+use crate::cost::calendar::Period;
+use crate::rules::{
+    Action, Aggregation, BudgetGate, Comparison, Lifecycle, Metric, Rule, Statistic,
+};
 
 /// Where `gpuwatch run` looks for its config when `--config` is not given.
 pub const DEFAULT_PATH: &str = "/etc/gpuwatch/gpuwatch.toml";
@@ -26,7 +29,55 @@ pub struct Config {
     pub actions: ActionsConfig,
     pub vetoes: VetoesConfig,
     pub spot: SpotConfig,
+    pub cost: CostConfig,
+    pub cloudwatch: CloudWatchConfig,
+    pub budgets: Vec<BudgetConfig>,
+    /// The `[[rules]]`, and one rule per budget with `on_exhausted`.
     pub rules: Vec<Rule>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CostConfig {
+    /// An explicit price, which wins over every other source.
+    pub hourly_price_usd: Option<f64>,
+    pub period: Period,
+    pub spot_price_refresh: Duration,
+    pub pricing_api: bool,
+    /// The Pricing API endpoint; `None` is the SDK's own (in us-east-1).
+    pub pricing_endpoint_url: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CloudWatchConfig {
+    pub enabled: bool,
+    pub namespace: String,
+    /// Samples are aggregated into statistic sets and published this often.
+    pub interval: Duration,
+    /// During an outage the queue keeps at most this much data, dropping the oldest.
+    pub max_queue: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum BudgetSource {
+    /// This node's own spend ledger.
+    Local,
+    /// An AWS Budget, read with DescribeBudget.
+    AwsBudgets {
+        budget_name: String,
+        account_id: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetConfig {
+    pub name: String,
+    /// Required for local budgets; AWS Budgets report their own limit.
+    pub limit_usd: Option<f64>,
+    pub source: BudgetSource,
+    pub thresholds: Vec<f64>,
+    pub on_exhausted: Option<Action>,
+    pub sns_topic_arn: Option<String>,
+    pub poll_interval: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,8 +275,79 @@ pub struct RawConfig {
     pub actions: RawActions,
     pub vetoes: RawVetoes,
     pub spot: RawSpot,
+    pub cost: RawCost,
+    pub cloudwatch: RawCloudWatch,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub budgets: Vec<RawBudget>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<RawRule>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawCost {
+    /// 0 means: look the price up.
+    pub hourly_price_usd: f64,
+    pub period: String,
+    pub spot_price_refresh: String,
+    pub pricing_api: bool,
+    pub pricing_endpoint_url: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawCloudWatch {
+    pub enabled: bool,
+    pub namespace: String,
+    pub interval: String,
+    pub max_queue: String,
+}
+
+/// One `[[budgets]]` table.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBudget {
+    pub name: String,
+    #[serde(default)]
+    pub limit_usd: Option<f64>,
+    #[serde(default = "local")]
+    pub source: String,
+    #[serde(default)]
+    pub aws_budget_name: Option<String>,
+    #[serde(default)]
+    pub account_id: Option<String>,
+    #[serde(default = "default_thresholds")]
+    pub thresholds: Vec<f64>,
+    #[serde(default = "none")]
+    pub on_exhausted: String,
+    #[serde(default)]
+    pub sns_topic_arn: Option<String>,
+    #[serde(default = "five_minutes")]
+    pub poll_interval: String,
+}
+
+fn local() -> String {
+    "local".into()
+}
+
+fn none() -> String {
+    "none".into()
+}
+
+fn five_minutes() -> String {
+    "5m".into()
+}
+
+fn default_thresholds() -> Vec<f64> {
+    vec![0.5, 0.8, 1.0]
+}
+
+/// `budget = { name = "team-gpu", spent_at_least = 0.8 }` in a rule.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGate {
+    pub name: String,
+    pub spent_at_least: f64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -288,6 +410,8 @@ pub struct RawRule {
     pub action: String,
     #[serde(default)]
     pub command: Vec<String>,
+    #[serde(default)]
+    pub budget: Option<RawGate>,
 }
 
 fn one() -> u32 {
@@ -367,6 +491,20 @@ impl Default for RawConfig {
                 interruption_hook: Vec::new(),
                 hook_timeout: "60s".to_string(),
             },
+            cost: RawCost {
+                hourly_price_usd: 0.0,
+                period: "month".to_string(),
+                spot_price_refresh: "1h".to_string(),
+                pricing_api: true,
+                pricing_endpoint_url: String::new(),
+            },
+            cloudwatch: RawCloudWatch {
+                enabled: false,
+                namespace: "gpuwatch".to_string(),
+                interval: "60s".to_string(),
+                max_queue: "30m".to_string(),
+            },
+            budgets: Vec::new(),
             rules: Vec::new(),
             server: RawServer {
                 listen: "0.0.0.0:9400".to_string(),
@@ -410,6 +548,18 @@ impl Default for RawCloud {
 impl Default for RawActions {
     fn default() -> Self {
         RawConfig::default().actions
+    }
+}
+
+impl Default for RawCost {
+    fn default() -> Self {
+        RawConfig::default().cost
+    }
+}
+
+impl Default for RawCloudWatch {
+    fn default() -> Self {
+        RawConfig::default().cloudwatch
     }
 }
 
@@ -578,16 +728,115 @@ impl RawConfig {
             invalid("vetoes.processes", "\"\" is not a process name".into());
         }
 
+        let hourly_price_usd = match self.cost.hourly_price_usd {
+            0.0 => None,
+            p if p > 0.0 && p.is_finite() => Some(p),
+            p => {
+                invalid(
+                    "cost.hourly_price_usd",
+                    format!("\"{p}\" is not a price in USD (0 means: look it up)"),
+                );
+                None
+            }
+        };
+        let period = match self.cost.period.as_str() {
+            "day" => Some(Period::Day),
+            "week" => Some(Period::Week),
+            "month" => Some(Period::Month),
+            other => {
+                invalid(
+                    "cost.period",
+                    format!("\"{other}\" is not one of \"day\", \"week\", \"month\""),
+                );
+                None
+            }
+        };
+        let spot_price_refresh = duration(
+            &mut invalid,
+            "cost.spot_price_refresh",
+            &self.cost.spot_price_refresh,
+            Duration::from_secs(1),
+        );
+        if !self.cost.pricing_endpoint_url.is_empty()
+            && !self.cost.pricing_endpoint_url.starts_with("http")
+        {
+            invalid(
+                "cost.pricing_endpoint_url",
+                format!(
+                    "\"{}\" is not an http:// or https:// URL",
+                    self.cost.pricing_endpoint_url
+                ),
+            );
+        }
+        let cw_interval = duration(
+            &mut invalid,
+            "cloudwatch.interval",
+            &self.cloudwatch.interval,
+            Duration::from_secs(1),
+        );
+        let cw_queue = duration(
+            &mut invalid,
+            "cloudwatch.max_queue",
+            &self.cloudwatch.max_queue,
+            Duration::from_secs(1),
+        );
+        if self.cloudwatch.namespace.is_empty() || self.cloudwatch.namespace.starts_with("AWS/") {
+            invalid(
+                "cloudwatch.namespace",
+                format!(
+                    "\"{}\" is not a namespace of your own, such as \"gpuwatch\"",
+                    self.cloudwatch.namespace
+                ),
+            );
+        }
+
+        let mut budgets = Vec::new();
+        for (i, b) in self.budgets.iter().enumerate() {
+            match b.validate(&format!("budgets[{i}]")) {
+                Ok(b) => budgets.push(b),
+                Err(e) => errors.extend(e),
+            }
+        }
+        for (i, b) in budgets.iter().enumerate() {
+            if budgets[..i].iter().any(|o: &BudgetConfig| o.name == b.name) {
+                errors.push(ConfigError::Invalid {
+                    key: format!("budgets[{i}].name"),
+                    message: format!(
+                        "\"{}\" names another budget too; names must be unique",
+                        b.name
+                    ),
+                });
+            }
+        }
+
         let mut rules = Vec::new();
         for (i, r) in self.rules.iter().enumerate() {
             match r.validate(&format!("rules[{i}]")) {
-                Ok(rule) => rules.push(rule),
+                Ok(rule) => {
+                    if let Some(g) = &rule.budget {
+                        if !budgets.iter().any(|b| b.name == g.name) {
+                            errors.push(ConfigError::Invalid {
+                                key: format!("rules[{i}].budget.name"),
+                                message: format!(
+                                    "\"{}\" is not the name of a [[budgets]] entry",
+                                    g.name
+                                ),
+                            });
+                        }
+                    }
+                    rules.push(rule)
+                }
                 Err(e) => errors.extend(e),
+            }
+        }
+        for b in &budgets {
+            if let Some(action) = b.on_exhausted {
+                rules.push(exhausted_rule(b, action));
             }
         }
         check_unique(&rules, &mut errors);
 
-        match (listen, interval, timeout, provider, mode, spot_stop) {
+        match (listen, interval, timeout, provider, mode, spot_stop, period) {
             (
                 Some(listen),
                 Some(interval),
@@ -595,6 +844,7 @@ impl RawConfig {
                 Some(provider),
                 Some(mode),
                 Some(spot_stop),
+                Some(period),
             ) if errors.is_empty() => {
                 let opt = |s: String| (!s.trim().is_empty()).then_some(s);
                 Ok(Config {
@@ -633,10 +883,151 @@ impl RawConfig {
                         interruption_hook: self.spot.interruption_hook,
                         hook_timeout: hook_timeout.unwrap_or_default(),
                     },
+                    cost: CostConfig {
+                        hourly_price_usd,
+                        period,
+                        spot_price_refresh: spot_price_refresh.unwrap_or_default(),
+                        pricing_api: self.cost.pricing_api,
+                        pricing_endpoint_url: opt(self.cost.pricing_endpoint_url),
+                    },
+                    cloudwatch: CloudWatchConfig {
+                        enabled: self.cloudwatch.enabled,
+                        namespace: self.cloudwatch.namespace,
+                        interval: cw_interval.unwrap_or_default(),
+                        max_queue: cw_queue.unwrap_or_default(),
+                    },
+                    budgets,
                     rules,
                 })
             }
             _ => Err(ConfigErrors(errors)),
+        }
+    }
+}
+
+/// The rule a budget's `on_exhausted` stands for. It goes through the same warning, hold, audit
+/// and spot-correct path as any other rule.
+fn exhausted_rule(b: &BudgetConfig, action: Action) -> Rule {
+    Rule {
+        name: format!("budget {} exhausted", b.name),
+        metric: Metric::GpuUtilization,
+        statistic: Statistic::Average,
+        comparison: Comparison::GreaterThanOrEqual,
+        threshold: 1.0,
+        period: Duration::from_secs(60),
+        evaluation_periods: 1,
+        datapoints_to_alarm: 1,
+        gpus: Aggregation::Every,
+        lifecycle: None,
+        action,
+        command: Vec::new(),
+        budget: None,
+        exhausted: Some(b.name.clone()),
+    }
+}
+
+impl RawBudget {
+    pub fn validate(&self, key: &str) -> Result<BudgetConfig, Vec<ConfigError>> {
+        let mut errors = Vec::new();
+        let mut invalid = |k: &str, message: String| {
+            errors.push(ConfigError::Invalid {
+                key: format!("{key}.{k}"),
+                message,
+            })
+        };
+        if self.name.trim().is_empty() {
+            invalid("name", "\"\" is empty; every budget needs a name".into());
+        }
+        let source = match self.source.as_str() {
+            "local" => Some(BudgetSource::Local),
+            "aws_budgets" => match self.account_id.as_deref() {
+                Some(a) if a.len() == 12 && a.bytes().all(|b| b.is_ascii_digit()) => {
+                    Some(BudgetSource::AwsBudgets {
+                        budget_name: self
+                            .aws_budget_name
+                            .clone()
+                            .unwrap_or_else(|| self.name.clone()),
+                        account_id: a.to_string(),
+                    })
+                }
+                Some(a) => {
+                    invalid(
+                        "account_id",
+                        format!("\"{a}\" is not a 12-digit AWS account id"),
+                    );
+                    None
+                }
+                None => {
+                    invalid(
+                        "account_id",
+                        "an aws_budgets budget needs the 12-digit account_id that owns it".into(),
+                    );
+                    None
+                }
+            },
+            other => {
+                invalid(
+                    "source",
+                    format!("\"{other}\" is not one of \"local\", \"aws_budgets\""),
+                );
+                None
+            }
+        };
+        match self.limit_usd {
+            Some(l) if !(l > 0.0 && l.is_finite()) => invalid(
+                "limit_usd",
+                format!("\"{l}\" is not a positive amount in USD"),
+            ),
+            None if self.source == "local" => {
+                invalid("limit_usd", "a local budget needs a limit_usd".into())
+            }
+            _ => {}
+        }
+        for t in &self.thresholds {
+            if !(*t > 0.0 && *t <= 10.0) {
+                invalid(
+                    "thresholds",
+                    format!("\"{t}\" is not a share of the limit, such as 0.8"),
+                );
+            }
+        }
+        let on_exhausted = match self.on_exhausted.as_str() {
+            "none" => Some(None),
+            "stop" => Some(Some(Action::Stop)),
+            "hibernate" => Some(Some(Action::Hibernate)),
+            "terminate" => Some(Some(Action::Terminate)),
+            other => {
+                invalid("on_exhausted", format!("\"{other}\" is not one of \"none\", \"stop\", \"hibernate\", \"terminate\""));
+                None
+            }
+        };
+        if let Some(arn) = &self.sns_topic_arn {
+            if !arn.starts_with("arn:") {
+                invalid(
+                    "sns_topic_arn",
+                    format!("\"{arn}\" is not an SNS topic ARN"),
+                );
+            }
+        }
+        let poll_interval = duration(
+            &mut invalid,
+            "poll_interval",
+            &self.poll_interval,
+            Duration::from_secs(1),
+        );
+        match (source, on_exhausted, poll_interval) {
+            (Some(source), Some(on_exhausted), Some(poll_interval)) if errors.is_empty() => {
+                Ok(BudgetConfig {
+                    name: self.name.clone(),
+                    limit_usd: self.limit_usd,
+                    source,
+                    thresholds: self.thresholds.clone(),
+                    on_exhausted,
+                    sns_topic_arn: self.sns_topic_arn.clone(),
+                    poll_interval,
+                })
+            }
+            _ => Err(errors),
         }
     }
 }
@@ -797,6 +1188,11 @@ impl RawRule {
                 lifecycle,
                 action,
                 command: self.command.clone(),
+                budget: self.budget.as_ref().map(|g| BudgetGate {
+                    name: g.name.clone(),
+                    spent_at_least: g.spent_at_least,
+                }),
+                exhausted: None,
             }),
             _ => Err(errors),
         }

@@ -5,13 +5,16 @@
 pub mod actions;
 pub mod app;
 pub mod cloud;
+pub mod cloudwatch;
 pub mod config;
+pub mod cost;
 pub mod gpu;
 pub mod metrics;
 pub mod report;
 pub mod rules;
 pub mod server;
 pub mod simulate;
+pub mod spend;
 pub mod state;
 pub mod time;
 pub mod vetoes;

@@ -67,6 +67,12 @@ enum Command {
         /// One JSON object per event
         #[arg(long)]
         json: bool,
+        /// The instance's price in USD per hour, so that spend accrues over the trace
+        #[arg(long, value_name = "USD")]
+        price: Option<f64>,
+        /// Spent in the budget period before the trace starts (with --price)
+        #[arg(long, value_name = "USD", default_value_t = 0.0)]
+        spend: f64,
     },
     /// Postpone every action for a while (the running daemon honours it at once)
     Hold {
@@ -91,6 +97,8 @@ const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     " (revision ",
     env!("GPUWATCH_REVISION"),
+    "; prices as of ",
+    env!("GPUWATCH_PRICES_AS_OF"),
     ")"
 );
 
@@ -108,8 +116,16 @@ fn main() -> ExitCode {
             rules,
             lifecycle,
             json,
+            price,
+            spend,
         } => match load_with_rules(&config, rules.as_deref()) {
-            Ok(c) => simulate(&c, &trace, lifecycle.as_deref(), json),
+            Ok(c) => {
+                let spend = price.map(|usd_per_hour| gpuwatch::simulate::Spend {
+                    usd_per_hour,
+                    start_usd: spend,
+                });
+                simulate(&c, &trace, lifecycle.as_deref(), json, spend)
+            }
             Err(e) => config_failure(&e),
         },
         Command::Hold {
@@ -175,7 +191,13 @@ fn load_with_rules(config: &Path, rules: Option<&Path>) -> Result<Config, Config
     Ok(c)
 }
 
-fn simulate(config: &Config, trace: &Path, lifecycle: Option<&str>, json: bool) -> ExitCode {
+fn simulate(
+    config: &Config,
+    trace: &Path,
+    lifecycle: Option<&str>,
+    json: bool,
+    spend: Option<gpuwatch::simulate::Spend>,
+) -> ExitCode {
     let text = match std::fs::read_to_string(trace) {
         Ok(t) => t,
         Err(e) => {
@@ -199,7 +221,11 @@ fn simulate(config: &Config, trace: &Path, lifecycle: Option<&str>, json: bool) 
         Some("on-demand") => Some(gpuwatch::rules::Lifecycle::OnDemand),
         _ => None,
     };
-    let reports = gpuwatch::simulate::replay(config, &rows, lifecycle);
+    if spend.is_some_and(|s| !(s.usd_per_hour > 0.0 && s.start_usd >= 0.0)) {
+        eprintln!("simulate: --price must be above 0 and --spend at least 0");
+        return ExitCode::from(EXIT_CONFIG as u8);
+    }
+    let reports = gpuwatch::simulate::replay_with_spend(config, &rows, lifecycle, spend);
     let mut out = std::io::stdout().lock();
     if json {
         for r in &reports {

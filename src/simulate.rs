@@ -105,8 +105,26 @@ pub struct Report {
     pub evidence: Option<serde_json::Value>,
 }
 
+/// A price and a starting spend, so that budget-gated rules and budget alerts replay too.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spend {
+    pub usd_per_hour: f64,
+    /// Spent in the budget period before the trace starts.
+    pub start_usd: f64,
+}
+
 /// Replays the trace through the config's rules. Boot grace counts from the first timestamp.
 pub fn replay(config: &Config, rows: &[Row], lifecycle: Option<Lifecycle>) -> Vec<Report> {
+    replay_with_spend(config, rows, lifecycle, None)
+}
+
+/// Like `replay`, with spend accruing at a price over the trace; local budgets are checked.
+pub fn replay_with_spend(
+    config: &Config,
+    rows: &[Row],
+    lifecycle: Option<Lifecycle>,
+    spend: Option<Spend>,
+) -> Vec<Report> {
     let gpus: BTreeSet<u32> = rows.iter().map(|r| r.gpu).collect();
     let mut times: Vec<f64> = rows.iter().map(|r| r.t).collect();
     times.sort_by(f64::total_cmp);
@@ -126,6 +144,13 @@ pub fn replay(config: &Config, rows: &[Row], lifecycle: Option<Lifecycle>) -> Ve
     let start = times.first().copied().unwrap_or(0.0);
     let mut state = engine::State::default();
     let mut out = Vec::new();
+    let mut ledger = crate::cost::ledger::Ledger {
+        period_start: config.cost.period.start(start),
+        spent: spend.map_or(0.0, |s| s.start_usd),
+        accrued_until: start,
+        last_price: None,
+    };
+    let mut alerted = crate::cost::budget::Alerted::default();
     for (i, t) in times.iter().enumerate() {
         let at = grouped.get(&i).map(Vec::as_slice).unwrap_or(&[]);
         let readings: Vec<GpuReading> = gpus
@@ -153,12 +178,47 @@ pub fn replay(config: &Config, rows: &[Row], lifecycle: Option<Lifecycle>) -> Ve
             veto: None,
         };
         engine::ingest(&config.rules, &mut state, &obs);
+        let mut budgets = std::collections::BTreeMap::new();
+        if let Some(sp) = spend {
+            ledger.accrue(*t, Some(sp.usd_per_hour), config.cost.period, 0.0);
+            for b in &config.budgets {
+                let (crate::config::BudgetSource::Local, Some(limit)) = (&b.source, b.limit_usd)
+                else {
+                    continue;
+                };
+                let reading = crate::cost::budget::Reading {
+                    spent: ledger.spent,
+                    forecast: ledger.forecast(*t, config.cost.period),
+                    limit,
+                    period_start: ledger.period_start,
+                };
+                for c in alerted.crossings(&b.name, &b.thresholds, &reading) {
+                    out.push(Report {
+                        time: crate::time::rfc3339(*t),
+                        rule: b.name.clone(),
+                        kind: "budget_alert",
+                        action: None,
+                        detail: format!(
+                            "{} spend at {:.1}% of ${limit:.2} (threshold {:.0}%)",
+                            c.basis.as_str(),
+                            c.ratio * 100.0,
+                            c.threshold * 100.0
+                        ),
+                        evidence: None,
+                    });
+                }
+                if let Some(r) = reading.spent_ratio() {
+                    budgets.insert(b.name.clone(), r);
+                }
+            }
+        }
         let ctx = Context {
             now: *t,
             grace_until: start + config.actions.boot_grace.as_secs_f64(),
             hold_until: None,
             lifecycle,
             interruption: false,
+            budgets,
         };
         for event in engine::evaluate(&config.rules, &settings, &mut state, &ctx) {
             if let Event::Action { rule, .. } = &event {

@@ -19,6 +19,13 @@ const AUDIT_FILE: &str = "audit.jsonl";
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Persisted {
     pub engine: engine::State,
+    #[serde(default)]
+    pub ledger: crate::cost::ledger::Ledger,
+    #[serde(default)]
+    pub alerted: crate::cost::budget::Alerted,
+    /// The last known spot price, kept across restarts.
+    #[serde(default)]
+    pub spot_price: Option<f64>,
 }
 
 /// A hold written by `gpuwatch hold`.

@@ -26,6 +26,7 @@ pub struct WatchView {
     pub hold_until: Option<f64>,
     pub interruption: Option<f64>,
     pub node: Option<NodeInfo>,
+    pub cost: crate::spend::CostView,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -97,10 +98,12 @@ pub struct Watch {
     pub executor: Arc<Executor>,
     pub metrics: Arc<WatchMetrics>,
     pub outside: Arc<Outside>,
+    pub tracker: crate::spend::Tracker,
+    pub services: Option<crate::cloud::services::Services>,
 }
 
 impl Watch {
-    pub async fn run(self, snapshots: Snapshots) {
+    pub async fn run(mut self, snapshots: Snapshots) {
         let rules = self.config.rules.clone();
         let started = crate::time::now();
         let grace_from = boot_time().map_or(started, |b| b.max(started));
@@ -159,6 +162,37 @@ impl Watch {
             let mut obs = Observation::from_snapshot(&snap);
             obs.veto = crate::vetoes::check(&self.config.vetoes);
             engine::ingest(&rules, &mut persisted.engine, &obs);
+            let cost = self
+                .tracker
+                .update(&mut persisted, now, boot_time().unwrap_or(0.0));
+            for c in &cost.closed {
+                tracing::info!(total = c.total, "budget period closed");
+                self.executor.audit(json!({"event": "period_closed", "period_start": crate::time::rfc3339(c.period_start),
+                    "period_end": crate::time::rfc3339(c.period_end), "spent_usd": c.total}));
+            }
+            if !cost.crossings.is_empty() {
+                // Recorded before sending: a restart never sends an alert twice.
+                if let Err(e) = self.state_dir.save(&persisted, true) {
+                    tracing::error!(error = %e, "cannot save state");
+                }
+            }
+            for c in &cost.crossings {
+                let limit = cost.readings.get(&c.budget).map_or(0.0, |r| r.limit);
+                let budget = self.config.budgets.iter().find(|b| b.name == c.budget);
+                crate::spend::send_alert(c, limit, budget, &self.executor, self.services.as_ref())
+                    .await;
+                self.metrics.update(|v| {
+                    *v.cost
+                        .alerts
+                        .entry((c.budget.clone(), c.threshold.to_string()))
+                        .or_default() += 1;
+                });
+            }
+            let ratios: BTreeMap<String, f64> = cost
+                .readings
+                .iter()
+                .filter_map(|(name, r)| Some((name.clone(), r.spent_ratio()?)))
+                .collect();
 
             let local = self.state_dir.hold();
             let tag = self
@@ -190,6 +224,7 @@ impl Watch {
                 hold_until,
                 lifecycle: self.outside.lifecycle,
                 interruption: interruption.is_some(),
+                budgets: ratios,
             };
             let events = engine::evaluate(&rules, &settings, &mut persisted.engine, &ctx);
             let durable = !events.is_empty() || now - last_durable > 60.0;
@@ -245,7 +280,16 @@ impl Watch {
                     )
                 })
                 .collect();
+            let budgets: Vec<(String, f64, Option<f64>, Option<f64>)> = cost
+                .readings
+                .iter()
+                .map(|(n, r)| (n.clone(), r.limit, r.spent_ratio(), r.forecast_ratio()))
+                .collect();
             self.metrics.update(|v| {
+                v.cost.price = cost.price.map(|p| (p.usd_per_hour, p.source.as_str()));
+                v.cost.spent = cost.spent;
+                v.cost.forecast = cost.forecast;
+                v.cost.budgets = budgets;
                 v.gpu_idle = gpu_idle;
                 v.breaching = breaching;
                 v.pending = pending;

@@ -551,42 +551,51 @@ fn the_iam_policy_grants_exactly_the_calls_in_the_code() {
         .unwrap()
         .iter()
         .flat_map(|s| s["Action"].as_array().unwrap().iter())
-        .map(|a| {
-            a.as_str()
-                .unwrap()
-                .strip_prefix("ec2:")
-                .unwrap()
-                .to_string()
-        })
+        .map(|a| a.as_str().unwrap().to_string())
         .collect();
     granted.sort();
-    // Every `client.<operation>()` call in the EC2 module, in PascalCase.
-    let source = std::fs::read_to_string(root.join("src/cloud/ec2.rs")).unwrap();
-    let squeezed: String = source.split_whitespace().collect();
-    let mut called: Vec<String> = squeezed
-        .split(".client.")
-        .skip(1)
-        .filter_map(|rest| rest.split('(').next())
-        .map(|snake| {
-            snake
-                .split('_')
-                .map(|w| w[..1].to_uppercase() + &w[1..])
-                .collect()
-        })
-        .collect();
+    // Every `<client>.<operation>()` call in the cloud modules, in PascalCase.
+    let mut called: Vec<String> = Vec::new();
+    for (file, clients) in [
+        ("src/cloud/ec2.rs", &[".client."][..]),
+        (
+            "src/cloud/services.rs",
+            &[".budgets.", ".sns.", ".cloudwatch.", ".pricing."][..],
+        ),
+    ] {
+        let source = std::fs::read_to_string(root.join(file)).unwrap();
+        let squeezed: String = source.split_whitespace().collect();
+        for client in clients {
+            called.extend(
+                squeezed
+                    .split(client)
+                    .skip(1)
+                    .filter_map(|rest| rest.split('(').next())
+                    .filter(|op| {
+                        !op.is_empty() && op.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                    })
+                    .map(|snake| {
+                        snake
+                            .split('_')
+                            .map(|w| w[..1].to_uppercase() + &w[1..])
+                            .collect::<String>()
+                    }),
+            );
+        }
+    }
     called.sort();
     called.dedup();
-    let mut listed: Vec<String> = gpuwatch::cloud::ec2::OPERATIONS
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let table = gpuwatch::cloud::services::IAM_ACTIONS;
+    let mut listed: Vec<String> = table.iter().map(|(op, _)| op.to_string()).collect();
     listed.sort();
     assert_eq!(
         called, listed,
-        "ec2::OPERATIONS drifted from the calls in src/cloud/ec2.rs"
+        "IAM_ACTIONS drifted from the calls in src/cloud"
     );
+    let mut actions: Vec<String> = table.iter().map(|(_, a)| a.to_string()).collect();
+    actions.sort();
     assert_eq!(
-        granted, listed,
-        "config/iam-policy.json drifted from the calls in src/cloud/ec2.rs"
+        granted, actions,
+        "config/iam-policy.json drifted from IAM_ACTIONS"
     );
 }

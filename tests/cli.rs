@@ -139,6 +139,20 @@ fn every_command_has_help() {
     }
 }
 
+#[test]
+fn version_names_the_price_table_date() {
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("gpuwatch 0.1.0 (revision "), "{text}");
+    assert!(
+        text.contains(&format!(
+            "; prices as of {})",
+            gpuwatch::cost::price::table().as_of
+        )),
+        "{text}"
+    );
+}
+
 /// The README's first command: the demo serves four simulated GPUs with no config at all.
 #[test]
 fn demo_serves_four_gpus() {

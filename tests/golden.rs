@@ -171,3 +171,25 @@ fn dashboard_queries_exported_metrics() {
     }
     assert!(checked >= 18);
 }
+
+/// The shipped Prometheus alert rules pass their own unit tests.
+#[test]
+fn promtool_tests_the_shipped_alert_rules() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/prometheus");
+    for args in [
+        &["check", "rules", "alerts.yml"][..],
+        &["test", "rules", "alerts_test.yml"],
+    ] {
+        let out = Command::new("promtool")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .expect("promtool not found: scripts/test installs Debian's prometheus");
+        assert!(
+            out.status.success(),
+            "promtool {args:?}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -15,10 +15,14 @@ fn data(name: &str) -> PathBuf {
 }
 
 fn golden(args: &[&str], file: &str) {
+    golden_with("config.toml", args, file);
+}
+
+fn golden_with(config: &str, args: &[&str], file: &str) {
     let out = Command::new(common::BIN)
         .arg("simulate")
         .arg("--config")
-        .arg(data("config.toml"))
+        .arg(data(config))
         .arg("--trace")
         .arg(data("trace.csv"))
         .args(args)
@@ -58,6 +62,23 @@ fn replay_timeline_matches_golden_json() {
     }
     assert!(text.contains("\"kind\":\"action\""));
     assert!(text.contains("\"kind\":\"cancelled\""));
+}
+
+/// With a price and a starting spend, budget alerts replay, and the budget-gated rule acts only
+/// once 80% of the budget is spent (an hour in, at $10/h from $70 of $100).
+#[test]
+fn replay_with_spend_matches_golden_text() {
+    golden_with(
+        "budget.toml",
+        &["--price", "10", "--spend", "70"],
+        "expected-budget.txt",
+    );
+    let text = std::fs::read_to_string(data("expected-budget.txt")).unwrap();
+    let first_warning = text.lines().find(|l| l.contains(" warning ")).unwrap();
+    assert!(
+        first_warning.starts_with("2026-11-30T01:00:00Z"),
+        "{first_warning}"
+    );
 }
 
 #[test]

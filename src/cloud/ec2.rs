@@ -1,21 +1,11 @@
-//! The EC2 calls gpuwatch makes, and nothing else. `config/iam-policy.json` lists the same
-//! operations; a test keeps the two in step.
+//! The EC2 calls gpuwatch makes, and nothing else. `services::IAM_ACTIONS` and
+//! `config/iam-policy.json` list the same operations; a test keeps them in step.
 
 use std::time::Duration;
 
 use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::operation::RequestId;
 use aws_sdk_ec2::types::{Filter, SpotInstanceType, Tag};
-
-/// Every EC2 operation this module calls.
-pub const OPERATIONS: &[&str] = &[
-    "DescribeInstances",
-    "DescribeSpotInstanceRequests",
-    "CreateTags",
-    "StopInstances",
-    "TerminateInstances",
-    "CancelSpotInstanceRequests",
-];
 
 /// An EC2 call that failed, with what a person needs to act on it.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -103,14 +93,11 @@ pub struct Ec2 {
 }
 
 impl Ec2 {
-    /// Builds a client from the SDK's default credential chain (the instance role on EC2).
+    /// Builds a client from the shared SDK configuration (`services::shared_config`: the default
+    /// credential chain, which is the instance role on EC2; tests give static credentials).
     /// Retries are gpuwatch's own (see `actions`), so the SDK makes one attempt per call.
-    pub async fn new(region: &str, endpoint_url: Option<&str>, instance_id: &str) -> Ec2 {
-        let shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
-            .region(aws_config::Region::new(region.to_string()))
-            .load()
-            .await;
-        let mut builder = aws_sdk_ec2::config::Builder::from(&shared)
+    pub fn with_config(shared: &aws_config::SdkConfig, instance_id: &str) -> Ec2 {
+        let builder = aws_sdk_ec2::config::Builder::from(shared)
             .retry_config(aws_config::retry::RetryConfig::disabled())
             .timeout_config(
                 aws_config::timeout::TimeoutConfig::builder()
@@ -118,9 +105,6 @@ impl Ec2 {
                     .connect_timeout(Duration::from_secs(5))
                     .build(),
             );
-        if let Some(url) = endpoint_url {
-            builder = builder.endpoint_url(url);
-        }
         Ec2 {
             client: aws_sdk_ec2::Client::from_conf(builder.build()),
             instance_id: instance_id.to_string(),
@@ -185,6 +169,41 @@ impl Ec2 {
                     persistent: r.r#type() == Some(&SpotInstanceType::Persistent),
                 })
             }))
+    }
+
+    /// The current spot price of an instance type in an availability zone (Linux).
+    pub async fn spot_price(
+        &self,
+        instance_type: &str,
+        zone: &str,
+    ) -> Result<Option<f64>, CloudError> {
+        let out = self
+            .client
+            .describe_spot_price_history()
+            .instance_types(aws_sdk_ec2::types::InstanceType::from(instance_type))
+            .filters(
+                Filter::builder()
+                    .name("availability-zone")
+                    .values(zone)
+                    .build(),
+            )
+            .start_time(aws_sdk_ec2::primitives::DateTime::from(
+                std::time::SystemTime::now(),
+            ))
+            .send()
+            .await
+            .map_err(|e| classify("DescribeSpotPriceHistory", e))?;
+        // "Linux/UNIX" and "Linux/UNIX (Amazon VPC)" are the same price for Linux instances.
+        Ok(out
+            .spot_price_history()
+            .iter()
+            .filter(|p| p.availability_zone().is_none_or(|z| z == zone))
+            .filter(|p| {
+                p.product_description()
+                    .is_none_or(|d| d.as_str().starts_with("Linux/UNIX"))
+            })
+            .filter_map(|p| p.spot_price()?.parse::<f64>().ok())
+            .next())
     }
 
     /// Tags the instance with what gpuwatch is about to do, before it does it.

@@ -3,3 +3,4 @@
 pub mod ec2;
 pub mod imds;
 pub mod plan;
+pub mod services;

@@ -465,6 +465,83 @@ impl Collector for WatchCollector {
                 )],
             )?;
         }
+        if let Some((usd, source)) = v.cost.price {
+            gauges(
+                e,
+                desc(
+                    "gpuwatch_instance_hourly_cost_dollars",
+                    "The instance's price per hour, and where it came from",
+                    None,
+                ),
+                [([("source", source)], usd)],
+            )?;
+        }
+        if let Some(s) = v.cost.spent {
+            gauge(
+                e,
+                desc(
+                    "gpuwatch_spend_dollars",
+                    "Spend in the current budget period",
+                    None,
+                ),
+                s,
+            )?;
+        }
+        if let Some(f) = v.cost.forecast {
+            gauge(
+                e,
+                desc(
+                    "gpuwatch_spend_forecast_dollars",
+                    "Spend at the end of the period at the current price",
+                    None,
+                ),
+                f,
+            )?;
+        }
+        gauges(
+            e,
+            desc("gpuwatch_budget_limit_dollars", "The budget's limit", None),
+            v.cost
+                .budgets
+                .iter()
+                .map(|(b, l, _, _)| ([("budget", b.as_str())], *l)),
+        )?;
+        gauges(
+            e,
+            desc(
+                "gpuwatch_budget_spent_ratio",
+                "Spend as a share of the budget's limit",
+                None,
+            ),
+            v.cost
+                .budgets
+                .iter()
+                .filter_map(|(b, _, s, _)| Some(([("budget", b.as_str())], (*s)?))),
+        )?;
+        gauges(
+            e,
+            desc(
+                "gpuwatch_budget_forecast_ratio",
+                "Forecast spend as a share of the budget's limit",
+                None,
+            ),
+            v.cost
+                .budgets
+                .iter()
+                .filter_map(|(b, _, _, f)| Some(([("budget", b.as_str())], (*f)?))),
+        )?;
+        counters(
+            e,
+            desc(
+                "gpuwatch_budget_alerts",
+                "Budget threshold alerts sent",
+                None,
+            ),
+            v.cost
+                .alerts
+                .iter()
+                .map(|((b, t), n)| ([("budget", b.as_str()), ("threshold", t.as_str())], *n)),
+        )?;
         gauges(
             e,
             desc(
@@ -559,5 +636,53 @@ impl Collector for WatchCollector {
             )?;
         }
         Ok(())
+    }
+}
+
+/// The CloudWatch publisher's counters.
+#[derive(Debug)]
+pub struct CloudWatchCollector(pub std::sync::Arc<crate::cloudwatch::Counters>);
+
+impl Collector for CloudWatchCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = &self.0;
+        let e = &mut enc;
+        counters(
+            e,
+            desc(
+                "gpuwatch_cloudwatch_datums",
+                "Datums accepted by PutMetricData",
+                None,
+            ),
+            [(NO_LABELS, c.datums.load(Relaxed))],
+        )?;
+        counters(
+            e,
+            desc(
+                "gpuwatch_cloudwatch_errors",
+                "PutMetricData calls that failed",
+                None,
+            ),
+            [(NO_LABELS, c.errors.load(Relaxed))],
+        )?;
+        counters(
+            e,
+            desc(
+                "gpuwatch_cloudwatch_dropped_datums",
+                "Datums dropped from a full queue during an outage",
+                None,
+            ),
+            [(NO_LABELS, c.dropped.load(Relaxed))],
+        )?;
+        gauge(
+            e,
+            desc(
+                "gpuwatch_cloudwatch_queue_datums",
+                "Datums waiting to be published",
+                None,
+            ),
+            c.queued.load(Relaxed) as i64,
+        )
     }
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::registry::Registry;
 
-pub use collector::{BuildInfo, SnapshotCollector, WatchCollector};
+pub use collector::{BuildInfo, CloudWatchCollector, SnapshotCollector, WatchCollector};
 
 /// The content type of `/metrics`.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

@@ -33,6 +33,8 @@ pub struct Context {
     pub lifecycle: Option<Lifecycle>,
     /// A spot interruption is announced: gpuwatch takes no competing action.
     pub interruption: bool,
+    /// Each budget's spend as a share of its limit; a budget that is absent is unknown.
+    pub budgets: BTreeMap<String, f64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -131,6 +133,10 @@ impl Event {
 pub fn ingest(rules: &[Rule], state: &mut State, obs: &Observation) {
     for rule in rules {
         let rs = state.rules.entry(rule.name.clone()).or_default();
+        if rule.exhausted.is_some() {
+            // A hard budget limit acts even when busy; GPU activity does not cancel it.
+            continue;
+        }
         rs.window.ingest(rule, obs);
         if let Some(p) = rs.pending.as_mut() {
             if p.activity.is_none() && obs.t >= p.warned_at {
@@ -189,9 +195,20 @@ pub fn evaluate(
         }
         // Whether the rule breaches at all (reported), and whether it breaches on periods
         // since it was last re-armed (acted on).
-        let raw = rs
-            .window
-            .assess(rule, ctx.now, settings.slack, f64::NEG_INFINITY);
+        let mut raw = match &rule.exhausted {
+            Some(budget) => exhausted(budget, ctx),
+            None => rs
+                .window
+                .assess(rule, ctx.now, settings.slack, f64::NEG_INFINITY),
+        };
+        if let Some(gate) = &rule.budget {
+            // Unknown spend keeps the gate shut: a budget rule never acts on a guess.
+            let ratio = ctx.budgets.get(&gate.name).copied();
+            raw.budget = Some((gate.name.clone(), ratio));
+            if !ratio.is_some_and(|r| r + 1e-12 >= gate.spent_at_least) {
+                raw.breaching = false;
+            }
+        }
         let name = || rule.name.clone();
         if raw.breaching != rs.breaching {
             rs.breaching = raw.breaching;
@@ -204,9 +221,13 @@ pub fn evaluate(
                 Event::Recovered { rule: name() }
             });
         }
-        let a = if rs.not_before > 0.0 {
-            rs.window
-                .assess(rule, ctx.now, settings.slack, rs.not_before)
+        let a = if rs.not_before > 0.0 && rule.exhausted.is_none() {
+            let mut a = rs
+                .window
+                .assess(rule, ctx.now, settings.slack, rs.not_before);
+            a.breaching &= raw.breaching;
+            a.budget = raw.budget.clone();
+            a
         } else {
             raw
         };
@@ -289,6 +310,18 @@ pub fn evaluate(
     events
 }
 
+/// The assessment of a budget's hard limit: breaching once its spend reaches the limit.
+fn exhausted(budget: &str, ctx: &Context) -> Assessment {
+    let ratio = ctx.budgets.get(budget).copied();
+    Assessment {
+        breaching: ratio.is_some_and(|r| r + 1e-12 >= 1.0),
+        breaching_periods: 0,
+        threshold: 1.0,
+        periods: Vec::new(),
+        budget: Some((budget.to_string(), ratio)),
+    }
+}
+
 /// Records that the executor finished the rule's in-flight action.
 pub fn complete(state: &mut State, rule: &str) {
     if let Some(rs) = state.rules.get_mut(rule) {
@@ -315,6 +348,8 @@ mod tests {
             lifecycle: None,
             action: Action::Stop,
             command: Vec::new(),
+            budget: None,
+            exhausted: None,
         }
     }
 
@@ -562,6 +597,44 @@ mod tests {
             }
         }
         assert!(events.is_empty(), "{events:?}");
+    }
+
+    #[test]
+    fn a_budget_gate_opens_at_its_share_and_not_below() {
+        let mut r = rule(10, 1, 1);
+        r.budget = Some(crate::rules::BudgetGate {
+            name: "team".into(),
+            spent_at_least: 0.8,
+        });
+        for (ratio, want) in [(None, 0), (Some(0.79), 0), (Some(0.80), 2), (Some(0.95), 2)] {
+            let ctx = Context {
+                budgets: ratio.map(|r| ("team".to_string(), r)).into_iter().collect(),
+                ..Context::default()
+            };
+            let mut state = State::default();
+            let events = run(&r, &mut state, &ctx, 0, 12, |_| vec![Some(0.0)]);
+            assert_eq!(events.len(), want, "{ratio:?}: {events:?}");
+        }
+    }
+
+    #[test]
+    fn an_exhausted_budget_acts_even_when_busy_but_waits_for_holds() {
+        let mut r = rule(10, 1, 1);
+        r.exhausted = Some("team".into());
+        let spent = |ratio: f64| Context {
+            budgets: [("team".to_string(), ratio)].into_iter().collect(),
+            ..Context::default()
+        };
+        let mut state = State::default();
+        assert!(run(&r, &mut state, &spent(0.99), 0, 5, |_| vec![Some(0.9)]).is_empty());
+        let events = run(&r, &mut state, &spent(1.0), 5, 40, |_| vec![Some(0.9)]);
+        assert_eq!(events, vec![(5, "breach"), (5, "warning"), (35, "action")]);
+
+        let mut held = spent(1.0);
+        held.hold_until = Some(100.0);
+        let mut state = State::default();
+        let events = run(&r, &mut state, &held, 0, 100, |_| vec![Some(0.9)]);
+        assert_eq!(events, vec![(0, "breach")]);
     }
 
     #[test]

@@ -130,6 +130,7 @@ pub fn parse(text: &str, source: &str) -> Result<Vec<RawRule>, ConfigError> {
                 lifecycle: r.lifecycle.clone(),
                 action: a.kind.to_ascii_lowercase(),
                 command: a.command,
+                budget: None,
             });
         }
     }

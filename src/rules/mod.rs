@@ -29,6 +29,17 @@ pub struct Rule {
     pub action: Action,
     /// The command for `exec`.
     pub command: Vec<String>,
+    /// Only act while a budget's spend is at least this share of its limit.
+    pub budget: Option<BudgetGate>,
+    /// A budget's hard limit (`on_exhausted`): the rule breaches when that budget's spend
+    /// reaches its limit, whatever the GPUs do.
+    pub exhausted: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetGate {
+    pub name: String,
+    pub spent_at_least: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

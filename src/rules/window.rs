@@ -63,6 +63,9 @@ pub struct Assessment {
     pub breaching_periods: u32,
     pub threshold: f64,
     pub periods: Vec<Period>,
+    /// For budget-gated and budget-limit rules: the budget and its spend ratio (null: unknown).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<(String, Option<f64>)>,
 }
 
 impl Window {
@@ -170,6 +173,7 @@ impl Window {
             breaching_periods,
             threshold: rule.threshold,
             periods,
+            budget: None,
         }
     }
 }

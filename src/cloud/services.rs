@@ -1,0 +1,163 @@
+//! The AWS services besides EC2: Budgets, SNS, CloudWatch and the Pricing API.
+
+use aws_sdk_cloudwatch::types::MetricDatum;
+
+use crate::cost::budget::Reading;
+
+/// Every AWS API operation gpuwatch calls, with the IAM action that allows it.
+/// `config/iam-policy.json` grants exactly these; a test keeps them in step with the code.
+pub const IAM_ACTIONS: &[(&str, &str)] = &[
+    ("DescribeInstances", "ec2:DescribeInstances"),
+    (
+        "DescribeSpotInstanceRequests",
+        "ec2:DescribeSpotInstanceRequests",
+    ),
+    ("DescribeSpotPriceHistory", "ec2:DescribeSpotPriceHistory"),
+    ("CreateTags", "ec2:CreateTags"),
+    ("StopInstances", "ec2:StopInstances"),
+    ("TerminateInstances", "ec2:TerminateInstances"),
+    (
+        "CancelSpotInstanceRequests",
+        "ec2:CancelSpotInstanceRequests",
+    ),
+    ("DescribeBudget", "budgets:ViewBudget"),
+    ("Publish", "sns:Publish"),
+    ("PutMetricData", "cloudwatch:PutMetricData"),
+    ("GetProducts", "pricing:GetProducts"),
+];
+
+/// The AWS SDK's shared configuration: the default credential chain, the region, and (for
+/// tests and private endpoints) one endpoint for every service.
+pub async fn shared_config(region: &str, endpoint_url: Option<&str>) -> aws_config::SdkConfig {
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new(region.to_string()));
+    if let Some(url) = endpoint_url {
+        loader = loader.endpoint_url(url);
+    }
+    loader.load().await
+}
+
+fn err(e: impl std::error::Error) -> String {
+    aws_sdk_budgets::error::DisplayErrorContext(e).to_string()
+}
+
+#[derive(Clone)]
+pub struct Services {
+    budgets: aws_sdk_budgets::Client,
+    sns: aws_sdk_sns::Client,
+    cloudwatch: aws_sdk_cloudwatch::Client,
+    pricing: aws_sdk_pricing::Client,
+}
+
+impl Services {
+    /// `pricing_endpoint` overrides the Pricing API's endpoint alone (it lives in us-east-1).
+    pub fn new(shared: &aws_config::SdkConfig, pricing_endpoint: Option<&str>) -> Services {
+        let mut pricing = aws_sdk_pricing::config::Builder::from(shared)
+            .region(aws_sdk_pricing::config::Region::new("us-east-1"));
+        if let Some(url) = pricing_endpoint {
+            pricing = pricing.endpoint_url(url);
+        }
+        Services {
+            budgets: aws_sdk_budgets::Client::new(shared),
+            sns: aws_sdk_sns::Client::new(shared),
+            cloudwatch: aws_sdk_cloudwatch::Client::new(shared),
+            pricing: aws_sdk_pricing::Client::from_conf(pricing.build()),
+        }
+    }
+
+    /// An AWS Budget's actual and forecast spend against its limit.
+    pub async fn describe_budget(&self, account_id: &str, name: &str) -> Result<Reading, String> {
+        let out = self
+            .budgets
+            .describe_budget()
+            .account_id(account_id)
+            .budget_name(name)
+            .send()
+            .await
+            .map_err(err)?;
+        let b = out.budget().ok_or("DescribeBudget returned no budget")?;
+        let amount = |s: Option<&aws_sdk_budgets::types::Spend>| {
+            s.and_then(|s| s.amount().parse::<f64>().ok())
+        };
+        let limit = amount(b.budget_limit()).ok_or("the budget has no limit")?;
+        let spend = b.calculated_spend();
+        Ok(Reading {
+            spent: amount(spend.and_then(|c| c.actual_spend())).unwrap_or(0.0),
+            forecast: amount(spend.and_then(|c| c.forecasted_spend())),
+            limit,
+            period_start: b
+                .time_period()
+                .and_then(|p| p.start())
+                .map_or(0.0, |d| d.as_secs_f64()),
+        })
+    }
+
+    pub async fn publish(
+        &self,
+        topic_arn: &str,
+        subject: &str,
+        message: &str,
+    ) -> Result<Option<String>, String> {
+        let out = self
+            .sns
+            .publish()
+            .topic_arn(topic_arn)
+            .subject(subject)
+            .message(message)
+            .send()
+            .await
+            .map_err(err)?;
+        Ok(out.message_id().map(str::to_string))
+    }
+
+    pub async fn put_metric_data(
+        &self,
+        namespace: &str,
+        datums: Vec<MetricDatum>,
+    ) -> Result<(), String> {
+        self.cloudwatch
+            .put_metric_data()
+            .namespace(namespace)
+            .set_metric_data(Some(datums))
+            .send()
+            .await
+            .map_err(err)?;
+        Ok(())
+    }
+
+    /// The on-demand Linux price of an instance type in a region, from `GetProducts`.
+    pub async fn on_demand_price(
+        &self,
+        region: &str,
+        instance_type: &str,
+    ) -> Result<Option<f64>, String> {
+        use aws_sdk_pricing::types::{Filter, FilterType};
+        let term = |field: &str, value: &str| {
+            Filter::builder()
+                .r#type(FilterType::TermMatch)
+                .field(field)
+                .value(value)
+                .build()
+                .map_err(err)
+        };
+        let out = self
+            .pricing
+            .get_products()
+            .service_code("AmazonEC2")
+            .filters(term("instanceType", instance_type)?)
+            .filters(term("regionCode", region)?)
+            .filters(term("operatingSystem", "Linux")?)
+            .filters(term("tenancy", "Shared")?)
+            .filters(term("preInstalledSw", "NA")?)
+            .filters(term("capacitystatus", "Used")?)
+            .format_version("aws_v1")
+            .max_results(10)
+            .send()
+            .await
+            .map_err(err)?;
+        Ok(out
+            .price_list()
+            .iter()
+            .find_map(|entry| crate::cost::price::parse_price_list_entry(entry)))
+    }
+}

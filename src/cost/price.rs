@@ -1,0 +1,194 @@
+//! The instance's price per hour, from the best source that knows it.
+
+use std::sync::OnceLock;
+
+use serde::Serialize;
+
+use crate::rules::Lifecycle;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    Config,
+    Spot,
+    PricingApi,
+    Table,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Config => "config",
+            Source::Spot => "spot",
+            Source::PricingApi => "pricing_api",
+            Source::Table => "table",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Price {
+    pub usd_per_hour: f64,
+    pub source: Source,
+}
+
+/// Picks the price: the config wins; then the spot price for spot instances; then, for
+/// on-demand ones, the Pricing API and the bundled table. A spot instance never falls back to an
+/// on-demand price: overstating spend could trip a budget rule, so unknown stays unknown.
+pub fn choose(
+    config: Option<f64>,
+    lifecycle: Option<Lifecycle>,
+    spot: Option<f64>,
+    pricing_api: Option<f64>,
+    table: Option<f64>,
+) -> Option<Price> {
+    let p = |usd_per_hour, source| {
+        Some(Price {
+            usd_per_hour,
+            source,
+        })
+    };
+    if let Some(c) = config {
+        return p(c, Source::Config);
+    }
+    match lifecycle {
+        Some(Lifecycle::Spot) => spot.and_then(|s| p(s, Source::Spot)),
+        _ => match (pricing_api, table) {
+            (Some(a), _) => p(a, Source::PricingApi),
+            (None, Some(t)) => p(t, Source::Table),
+            _ => None,
+        },
+    }
+}
+
+/// The bundled table of on-demand Linux prices.
+pub struct Table {
+    pub as_of: String,
+    rows: Vec<(Vec<String>, String, f64)>,
+}
+
+const TABLE: &str = include_str!("prices.csv");
+
+pub fn table() -> &'static Table {
+    static T: OnceLock<Table> = OnceLock::new();
+    T.get_or_init(|| {
+        let mut as_of = String::from("unknown");
+        let mut rows = Vec::new();
+        for line in TABLE.lines() {
+            if let Some(d) = line.strip_prefix("# prices as of ") {
+                as_of = d.trim().to_string();
+            }
+            if line.starts_with('#') || line.starts_with("regions,") || line.trim().is_empty() {
+                continue;
+            }
+            let cols: Vec<&str> = line.split(',').collect();
+            if let [regions, itype, usd] = cols[..] {
+                if let Ok(usd) = usd.trim().parse() {
+                    rows.push((
+                        regions.split_whitespace().map(str::to_string).collect(),
+                        itype.trim().to_string(),
+                        usd,
+                    ));
+                }
+            }
+        }
+        Table { as_of, rows }
+    })
+}
+
+impl Table {
+    pub fn price(&self, region: &str, instance_type: &str) -> Option<f64> {
+        self.rows
+            .iter()
+            .find(|(regions, t, _)| t == instance_type && regions.iter().any(|r| r == region))
+            .map(|r| r.2)
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+}
+
+/// Reads the on-demand hourly USD price out of one `GetProducts` PriceList entry (a JSON
+/// string): `terms.OnDemand.*.priceDimensions.*.pricePerUnit.USD`, for unit "Hrs".
+pub fn parse_price_list_entry(entry: &str) -> Option<f64> {
+    let v: serde_json::Value = serde_json::from_str(entry).ok()?;
+    let on_demand = v.get("terms")?.get("OnDemand")?.as_object()?;
+    on_demand.values().find_map(|term| {
+        term.get("priceDimensions")?
+            .as_object()?
+            .values()
+            .filter(|d| d.get("unit").and_then(|u| u.as_str()) == Some("Hrs"))
+            .find_map(|d| {
+                d.get("pricePerUnit")?
+                    .get("USD")?
+                    .as_str()?
+                    .parse::<f64>()
+                    .ok()
+            })
+            .filter(|p| *p > 0.0)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_in_order() {
+        let od = Some(Lifecycle::OnDemand);
+        let spot = Some(Lifecycle::Spot);
+        let src = |p: Option<Price>| p.map(|p| (p.usd_per_hour, p.source));
+        assert_eq!(
+            src(choose(Some(9.0), spot, Some(1.0), Some(2.0), Some(3.0))),
+            Some((9.0, Source::Config))
+        );
+        assert_eq!(
+            src(choose(None, spot, Some(1.0), Some(2.0), Some(3.0))),
+            Some((1.0, Source::Spot))
+        );
+        assert_eq!(src(choose(None, spot, None, Some(2.0), Some(3.0))), None);
+        assert_eq!(
+            src(choose(None, od, Some(1.0), Some(2.0), Some(3.0))),
+            Some((2.0, Source::PricingApi))
+        );
+        assert_eq!(
+            src(choose(None, od, None, None, Some(3.0))),
+            Some((3.0, Source::Table))
+        );
+        assert_eq!(
+            src(choose(None, None, None, None, Some(3.0))),
+            Some((3.0, Source::Table))
+        );
+        assert_eq!(src(choose(None, od, None, None, None)), None);
+    }
+
+    #[test]
+    fn bundled_table() {
+        let t = table();
+        assert_eq!(t.as_of, "2026-11-01");
+        assert!(t.len() >= 40);
+        assert_eq!(t.price("us-east-1", "p4d.24xlarge"), Some(32.7726));
+        assert_eq!(t.price("us-west-2", "g5.xlarge"), Some(1.006));
+        assert_eq!(t.price("us-east-1", "m5.large"), None);
+        for family in [
+            "p3.", "p4d.", "p4de.", "p5.", "p5e.", "g4dn.", "g5.", "g6.", "g6e.",
+        ] {
+            assert!(t.rows.iter().any(|r| r.1.starts_with(family)), "{family}");
+        }
+    }
+
+    #[test]
+    fn price_list_entry() {
+        let entry = r#"{"product":{"attributes":{"instanceType":"p4d.24xlarge"}},
+            "terms":{"OnDemand":{"X.JRTCKXETXF":{"priceDimensions":{"X.JRTCKXETXF.6YS6EN2CT7":
+            {"unit":"Hrs","pricePerUnit":{"USD":"32.7726000000"}}}}}}}"#;
+        assert_eq!(parse_price_list_entry(entry), Some(32.7726));
+        assert_eq!(parse_price_list_entry("{}"), None);
+        assert_eq!(parse_price_list_entry("not json"), None);
+    }
+}

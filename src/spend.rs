@@ -1,0 +1,286 @@
+//! The edge around `cost/`: price pollers (spot price, Pricing API), AWS Budgets pollers, and
+//! the per-sample accrual and budget check the watch loop runs.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::json;
+
+use crate::cloud::ec2::Ec2;
+use crate::cloud::services::Services;
+use crate::config::{BudgetConfig, BudgetSource, Config};
+use crate::cost::budget::{Crossing, Reading};
+use crate::cost::ledger::Closed;
+use crate::cost::price::{self, Price};
+use crate::rules::Lifecycle;
+use crate::state::Persisted;
+
+/// Prices learnt by the pollers.
+#[derive(Debug, Default)]
+pub struct Known {
+    pub spot: Mutex<Option<f64>>,
+    pub pricing_api: Mutex<Option<f64>>,
+    /// AWS Budgets readings, by gpuwatch budget name.
+    pub aws_budgets: Mutex<BTreeMap<String, Reading>>,
+}
+
+/// The instance, as the price lookup needs it.
+#[derive(Debug, Clone, Default)]
+pub struct Node {
+    pub region: Option<String>,
+    pub instance_type: Option<String>,
+    pub availability_zone: Option<String>,
+    pub lifecycle: Option<Lifecycle>,
+}
+
+/// What one accrual produced, for the watch loop to log, audit, alert and export.
+#[derive(Debug, Default)]
+pub struct Update {
+    pub price: Option<Price>,
+    pub closed: Vec<Closed>,
+    pub readings: BTreeMap<String, Reading>,
+    pub crossings: Vec<Crossing>,
+    pub spent: Option<f64>,
+    pub forecast: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct CostView {
+    pub price: Option<(f64, &'static str)>,
+    pub spent: Option<f64>,
+    pub forecast: Option<f64>,
+    /// (budget, limit, spent ratio, forecast ratio).
+    pub budgets: Vec<(String, f64, Option<f64>, Option<f64>)>,
+    /// (budget, threshold) → alerts.
+    pub alerts: BTreeMap<(String, String), u64>,
+}
+
+pub struct Tracker {
+    pub config: Config,
+    pub node: Node,
+    pub known: Arc<Known>,
+    no_price_logged: bool,
+}
+
+impl Tracker {
+    pub fn new(config: Config, node: Node, known: Arc<Known>) -> Tracker {
+        Tracker {
+            config,
+            node,
+            known,
+            no_price_logged: false,
+        }
+    }
+
+    pub fn price(&self, persisted: &Persisted) -> Option<Price> {
+        let table = match (&self.node.region, &self.node.instance_type) {
+            (Some(r), Some(t)) => price::table().price(r, t),
+            _ => None,
+        };
+        let spot = self
+            .known
+            .spot
+            .lock()
+            .ok()
+            .and_then(|s| *s)
+            .or(persisted.spot_price);
+        let api = self.known.pricing_api.lock().ok().and_then(|p| *p);
+        price::choose(
+            self.config.cost.hourly_price_usd,
+            self.node.lifecycle,
+            spot,
+            api,
+            table,
+        )
+    }
+
+    /// Accrues spend to `now` and checks every budget. `running_since` is the machine's boot.
+    pub fn update(&mut self, persisted: &mut Persisted, now: f64, running_since: f64) -> Update {
+        let price = self.price(persisted);
+        if price.is_none() && !self.no_price_logged {
+            self.no_price_logged = true;
+            tracing::warn!(
+                "no price is known for this instance; spend is unknown and budget rules stay inactive \
+                 (set [cost] hourly_price_usd, or run on EC2 with provider = \"aws\")"
+            );
+        } else if price.is_some() && self.no_price_logged {
+            self.no_price_logged = false;
+        }
+        if let (Some(p), Some(lc)) = (price, self.node.lifecycle) {
+            if p.source == price::Source::Spot && lc == Lifecycle::Spot {
+                persisted.spot_price = Some(p.usd_per_hour);
+            }
+        }
+        let period = self.config.cost.period;
+        let closed =
+            persisted
+                .ledger
+                .accrue(now, price.map(|p| p.usd_per_hour), period, running_since);
+        let spent = price.map(|_| persisted.ledger.spent);
+        let forecast = persisted.ledger.forecast(now, period);
+
+        let mut readings = BTreeMap::new();
+        let mut crossings = Vec::new();
+        for b in &self.config.budgets {
+            let reading = match &b.source {
+                BudgetSource::Local => spent.map(|s| Reading {
+                    spent: s,
+                    forecast,
+                    limit: b.limit_usd.unwrap_or(0.0),
+                    period_start: persisted.ledger.period_start,
+                }),
+                BudgetSource::AwsBudgets { .. } => self
+                    .known
+                    .aws_budgets
+                    .lock()
+                    .ok()
+                    .and_then(|m| m.get(&b.name).cloned())
+                    .map(|mut r| {
+                        if let Some(l) = b.limit_usd {
+                            r.limit = l;
+                        }
+                        r
+                    }),
+            };
+            if let Some(r) = reading {
+                persisted.alerted.prune(&b.name, r.period_start);
+                crossings.extend(persisted.alerted.crossings(&b.name, &b.thresholds, &r));
+                readings.insert(b.name.clone(), r);
+            }
+        }
+        Update {
+            price,
+            closed,
+            readings,
+            crossings,
+            spent,
+            forecast,
+        }
+    }
+}
+
+/// The text of a budget alert.
+pub fn alert_text(c: &Crossing, limit: f64) -> String {
+    format!(
+        "gpuwatch: budget \"{}\" {} spend is at {:.0}% of ${limit:.2} (threshold {:.0}%)",
+        c.budget,
+        c.basis.as_str(),
+        c.ratio * 100.0,
+        c.threshold * 100.0
+    )
+}
+
+/// Refreshes the spot price of this instance type and zone, hourly by default.
+pub async fn poll_spot_price(ec2: Ec2, node: Node, known: Arc<Known>, every: Duration) {
+    let (Some(t), Some(z)) = (node.instance_type, node.availability_zone) else {
+        return;
+    };
+    loop {
+        match ec2.spot_price(&t, &z).await {
+            Ok(Some(p)) => {
+                tracing::info!(usd_per_hour = p, "spot price");
+                if let Ok(mut s) = known.spot.lock() {
+                    *s = Some(p);
+                }
+            }
+            Ok(None) => {
+                tracing::warn!(instance_type = %t, zone = %z, "no spot price history for this instance type")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the spot price; keeping the last known one")
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Asks the Pricing API for the on-demand price, retrying hourly until it answers.
+pub async fn poll_pricing_api(services: Services, node: Node, known: Arc<Known>) {
+    let (Some(r), Some(t)) = (node.region, node.instance_type) else {
+        return;
+    };
+    let mut logged = false;
+    loop {
+        match services.on_demand_price(&r, &t).await {
+            Ok(Some(p)) => {
+                tracing::info!(usd_per_hour = p, instance_type = %t, region = %r, "on-demand price from the Pricing API");
+                if let Ok(mut s) = known.pricing_api.lock() {
+                    *s = Some(p);
+                }
+                return;
+            }
+            Ok(None) => {
+                tracing::info!(instance_type = %t, region = %r, "the Pricing API has no price; using the bundled table");
+                return;
+            }
+            Err(e) => {
+                if !logged {
+                    logged = true;
+                    tracing::info!(error = %e, "the Pricing API is unavailable (the role may lack pricing:GetProducts); using the bundled table");
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    }
+}
+
+/// Polls one AWS Budget, with backoff on errors.
+pub async fn poll_budget(services: Services, budget: BudgetConfig, known: Arc<Known>) {
+    let BudgetSource::AwsBudgets {
+        budget_name,
+        account_id,
+    } = &budget.source
+    else {
+        return;
+    };
+    let mut delay = budget.poll_interval;
+    let mut failing = false;
+    loop {
+        match services.describe_budget(account_id, budget_name).await {
+            Ok(r) => {
+                if failing {
+                    tracing::info!(budget = %budget.name, "AWS Budgets answers again");
+                }
+                failing = false;
+                delay = budget.poll_interval;
+                if let Ok(mut m) = known.aws_budgets.lock() {
+                    m.insert(budget.name.clone(), r);
+                }
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(budget = %budget.name, error = %e, "cannot read the AWS Budget; retrying with backoff");
+                }
+                failing = true;
+                delay = (delay * 2).min(Duration::from_secs(3600));
+            }
+        }
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// Sends one budget alert everywhere it goes: log, audit, webhook, SNS.
+pub async fn send_alert(
+    c: &Crossing,
+    limit: f64,
+    budget: Option<&BudgetConfig>,
+    executor: &crate::actions::Executor,
+    services: Option<&Services>,
+) {
+    let text = alert_text(c, limit);
+    tracing::warn!("{text}");
+    executor.audit(
+        json!({"event": "budget_alert", "budget": c.budget, "threshold": c.threshold,
+        "basis": c.basis, "ratio": c.ratio, "limit": limit}),
+    );
+    executor.notify(&text, false).await;
+    if let (Some(topic), Some(s)) = (budget.and_then(|b| b.sns_topic_arn.as_deref()), services) {
+        match s.publish(topic, "gpuwatch budget alert", &text).await {
+            Ok(id) => executor
+                .audit(json!({"event": "sns_publish", "budget": c.budget, "message_id": id})),
+            Err(e) => tracing::warn!(error = %e, topic, "cannot publish the budget alert to SNS"),
+        }
+    }
+}
