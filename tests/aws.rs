@@ -41,45 +41,16 @@ impl<'a> Setup<'a> {
     }
 
     fn config(&self, dir: &std::path::Path) -> String {
-        format!(
-            r#"[nvml]
-library = "{lib}"
-[sampling]
-interval = "100ms"
-timeout = "500ms"
-[cloud]
-provider = "aws"
-imds_endpoint = "http://{imds}"
-endpoint_url = "http://{endpoint}"
-region = "us-east-1"
-poll_interval = "200ms"
-[actions]
-mode = "{mode}"
-boot_grace = "0s"
-wall = false
-retry_for = "60s"
-state_dir = "{state}"
-{actions}
-{extra}
-[[rules]]
-name = "idle"
-metric = "gpu_utilization"
-comparison = "less_than"
-threshold = 0.05
-period = "{period}"
-evaluation_periods = {n}
-action = "{action}"
-"#,
-            lib = common::fake_library().display(),
-            imds = self.imds.addr,
-            endpoint = self.endpoint,
-            mode = self.mode,
-            state = dir.join("state").display(),
-            actions = self.actions,
-            extra = self.extra,
-            period = self.period,
-            n = self.evaluation_periods,
-            action = self.action,
+        let rule = format!(
+            "[[rules]]\nname = \"idle\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\nthreshold = 0.05\nperiod = \"{}\"\nevaluation_periods = {}\naction = \"{}\"\n",
+            self.period, self.evaluation_periods, self.action
+        );
+        aws::daemon_config(
+            dir,
+            self.imds,
+            self.endpoint,
+            &format!("mode = \"{}\"\n{}", self.mode, self.actions),
+            &format!("{}\n{rule}", self.extra),
         )
     }
 

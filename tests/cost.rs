@@ -73,30 +73,12 @@ fn base_config(
     endpoint: SocketAddr,
     extra: &str,
 ) -> String {
-    format!(
-        r#"[nvml]
-library = "{lib}"
-[sampling]
-interval = "100ms"
-timeout = "500ms"
-[cloud]
-provider = "aws"
-imds_endpoint = "http://{imds}"
-endpoint_url = "http://{endpoint}"
-region = "us-east-1"
-poll_interval = "200ms"
-[actions]
-mode = "enforce"
-boot_grace = "0s"
-warning = "1s"
-wall = false
-retry_for = "60s"
-state_dir = "{state}"
-{extra}
-"#,
-        lib = common::fake_library().display(),
-        imds = imds.addr,
-        state = dir.join("state").display(),
+    aws::daemon_config(
+        dir,
+        imds,
+        endpoint,
+        "mode = \"enforce\"\nwarning = \"1s\"",
+        extra,
     )
 }
 

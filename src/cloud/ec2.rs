@@ -111,8 +111,8 @@ impl Ec2 {
         }
     }
 
-    /// The instance's tags, read from the API (IMDS tags may be off).
-    pub async fn tags(&self) -> Result<Vec<(String, String)>, CloudError> {
+    /// This instance, as DescribeInstances tells it.
+    async fn describe(&self) -> Result<Option<aws_sdk_ec2::types::Instance>, CloudError> {
         let out = self
             .client
             .describe_instances()
@@ -124,6 +124,16 @@ impl Ec2 {
             .reservations()
             .iter()
             .flat_map(|r| r.instances())
+            .next()
+            .cloned())
+    }
+
+    /// The instance's tags, read from the API (IMDS tags may be off).
+    pub async fn tags(&self) -> Result<Vec<(String, String)>, CloudError> {
+        Ok(self
+            .describe()
+            .await?
+            .iter()
             .flat_map(|i| i.tags())
             .filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or("").to_string())))
             .collect())
@@ -131,18 +141,10 @@ impl Ec2 {
 
     /// The instance's state name (running, stopping, stopped, shutting-down, terminated).
     pub async fn state(&self) -> Result<Option<String>, CloudError> {
-        let out = self
-            .client
-            .describe_instances()
-            .instance_ids(&self.instance_id)
-            .send()
-            .await
-            .map_err(|e| classify("DescribeInstances", e))?;
-        Ok(out
-            .reservations()
-            .iter()
-            .flat_map(|r| r.instances())
-            .find_map(|i| i.state()?.name().map(|n| n.as_str().to_string())))
+        Ok(self
+            .describe()
+            .await?
+            .and_then(|i| i.state()?.name().map(|n| n.as_str().to_string())))
     }
 
     /// The spot request that launched this instance, if one did and it is still open.

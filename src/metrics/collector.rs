@@ -5,7 +5,7 @@ use std::fmt;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
     DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeLabel, EncodeLabelSet,
-    LabelSetEncoder, NoLabelSet,
+    LabelSetEncoder, MetricEncoder, NoLabelSet,
 };
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Unit;
@@ -119,21 +119,42 @@ fn desc(name: &'static str, help: &'static str, unit: Option<&'static str>) -> D
     }
 }
 
-/// Encodes a gauge family; a family with no series is left out entirely.
-fn gauges<L: EncodeLabelSet, V: EncodeGaugeValue>(
+/// Encodes one metric family; a family with no series is left out entirely.
+fn family<L: EncodeLabelSet, V>(
     enc: &mut DescriptorEncoder,
     d: Desc,
+    ty: MetricType,
     series: impl IntoIterator<Item = (L, V)>,
+    value: impl Fn(&mut MetricEncoder, &V) -> Result<(), fmt::Error>,
 ) -> Result<(), fmt::Error> {
     let mut series = series.into_iter().peekable();
     if series.peek().is_none() {
         return Ok(());
     }
-    let mut family = enc.encode_descriptor(d.name, d.help, d.unit.as_ref(), MetricType::Gauge)?;
+    let mut family = enc.encode_descriptor(d.name, d.help, d.unit.as_ref(), ty)?;
     for (l, v) in series {
-        family.encode_family(&l)?.encode_gauge(&v)?;
+        value(&mut family.encode_family(&l)?, &v)?;
     }
     Ok(())
+}
+
+fn gauges<L: EncodeLabelSet, V: EncodeGaugeValue>(
+    enc: &mut DescriptorEncoder,
+    d: Desc,
+    series: impl IntoIterator<Item = (L, V)>,
+) -> Result<(), fmt::Error> {
+    family(enc, d, MetricType::Gauge, series, |m, v| m.encode_gauge(v))
+}
+
+/// Counters: the encoder appends `_total` to the name.
+fn counters<L: EncodeLabelSet, V: EncodeCounterValue>(
+    enc: &mut DescriptorEncoder,
+    d: Desc,
+    series: impl IntoIterator<Item = (L, V)>,
+) -> Result<(), fmt::Error> {
+    family(enc, d, MetricType::Counter, series, |m, v| {
+        m.encode_counter::<NoLabelSet, V, f64>(v, None)
+    })
 }
 
 /// Encodes a gauge without labels.
@@ -144,25 +165,6 @@ fn gauge<V: EncodeGaugeValue>(
 ) -> Result<(), fmt::Error> {
     enc.encode_descriptor(d.name, d.help, d.unit.as_ref(), MetricType::Gauge)?
         .encode_gauge(&v)
-}
-
-/// Encodes a counter family (the encoder appends `_total`); empty families are left out.
-fn counters<L: EncodeLabelSet, V: EncodeCounterValue>(
-    enc: &mut DescriptorEncoder,
-    d: Desc,
-    series: impl IntoIterator<Item = (L, V)>,
-) -> Result<(), fmt::Error> {
-    let mut series = series.into_iter().peekable();
-    if series.peek().is_none() {
-        return Ok(());
-    }
-    let mut family = enc.encode_descriptor(d.name, d.help, d.unit.as_ref(), MetricType::Counter)?;
-    for (l, v) in series {
-        family
-            .encode_family(&l)?
-            .encode_counter::<NoLabelSet, V, f64>(&v, None)?;
-    }
-    Ok(())
 }
 
 /// Series of one optional reading of every GPU that is up.

@@ -186,44 +186,26 @@ pub fn launch(kind: Kind) -> Launched {
 
 /// The instance's state name in moto.
 pub fn instance_state(id: &str) -> String {
-    let ec2 = ec2_client(moto().addr);
-    rt().block_on(async {
-        let out = ec2
-            .describe_instances()
-            .instance_ids(id)
-            .send()
-            .await
-            .unwrap();
-        out.reservations()[0].instances()[0]
-            .state()
-            .unwrap()
-            .name()
-            .unwrap()
-            .as_str()
-            .to_string()
-    })
+    describe(id)
+        .state()
+        .unwrap()
+        .name()
+        .unwrap()
+        .as_str()
+        .to_string()
 }
 
 pub fn instance_tags(id: &str) -> BTreeMap<String, String> {
-    let ec2 = ec2_client(moto().addr);
-    rt().block_on(async {
-        let out = ec2
-            .describe_instances()
-            .instance_ids(id)
-            .send()
-            .await
-            .unwrap();
-        out.reservations()[0].instances()[0]
-            .tags()
-            .iter()
-            .map(|t| {
-                (
-                    t.key().unwrap().to_string(),
-                    t.value().unwrap_or("").to_string(),
-                )
-            })
-            .collect()
-    })
+    describe(id)
+        .tags()
+        .iter()
+        .map(|t| {
+            (
+                t.key().unwrap().to_string(),
+                t.value().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
 }
 
 pub fn tag_instance(id: &str, key: &str, value: &str) {
@@ -252,6 +234,55 @@ pub fn spot_request_state(id: &str) -> Option<String> {
             .iter()
             .find(|r| r.spot_instance_request_id() == Some(id))
             .and_then(|r| r.state().map(|s| s.as_str().to_string()))
+    })
+}
+
+/// The config of a daemon on a (fake) EC2 instance: fake GPUs, the IMDS fake, AWS at `endpoint`,
+/// quick sampling, no boot grace. `actions` goes into `[actions]`; `extra` follows it.
+pub fn daemon_config(
+    dir: &std::path::Path,
+    imds: &Imds,
+    endpoint: SocketAddr,
+    actions: &str,
+    extra: &str,
+) -> String {
+    format!(
+        r#"[nvml]
+library = "{lib}"
+[sampling]
+interval = "100ms"
+timeout = "500ms"
+[cloud]
+provider = "aws"
+imds_endpoint = "http://{imds}"
+endpoint_url = "http://{endpoint}"
+region = "{REGION}"
+poll_interval = "200ms"
+[actions]
+boot_grace = "0s"
+wall = false
+retry_for = "60s"
+state_dir = "{state}"
+{actions}
+{extra}
+"#,
+        lib = super::fake_library().display(),
+        imds = imds.addr,
+        state = dir.join("state").display(),
+    )
+}
+
+/// The instance as moto describes it.
+fn describe(id: &str) -> aws_sdk_ec2::types::Instance {
+    let ec2 = ec2_client(moto().addr);
+    rt().block_on(async {
+        let out = ec2
+            .describe_instances()
+            .instance_ids(id)
+            .send()
+            .await
+            .unwrap();
+        out.reservations()[0].instances()[0].clone()
     })
 }
 
