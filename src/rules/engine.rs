@@ -221,7 +221,13 @@ pub fn evaluate(
                 Event::Recovered { rule: name() }
             });
         }
-        let a = if rs.not_before > 0.0 && rule.exhausted.is_none() {
+        let a = if rule.exhausted.is_some() {
+            // A budget limit has no windows to refresh: after an action or a cancellation it
+            // re-arms an hour later, so a failed stop is retried hourly, not in a loop.
+            let mut a = raw;
+            a.breaching &= rs.not_before <= 0.0 || ctx.now >= rs.not_before + EXHAUSTED_REARM;
+            a
+        } else if rs.not_before > 0.0 {
             let mut a = rs
                 .window
                 .assess(rule, ctx.now, settings.slack, rs.not_before);
@@ -309,6 +315,9 @@ pub fn evaluate(
     }
     events
 }
+
+/// Seconds before a budget limit that acted (or was cancelled) may act again.
+const EXHAUSTED_REARM: f64 = 3600.0;
 
 /// The assessment of a budget's hard limit: breaching once its spend reaches the limit.
 fn exhausted(budget: &str, ctx: &Context) -> Assessment {
@@ -629,6 +638,11 @@ mod tests {
         assert!(run(&r, &mut state, &spent(0.99), 0, 5, |_| vec![Some(0.9)]).is_empty());
         let events = run(&r, &mut state, &spent(1.0), 5, 40, |_| vec![Some(0.9)]);
         assert_eq!(events, vec![(5, "breach"), (5, "warning"), (35, "action")]);
+        complete(&mut state, "idle");
+        // Not again at once (if the stop failed, say), but an hour later.
+        assert!(run(&r, &mut state, &spent(1.0), 40, 3634, |_| vec![Some(0.9)]).is_empty());
+        let events = run(&r, &mut state, &spent(1.0), 3635, 3636, |_| vec![Some(0.9)]);
+        assert_eq!(events, vec![(3635, "warning")]);
 
         let mut held = spent(1.0);
         held.hold_until = Some(100.0);
