@@ -275,8 +275,9 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-/// Finds the fake NVML library: `GPUWATCH_FAKE_NVML_LIB`, else beside the running binary, where
-/// cargo builds it (`target/<profile>/` or its `deps/`).
+/// Finds the fake NVML library: `GPUWATCH_FAKE_NVML_LIB`, else where cargo builds it beside the
+/// running binary. `deps/` comes first: cargo rebuilds it there whenever gpuwatch is built, while
+/// the copy in `target/<profile>/` is refreshed only when the whole workspace is.
 pub fn find_fake_library() -> anyhow::Result<PathBuf> {
     if let Some(p) = std::env::var_os("GPUWATCH_FAKE_NVML_LIB") {
         return Ok(PathBuf::from(p));
@@ -286,7 +287,7 @@ pub fn find_fake_library() -> anyhow::Result<PathBuf> {
         .parent()
         .context("the running binary has no directory")?;
     let file = gpuwatch_fake_nvml::LIBRARY_FILE;
-    let candidates = [dir.join(file), dir.join("deps").join(file)];
+    let candidates = [dir.join("deps").join(file), dir.join(file)];
     candidates
         .iter()
         .find(|p| p.is_file())

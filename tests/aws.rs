@@ -260,13 +260,21 @@ fn gpus_coming_back_during_the_warning_cancel_the_action() {
     let inst = aws::launch(Kind::OnDemand);
     let imds = aws::imds(&inst.id, "on-demand");
     let dir = tempfile::tempdir().unwrap();
-    // Idle for 6 s, then busy for good; the warning lasts 5 s.
-    std::fs::write(dir.path().join("u.csv"), "0,0\n5.9,0\n6,80\n").unwrap();
+    // GPU 0 idles until the test sees the warning, then gets busy.
+    let live = dir.path().join("u.txt");
+    std::fs::write(&live, "0").unwrap();
     let scenario =
-        "[[gpu]]\nutilization = { kind = \"trace\", file = \"u.csv\" }\n[[gpu]]\nutilization = 0\n";
+        "[[gpu]]\nutilization = { kind = \"live\", file = \"u.txt\" }\n[[gpu]]\nutilization = 0\n";
     let mut setup = Setup::new(&imds, "stop");
-    setup.actions = "warning = \"5s\"";
+    setup.actions = "warning = \"30s\"";
     let d = setup.start_in(dir, scenario);
+    d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_action_pending")
+            .label("rule", "idle")
+            .get(s)
+            == Some(1.0)
+    });
+    std::fs::write(&live, "80").unwrap();
     let s = d.await_scrape(LIMIT, |s| actions(s, "stop", "cancelled") == 1.0);
     assert_eq!(actions(&s, "stop", "done"), 0.0);
     metric("gpuwatch_action_pending")
@@ -365,14 +373,19 @@ fn a_restart_mid_window_keeps_the_window() {
     let dir = tempfile::tempdir().unwrap();
     let state_dir = dir.path().join("state");
     let scenario_dir = dir.path().to_path_buf();
-    let mut d = setup.start_in(dir, IDLE4);
+    // A generous slack (the cycle timeout) so that the restart's gap does not make the period
+    // it falls in unknown even on a loaded machine.
+    std::fs::write(dir.path().join("scenario.toml"), IDLE4).unwrap();
+    let config = setup
+        .config(dir.path())
+        .replace("timeout = \"1s\"", "timeout = \"3s\"");
+    let mut d = Daemon::start_with(dir, &config);
     let first = d.await_sample(LIMIT, |s| s["nvml"]["up"] == true);
     d.await_time(first["timestamp"].as_f64().unwrap() + 4.5);
     d.kill();
     let restarted_at = gpuwatch::time::now();
     // The same state directory, a new process.
-    let config = std::fs::read_to_string(scenario_dir.join("gpuwatch.toml")).unwrap();
-    let d2 = Daemon::start_with(keep(scenario_dir), &config);
+    let d2 = Daemon::start_with(common::reuse_dir(&scenario_dir), &config);
     d2.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
     let audit = common::audit_records(&state_dir.join("audit.jsonl"));
     let attempt = events(&audit, "action_attempt")[0];
@@ -387,36 +400,6 @@ fn a_restart_mid_window_keeps_the_window() {
         "no period from before the restart ({restarted_at}) counted: {attempt}"
     );
     assert_eq!(api_calls(&audit), ["CreateTags", "StopInstances"]);
-}
-
-/// Reuses an existing directory as the daemon's (it is removed with the test's temp root).
-fn keep(path: std::path::PathBuf) -> tempfile::TempDir {
-    let td = tempfile::Builder::new()
-        .prefix("gpuwatch-restart-")
-        .tempdir()
-        .unwrap();
-    for entry in std::fs::read_dir(&path).unwrap().flatten() {
-        let to = td.path().join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            std::fs::create_dir_all(&to).unwrap();
-            for f in std::fs::read_dir(entry.path()).unwrap().flatten() {
-                std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
-            }
-        } else {
-            std::fs::copy(entry.path(), &to).unwrap();
-        }
-    }
-    // The config names the old state directory; point it at the copy.
-    let config = std::fs::read_to_string(td.path().join("gpuwatch.toml")).unwrap();
-    std::fs::write(
-        td.path().join("gpuwatch.toml"),
-        config.replace(
-            &path.display().to_string(),
-            &td.path().display().to_string(),
-        ),
-    )
-    .unwrap();
-    td
 }
 
 #[test]

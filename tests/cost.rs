@@ -319,7 +319,7 @@ fn aws_budget_alerts_reach_the_webhook_and_sns_once_each() {
 
     // A restart does not send them again.
     d.kill();
-    let d2 = Daemon::start_with(restart_dir(&keep), &config);
+    let d2 = Daemon::start_with(common::reuse_dir(&keep), &config);
     let first = d2.await_scrape(LIMIT, |s| {
         metric("gpuwatch_budget_spent_ratio")
             .label("budget", "team")
@@ -341,17 +341,6 @@ fn aws_budget_alerts_reach_the_webhook_and_sns_once_each() {
         .len(),
         2
     );
-}
-
-/// A new TempDir handle for a directory that already exists, for a restart over the same state.
-fn restart_dir(path: &std::path::Path) -> tempfile::TempDir {
-    let td = tempfile::Builder::new()
-        .prefix("gpuwatch-restart-")
-        .tempdir()
-        .unwrap();
-    let _ = std::fs::remove_dir(td.path());
-    std::os::unix::fs::symlink(path, td.path()).unwrap();
-    td
 }
 
 fn gated_rule(ratio: &str) -> String {

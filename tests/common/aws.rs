@@ -251,7 +251,7 @@ pub fn daemon_config(
 library = "{lib}"
 [sampling]
 interval = "100ms"
-timeout = "500ms"
+timeout = "1s"
 [cloud]
 provider = "aws"
 imds_endpoint = "http://{imds}"

@@ -19,7 +19,9 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_gpuwatch");
 /// The fake library cargo builds beside the binary.
 pub fn fake_library() -> PathBuf {
     let dir = Path::new(BIN).parent().unwrap();
-    let lib = dir.join("libgpuwatch_fake_nvml.so");
+    // In deps/, where cargo rebuilds it with gpuwatch (the copy beside the binary is refreshed
+    // only by a workspace build).
+    let lib = dir.join("deps/libgpuwatch_fake_nvml.so");
     assert!(
         lib.is_file(),
         "{} is missing; run `cargo build` first",
@@ -197,6 +199,18 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A TempDir handle for a directory that already exists (a link to it, removed with the
+/// handle), so that a restarted daemon runs over the same config and state.
+pub fn reuse_dir(path: &Path) -> tempfile::TempDir {
+    let td = tempfile::Builder::new()
+        .prefix("gpuwatch-restart-")
+        .tempdir()
+        .unwrap();
+    std::fs::remove_dir(td.path()).unwrap();
+    std::os::unix::fs::symlink(path, td.path()).unwrap();
+    td
 }
 
 pub fn audit_records(path: &Path) -> Vec<serde_json::Value> {

@@ -44,8 +44,10 @@
 //! # kind = "init_failure"             nvmlInit answers NVML_ERROR_DRIVER_NOT_LOADED
 //! ```
 //!
-//! Every series is a number (constant), or a table with `kind` = `constant`, `ramp`, `bursts`
-//! or `trace`. Energy is the exact integral of power since simulated time 0.
+//! Every series is a number (constant), or a table with `kind` = `constant`, `ramp`, `bursts`,
+//! `trace`, or `live` (`{ kind = "live", file = "u.txt" }`: the number in the file, read at every
+//! call, for tests that drive a reading and await its effect). Energy is the exact integral of
+//! power since simulated time 0 (for `live` power, the current value times the elapsed time).
 //!
 //! Time starts at the first `nvmlInit` call (a failed one too) and runs with the wall clock
 //! times `time.speed`, so hours of a scenario can pass in seconds.

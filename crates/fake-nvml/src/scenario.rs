@@ -125,6 +125,9 @@ pub enum Series {
     },
     /// Linear interpolation between `(t, value)` points; holds the last value after the end.
     Trace(Vec<(f64, f64)>),
+    /// The number in a file, read at every call, so that a test can drive a reading directly
+    /// (and await its effect) instead of racing a clock. Unreadable means 0.
+    Live(std::path::PathBuf),
 }
 
 impl Series {
@@ -159,6 +162,10 @@ impl Series {
                 }
             }
             Series::Trace(points) => trace_at(points, t),
+            Series::Live(path) => std::fs::read_to_string(path)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0.0),
         }
     }
 
@@ -194,6 +201,8 @@ impl Series {
                 whole * per_period + busy_part * busy + (rest - busy_part) * idle
             }
             Series::Trace(points) => trace_integral(points, t),
+            // Not integrable after the fact: the current value over the whole time.
+            Series::Live(_) => self.at(t) * t,
         }
     }
 }
@@ -511,6 +520,9 @@ enum RawShape {
     Trace {
         file: String,
     },
+    Live {
+        file: String,
+    },
 }
 
 #[derive(Deserialize)]
@@ -701,6 +713,7 @@ impl RawSeries {
                     duty,
                 }
             }
+            RawSeries::Shape(RawShape::Live { file }) => Series::Live(base.join(file)),
             RawSeries::Shape(RawShape::Trace { file }) => {
                 let path = base.join(&file);
                 let text = std::fs::read_to_string(&path)
