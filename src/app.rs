@@ -207,15 +207,16 @@ async fn start_watch(
     ));
     let outside = Arc::new(outside);
     if let Some(imds) = imds {
-        tokio::spawn(crate::watch::poll_cloud(
+        tokio::spawn(crate::watch::poll_cloud(crate::watch::CloudPoller {
             imds,
-            instance.map(|i| i.ec2),
-            Arc::clone(&outside),
-            Arc::clone(&executor),
-            config.spot.interruption_hook.clone(),
-            config.spot.hook_timeout,
-            config.cloud.poll_interval,
-        ));
+            ec2: instance.map(|i| i.ec2),
+            outside: Arc::clone(&outside),
+            executor: Arc::clone(&executor),
+            hook: config.spot.interruption_hook.clone(),
+            hook_timeout: config.spot.hook_timeout,
+            every: config.cloud.poll_interval,
+            tag_every: config.cloud.tag_poll_interval,
+        }));
     }
     if config.cloudwatch.enabled && services.is_none() {
         tracing::warn!("[cloudwatch] enabled is set, but gpuwatch is not on EC2 with provider = \"aws\": nothing is published");

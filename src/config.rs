@@ -94,8 +94,10 @@ pub struct CloudConfig {
     pub endpoint_url: Option<String>,
     /// The region; `None` means the one instance metadata reports.
     pub region: Option<String>,
-    /// How often instance metadata (spot notices) and instance tags (holds) are read.
+    /// How often instance metadata (spot notices, and tags when metadata tags are on) is read.
     pub poll_interval: Duration,
+    /// How often DescribeInstances reads the `gpuwatch:hold` tag when metadata tags are off.
+    pub tag_poll_interval: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -358,6 +360,7 @@ pub struct RawCloud {
     pub endpoint_url: String,
     pub region: String,
     pub poll_interval: String,
+    pub tag_poll_interval: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -474,6 +477,7 @@ impl Default for RawConfig {
                 endpoint_url: String::new(),
                 region: String::new(),
                 poll_interval: "5s".to_string(),
+                tag_poll_interval: "1m".to_string(),
             },
             actions: RawActions {
                 mode: "dry-run".to_string(),
@@ -718,6 +722,12 @@ impl RawConfig {
             &self.cloud.poll_interval,
             Duration::from_millis(10),
         );
+        let tag_poll_interval = duration(
+            &mut invalid,
+            "cloud.tag_poll_interval",
+            &self.cloud.tag_poll_interval,
+            Duration::from_millis(10),
+        );
         let retry_for = duration(
             &mut invalid,
             "actions.retry_for",
@@ -863,6 +873,7 @@ impl RawConfig {
                         endpoint_url: opt(self.cloud.endpoint_url),
                         region: opt(self.cloud.region),
                         poll_interval: poll_interval.unwrap_or_default(),
+                        tag_poll_interval: tag_poll_interval.unwrap_or_default(),
                     },
                     actions: ActionsConfig {
                         mode,

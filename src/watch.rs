@@ -400,18 +400,34 @@ impl Watch {
 }
 
 /// The spot and tag poller: instance metadata notices, and `gpuwatch:hold` tags.
-pub async fn poll_cloud(
-    imds: Arc<crate::cloud::imds::Imds>,
-    ec2: Option<crate::cloud::ec2::Ec2>,
-    outside: Arc<Outside>,
-    executor: Arc<Executor>,
-    hook: Vec<String>,
-    hook_timeout: Duration,
-    every: Duration,
-) {
+pub struct CloudPoller {
+    pub imds: Arc<crate::cloud::imds::Imds>,
+    pub ec2: Option<crate::cloud::ec2::Ec2>,
+    pub outside: Arc<Outside>,
+    pub executor: Arc<Executor>,
+    pub hook: Vec<String>,
+    pub hook_timeout: Duration,
+    /// How often instance metadata is read.
+    pub every: Duration,
+    /// How often DescribeInstances reads tags, when metadata tags are off.
+    pub tag_every: Duration,
+}
+
+pub async fn poll_cloud(p: CloudPoller) {
+    let CloudPoller {
+        imds,
+        ec2,
+        outside,
+        executor,
+        hook,
+        hook_timeout,
+        every,
+        tag_every,
+    } = p;
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut hook_ran = false;
+    let mut last_tag_read: Option<std::time::Instant> = None;
     loop {
         ticker.tick().await;
         match imds.notice().await {
@@ -453,23 +469,36 @@ pub async fn poll_cloud(
             }
             Err(e) => tracing::debug!(error = %e, "cannot read spot notices"),
         }
-        if let Some(ec2) = &ec2 {
-            match ec2.tags().await {
-                Ok(tags) => {
-                    let hold = match tags.iter().find(|(k, _)| k == "gpuwatch:hold") {
-                        None => HoldStatus::None,
-                        Some((_, v)) => match crate::time::parse_rfc3339(v) {
-                            Some(t) => HoldStatus::Until(t, "instance tag gpuwatch:hold".into()),
-                            None => HoldStatus::Unreadable(format!(
-                                "instance tag gpuwatch:hold = \"{v}\" is not RFC 3339"
-                            )),
-                        },
-                    };
-                    if let Ok(mut h) = outside.tag_hold.lock() {
-                        *h = hold;
+        // Instance metadata tags cost nothing to read; DescribeInstances is an API call counted
+        // against the account's rate limit, so it is made only every `tag_every`.
+        let tags = match imds.tags().await {
+            Ok(t) if !t.is_empty() => Some(t.into_iter().collect::<Vec<_>>()),
+            _ => match &ec2 {
+                Some(ec2) if last_tag_read.is_none_or(|t| t.elapsed() >= tag_every) => {
+                    last_tag_read = Some(std::time::Instant::now());
+                    match ec2.tags().await {
+                        Ok(t) => Some(t),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "cannot read instance tags");
+                            None
+                        }
                     }
                 }
-                Err(e) => tracing::debug!(error = %e, "cannot read instance tags"),
+                _ => None,
+            },
+        };
+        if let Some(tags) = tags {
+            let hold = match tags.iter().find(|(k, _)| k == "gpuwatch:hold") {
+                None => HoldStatus::None,
+                Some((_, v)) => match crate::time::parse_rfc3339(v) {
+                    Some(t) => HoldStatus::Until(t, "instance tag gpuwatch:hold".into()),
+                    None => HoldStatus::Unreadable(format!(
+                        "instance tag gpuwatch:hold = \"{v}\" is not RFC 3339"
+                    )),
+                },
+            };
+            if let Ok(mut h) = outside.tag_hold.lock() {
+                *h = hold;
             }
         }
     }

@@ -258,6 +258,7 @@ imds_endpoint = "http://{imds}"
 endpoint_url = "http://{endpoint}"
 region = "{REGION}"
 poll_interval = "200ms"
+tag_poll_interval = "200ms"
 [actions]
 boot_grace = "0s"
 wall = false
