@@ -73,6 +73,12 @@ enum Command {
         /// Spent in the budget period before the trace starts (with --price)
         #[arg(long, value_name = "USD", default_value_t = 0.0)]
         spend: f64,
+        /// Each GPU's memory, so that the trace's memory_used_bytes become memory_used_ratio
+        #[arg(long, value_name = "BYTES")]
+        memory_total_bytes: Option<f64>,
+        /// Each GPU's power limit, so that the trace's power_watts become power_ratio
+        #[arg(long, value_name = "WATTS")]
+        power_limit_watts: Option<f64>,
     },
     /// Postpone every action for a while (the running daemon honours it at once)
     Hold {
@@ -118,13 +124,24 @@ fn main() -> ExitCode {
             json,
             price,
             spend,
+            memory_total_bytes,
+            power_limit_watts,
         } => match load_with_rules(&config, rules.as_deref()) {
             Ok(c) => {
-                let spend = price.map(|usd_per_hour| gpuwatch::simulate::Spend {
-                    usd_per_hour,
-                    start_usd: spend,
-                });
-                simulate(&c, &trace, lifecycle.as_deref(), json, spend)
+                let options = gpuwatch::simulate::Options {
+                    lifecycle: match lifecycle.as_deref() {
+                        Some("spot") => Some(gpuwatch::rules::Lifecycle::Spot),
+                        Some("on-demand") => Some(gpuwatch::rules::Lifecycle::OnDemand),
+                        _ => None,
+                    },
+                    spend: price.map(|usd_per_hour| gpuwatch::simulate::Spend {
+                        usd_per_hour,
+                        start_usd: spend,
+                    }),
+                    memory_total_bytes,
+                    power_limit_watts,
+                };
+                simulate(&c, &trace, json, &options)
             }
             Err(e) => config_failure(&e),
         },
@@ -194,9 +211,8 @@ fn load_with_rules(config: &Path, rules: Option<&Path>) -> Result<Config, Config
 fn simulate(
     config: &Config,
     trace: &Path,
-    lifecycle: Option<&str>,
     json: bool,
-    spend: Option<gpuwatch::simulate::Spend>,
+    options: &gpuwatch::simulate::Options,
 ) -> ExitCode {
     let text = match std::fs::read_to_string(trace) {
         Ok(t) => t,
@@ -216,16 +232,23 @@ fn simulate(
         eprintln!("simulate: no rules: add [[rules]] to the config or pass --rules PATH");
         return ExitCode::from(EXIT_CONFIG as u8);
     }
-    let lifecycle = match lifecycle {
-        Some("spot") => Some(gpuwatch::rules::Lifecycle::Spot),
-        Some("on-demand") => Some(gpuwatch::rules::Lifecycle::OnDemand),
-        _ => None,
-    };
-    if spend.is_some_and(|s| !(s.usd_per_hour > 0.0 && s.start_usd >= 0.0)) {
+    if options
+        .spend
+        .is_some_and(|s| !(s.usd_per_hour > 0.0 && s.start_usd >= 0.0))
+    {
         eprintln!("simulate: --price must be above 0 and --spend at least 0");
         return ExitCode::from(EXIT_CONFIG as u8);
     }
-    let reports = gpuwatch::simulate::replay_with_spend(config, &rows, lifecycle, spend);
+    for (flag, v) in [
+        ("--memory-total-bytes", options.memory_total_bytes),
+        ("--power-limit-watts", options.power_limit_watts),
+    ] {
+        if v.is_some_and(|v| !(v > 0.0 && v.is_finite())) {
+            eprintln!("simulate: {flag} must be above 0");
+            return ExitCode::from(EXIT_CONFIG as u8);
+        }
+    }
+    let reports = gpuwatch::simulate::replay_with(config, &rows, options);
     let mut out = std::io::stdout().lock();
     if json {
         for r in &reports {

@@ -3,7 +3,9 @@
 //!
 //! The trace is CSV, `timestamp,gpu,utilization[,memory_used_bytes,power_watts]`, with an optional
 //! header. Timestamps are RFC 3339 or Unix seconds; utilization is a ratio or a percent (`37%`).
-//! A timestamp with no row for some GPU is unknown data for that GPU, which counts as busy.
+//! A timestamp with no row for some GPU is unknown data for that GPU, which counts as busy. The
+//! memory and power columns become ratios given the GPU's memory and power limit; without them
+//! (or the columns) rules on those metrics see unknown data. Process counts are not in traces.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -17,6 +19,8 @@ pub struct Row {
     pub t: f64,
     pub gpu: u32,
     pub utilization: Option<f64>,
+    pub memory_used_bytes: Option<f64>,
+    pub power_watts: Option<f64>,
 }
 
 /// A trace line that cannot be read.
@@ -84,10 +88,21 @@ pub fn parse_trace(text: &str) -> Result<Vec<Row>, TraceError> {
                 )));
             }
         }
+        let number = |i: usize, what: &str| -> Result<Option<f64>, TraceError> {
+            match cols.get(i).filter(|c| !c.is_empty()) {
+                None => Ok(None),
+                Some(c) => match c.parse::<f64>() {
+                    Ok(v) if v >= 0.0 && v.is_finite() => Ok(Some(v)),
+                    _ => Err(err(format!("{what} \"{c}\" is not a number of 0 or more"))),
+                },
+            }
+        };
         rows.push(Row {
             t,
             gpu,
             utilization,
+            memory_used_bytes: number(3, "memory_used_bytes")?,
+            power_watts: number(4, "power_watts")?,
         });
     }
     Ok(rows)
@@ -113,18 +128,39 @@ pub struct Spend {
     pub start_usd: f64,
 }
 
-/// Replays the trace through the config's rules. Boot grace counts from the first timestamp.
-pub fn replay(config: &Config, rows: &[Row], lifecycle: Option<Lifecycle>) -> Vec<Report> {
-    replay_with_spend(config, rows, lifecycle, None)
+/// How to replay, beyond the config.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Options {
+    /// The instance's lifecycle, for rules with a lifecycle filter.
+    pub lifecycle: Option<Lifecycle>,
+    /// Spend accruing at a price over the trace; local budgets are then checked.
+    pub spend: Option<Spend>,
+    /// With it, the trace's memory_used_bytes become `memory_used_ratio`.
+    pub memory_total_bytes: Option<f64>,
+    /// With it, the trace's power_watts become `power_ratio`.
+    pub power_limit_watts: Option<f64>,
 }
 
-/// Like `replay`, with spend accruing at a price over the trace; local budgets are checked.
-pub fn replay_with_spend(
-    config: &Config,
-    rows: &[Row],
-    lifecycle: Option<Lifecycle>,
-    spend: Option<Spend>,
-) -> Vec<Report> {
+/// Replays the trace through the config's rules. Boot grace counts from the first timestamp.
+pub fn replay(config: &Config, rows: &[Row], lifecycle: Option<Lifecycle>) -> Vec<Report> {
+    replay_with(
+        config,
+        rows,
+        &Options {
+            lifecycle,
+            ..Options::default()
+        },
+    )
+}
+
+/// Like `replay`, with the given options.
+pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Report> {
+    let Options {
+        lifecycle,
+        spend,
+        memory_total_bytes,
+        power_limit_watts,
+    } = *options;
     let gpus: BTreeSet<u32> = rows.iter().map(|r| r.gpu).collect();
     let mut times: Vec<f64> = rows.iter().map(|r| r.t).collect();
     times.sort_by(f64::total_cmp);
@@ -160,11 +196,19 @@ pub fn replay_with_spend(
                     index: g,
                     ..GpuReading::default()
                 };
+                let row = at.iter().find(|row| row.gpu == g);
+                r.set(Metric::GpuUtilization, row.and_then(|row| row.utilization));
+                let ratio = |v: Option<f64>, total: Option<f64>| match (v, total) {
+                    (Some(v), Some(t)) if t > 0.0 => Some(v / t),
+                    _ => None,
+                };
                 r.set(
-                    Metric::GpuUtilization,
-                    at.iter()
-                        .find(|row| row.gpu == g)
-                        .and_then(|row| row.utilization),
+                    Metric::MemoryUsedRatio,
+                    ratio(row.and_then(|r| r.memory_used_bytes), memory_total_bytes),
+                );
+                r.set(
+                    Metric::PowerRatio,
+                    ratio(row.and_then(|r| r.power_watts), power_limit_watts),
                 );
                 r
             })
@@ -304,28 +348,29 @@ mod tests {
     #[test]
     fn trace_formats() {
         let rows = parse_trace(
-            "timestamp,gpu,utilization\n2026-11-30T00:53:20Z,0,37%\n1796000001,1,0.5\n1796000002,0,\n",
+            "timestamp,gpu,utilization,memory_used_bytes,power_watts\n\
+             2026-11-30T00:53:20Z,0,37%,1024,300.5\n1796000001,1,0.5\n1796000002,0,\n",
         )
         .unwrap();
+        let row = |t: f64, gpu, utilization, memory_used_bytes, power_watts| Row {
+            t,
+            gpu,
+            utilization,
+            memory_used_bytes,
+            power_watts,
+        };
         assert_eq!(
             rows,
             vec![
-                Row {
-                    t: 1_796_000_000.0,
-                    gpu: 0,
-                    utilization: Some(0.37)
-                },
-                Row {
-                    t: 1_796_000_001.0,
-                    gpu: 1,
-                    utilization: Some(0.5)
-                },
-                Row {
-                    t: 1_796_000_002.0,
-                    gpu: 0,
-                    utilization: None
-                },
+                row(1_796_000_000.0, 0, Some(0.37), Some(1024.0), Some(300.5)),
+                row(1_796_000_001.0, 1, Some(0.5), None, None),
+                row(1_796_000_002.0, 0, None, None, None),
             ]
+        );
+        let e = parse_trace("1,0,0.5,-3\n").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "trace line 1: memory_used_bytes \"-3\" is not a number of 0 or more"
         );
         let e = parse_trace("1,0,150%\n").unwrap_err();
         assert_eq!(

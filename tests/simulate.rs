@@ -139,3 +139,39 @@ fn bad_rules_name_the_key() {
         )
     );
 }
+
+/// The trace's power column becomes `power_ratio` given the power limit; without the limit the
+/// readings are unknown, and unknown is busy.
+#[test]
+fn power_rules_replay_with_the_power_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        "[actions]\nboot_grace = \"0s\"\nwarning = \"1m\"\n[[rules]]\nname = \"low-power\"\nmetric = \"power_ratio\"\ncomparison = \"less_than\"\nthreshold = 0.2\nperiod = \"5m\"\nevaluation_periods = 2\naction = \"alert\"\n",
+    )
+    .unwrap();
+    let trace = dir.path().join("t.csv");
+    let mut csv = String::from("timestamp,gpu,utilization,memory_used_bytes,power_watts\n");
+    for m in 0..20 {
+        csv.push_str(&format!("{},0,0.01,0,70\n", 1_796_000_400 + m * 60));
+    }
+    std::fs::write(&trace, csv).unwrap();
+    let run = |extra: &[&str]| {
+        let out = Command::new(common::BIN)
+            .arg("simulate")
+            .arg("--config")
+            .arg(&config)
+            .arg("--trace")
+            .arg(&trace)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let with = run(&["--power-limit-watts", "700"]);
+    assert!(with.contains(" action     low-power: would alert"), "{with}");
+    let without = run(&[]);
+    assert_eq!(without, "no rule breached: no warning, no action\n");
+}
