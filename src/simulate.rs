@@ -173,7 +173,6 @@ pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Repo
     }
     let step = typical_step(&times);
     let settings = Settings {
-        boot_grace: config.actions.boot_grace,
         warning: config.actions.warning,
         slack: (step * 2.5).max(1.0),
     };

@@ -109,7 +109,6 @@ impl Watch {
         let grace_from = boot_time().map_or(started, |b| b.max(started));
         let grace_until = grace_from + self.config.actions.boot_grace.as_secs_f64();
         let settings = Settings {
-            boot_grace: self.config.actions.boot_grace,
             warning: self.config.actions.warning,
             slack: (self.config.sampling.interval.as_secs_f64() * 2.5)
                 .max(self.config.sampling.timeout.as_secs_f64()),

@@ -167,11 +167,18 @@ fn power_rules_replay_with_the_power_limit() {
             .args(extra)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap()
     };
     let with = run(&["--power-limit-watts", "700"]);
-    assert!(with.contains(" action     low-power: would alert"), "{with}");
+    assert!(
+        with.contains(" action     low-power: would alert"),
+        "{with}"
+    );
     let without = run(&[]);
     assert_eq!(without, "no rule breached: no warning, no action\n");
 }

@@ -15,7 +15,6 @@ use super::{Action, Aggregation, Lifecycle, Observation, Rule};
 /// Engine settings that are not per rule.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
-    pub boot_grace: Duration,
     pub warning: Duration,
     /// The longest gap between samples that still counts as complete data, in seconds.
     pub slack: f64,
@@ -364,7 +363,6 @@ mod tests {
 
     fn settings() -> Settings {
         Settings {
-            boot_grace: Duration::from_secs(0),
             warning: Duration::from_secs(30),
             slack: 2.5,
         }
