@@ -101,10 +101,14 @@ impl Tracker {
         let price = self.price(persisted);
         if price.is_none() && !self.no_price_logged {
             self.no_price_logged = true;
-            tracing::warn!(
-                "no price is known for this instance; spend is unknown and budget rules stay inactive \
-                 (set [cost] hourly_price_usd, or run on EC2 with provider = \"aws\")"
-            );
+            let text = "no price is known for this instance; spend is unknown and budget rules stay \
+                        inactive (set [cost] hourly_price_usd, or run on EC2 with provider = \"aws\")";
+            // Only worth a warning when a budget depends on it.
+            if self.config.budgets.is_empty() {
+                tracing::info!("{text}");
+            } else {
+                tracing::warn!("{text}");
+            }
         } else if price.is_some() && self.no_price_logged {
             self.no_price_logged = false;
         }
