@@ -95,7 +95,8 @@ impl Executor {
                 obj.insert("instance_id".into(), json!(i.ec2.instance_id));
             }
         }
-        if let Err(e) = self.audit.append(&record) {
+        // Each record is fsynced.
+        if let Err(e) = crate::state::off_async(|| self.audit.append(&record)) {
             tracing::error!(path = %self.audit.path().display(), error = %e, "cannot write the audit log");
         }
     }

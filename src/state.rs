@@ -163,6 +163,17 @@ impl StateDir {
     }
 }
 
+/// Runs blocking file I/O (fsyncs, /proc scans) so that it does not stall an async worker: on a
+/// multi-threaded runtime the worker hands its other tasks off first. Elsewhere it just runs.
+pub fn off_async<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
 /// Writes `body` to `path` through a temporary file and a rename, so that readers and a crash
 /// see either the old file or the new one, never a mix.
 pub fn write_atomic(path: &Path, body: &[u8], durable: bool) -> io::Result<()> {

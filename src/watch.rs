@@ -106,7 +106,9 @@ impl Watch {
     pub async fn run(mut self, snapshots: Snapshots) {
         let rules = self.config.rules.clone();
         let started = crate::time::now();
-        let grace_from = boot_time().map_or(started, |b| b.max(started));
+        // The machine's boot does not move while gpuwatch runs: read it once.
+        let booted = boot_time();
+        let grace_from = booted.map_or(started, |b| b.max(started));
         let grace_until = grace_from + self.config.actions.boot_grace.as_secs_f64();
         let settings = Settings {
             warning: self.config.actions.warning,
@@ -149,7 +151,7 @@ impl Watch {
         let threshold = idle_threshold(&rules);
         let mut idle_since: BTreeMap<u32, f64> = BTreeMap::new();
         let mut last_durable = started;
-        let mut last_hold = HoldStatus::None;
+        let mut warned_hold: Option<String> = None;
         let mut seq = 0;
         loop {
             let snap = snapshots.next_after(seq).await;
@@ -159,11 +161,18 @@ impl Watch {
             seq = snap.seq;
             let now = snap.timestamp;
             let mut obs = Observation::from_snapshot(&snap);
-            obs.veto = crate::vetoes::check(&self.config.vetoes);
+            // Scanning /proc and reading the hold file block: keep them off the async workers.
+            let (veto, local) = crate::state::off_async(|| {
+                (
+                    crate::vetoes::check(&self.config.vetoes),
+                    self.state_dir.hold(),
+                )
+            });
+            obs.veto = veto;
             engine::ingest(&rules, &mut persisted.engine, &obs);
             let cost = self
                 .tracker
-                .update(&mut persisted, now, boot_time().unwrap_or(0.0));
+                .update(&mut persisted, now, booted.unwrap_or(0.0));
             for c in &cost.closed {
                 tracing::info!(total = c.total, "budget period closed");
                 self.executor.audit(json!({"event": "period_closed", "period_start": crate::time::rfc3339(c.period_start),
@@ -171,9 +180,7 @@ impl Watch {
             }
             if !cost.crossings.is_empty() {
                 // Recorded before sending: a restart never sends an alert twice.
-                if let Err(e) = self.state_dir.save(&persisted, true) {
-                    tracing::error!(error = %e, "cannot save state");
-                }
+                self.save(&persisted, true);
             }
             for c in &cost.crossings {
                 let limit = cost.readings.get(&c.budget).map_or(0.0, |r| r.limit);
@@ -193,7 +200,6 @@ impl Watch {
                 .filter_map(|(name, r)| Some((name.clone(), r.spent_ratio()?)))
                 .collect();
 
-            let local = self.state_dir.hold();
             let tag = self
                 .outside
                 .tag_hold
@@ -204,18 +210,17 @@ impl Watch {
                 .into_iter()
                 .flatten()
                 .fold(None, |a: Option<f64>, t| Some(a.map_or(t, |a| a.max(t))));
-            for h in [&local, &tag] {
-                if let HoldStatus::Unreadable(why) = h {
-                    if &last_hold != h {
-                        tracing::warn!("a hold with an unreadable expiry counts as a hold: {why}");
-                    }
-                }
+            let unreadable = [&local, &tag].into_iter().find_map(|h| match h {
+                HoldStatus::Unreadable(why) => Some(why.clone()),
+                _ => None,
+            });
+            if unreadable.is_some() && unreadable != warned_hold {
+                tracing::warn!(
+                    "a hold with an unreadable expiry counts as a hold: {}",
+                    unreadable.as_deref().unwrap_or_default()
+                );
             }
-            last_hold = if matches!(tag, HoldStatus::Unreadable(_)) {
-                tag
-            } else {
-                local
-            };
+            warned_hold = unreadable;
             let interruption = self.outside.interruption.lock().map(|i| *i).unwrap_or(None);
             let ctx = Context {
                 now,
@@ -227,9 +232,7 @@ impl Watch {
             };
             let events = engine::evaluate(&rules, &settings, &mut persisted.engine, &ctx);
             let durable = !events.is_empty() || now - last_durable > 60.0;
-            if let Err(e) = self.state_dir.save(&persisted, durable) {
-                tracing::error!(error = %e, "cannot save state");
-            } else if durable {
+            if self.save(&persisted, durable) && durable {
                 last_durable = now;
             }
             for event in events {
@@ -318,8 +321,18 @@ impl Watch {
                 "sent_at": crate::time::rfc3339(f.at), "instance_state": state, "repeated": false,
             }));
         }
-        if let Err(e) = self.state_dir.save(persisted, true) {
-            tracing::error!(error = %e, "cannot save state");
+        self.save(persisted, true);
+    }
+
+    /// Saves the state off the async workers (a durable save fsyncs). Returns whether it worked;
+    /// a failure is logged.
+    fn save(&self, persisted: &Persisted, durable: bool) -> bool {
+        match crate::state::off_async(|| self.state_dir.save(persisted, durable)) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot save state");
+                false
+            }
         }
     }
 
@@ -379,9 +392,7 @@ impl Watch {
                 let outcome = self.executor.execute(rule, *action, &evidence).await;
                 self.count(*action, outcome.label());
                 engine::complete(&mut persisted.engine, &rule.name);
-                if let Err(e) = self.state_dir.save(persisted, true) {
-                    tracing::error!(error = %e, "cannot save state");
-                }
+                self.save(persisted, true);
                 if let Outcome::Failed(_) = outcome {
                     tracing::error!(rule = %rule.name, "the action failed; the rule re-arms on fresh data");
                 }
