@@ -112,10 +112,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
     match cli.command {
-        Command::Run { config, rules } => match load_with_rules(&config, rules.as_deref()) {
-            Ok(c) => daemon(c),
-            Err(e) => config_failure(&e),
-        },
+        Command::Run { config, rules } => with_config(&config, rules.as_deref(), daemon),
         Command::Simulate {
             config,
             trace,
@@ -126,47 +123,30 @@ fn main() -> ExitCode {
             spend,
             memory_total_bytes,
             power_limit_watts,
-        } => match load_with_rules(&config, rules.as_deref()) {
-            Ok(c) => {
-                let options = gpuwatch::simulate::Options {
-                    lifecycle: match lifecycle.as_deref() {
-                        Some("spot") => Some(gpuwatch::rules::Lifecycle::Spot),
-                        Some("on-demand") => Some(gpuwatch::rules::Lifecycle::OnDemand),
-                        _ => None,
-                    },
-                    spend: price.map(|usd_per_hour| gpuwatch::simulate::Spend {
-                        usd_per_hour,
-                        start_usd: spend,
-                    }),
-                    memory_total_bytes,
-                    power_limit_watts,
-                };
-                simulate(&c, &trace, json, &options)
-            }
-            Err(e) => config_failure(&e),
-        },
+        } => with_config(&config, rules.as_deref(), |c| {
+            let options = gpuwatch::simulate::Options {
+                lifecycle: match lifecycle.as_deref() {
+                    Some("spot") => Some(gpuwatch::rules::Lifecycle::Spot),
+                    Some("on-demand") => Some(gpuwatch::rules::Lifecycle::OnDemand),
+                    _ => None,
+                },
+                spend: price.map(|usd_per_hour| gpuwatch::simulate::Spend {
+                    usd_per_hour,
+                    start_usd: spend,
+                }),
+                memory_total_bytes,
+                power_limit_watts,
+            };
+            simulate(&c, &trace, json, &options)
+        }),
         Command::Hold {
             duration,
             reason,
             config,
-        } => match load_config(&config, config.as_path() != Path::new(DEFAULT_PATH)) {
-            Ok(c) => hold(&c, &duration, &reason),
-            Err(e) => config_failure(&e),
-        },
-        Command::Release { config } => {
-            match load_config(&config, config.as_path() != Path::new(DEFAULT_PATH)) {
-                Ok(c) => release(&c),
-                Err(e) => config_failure(&e),
-            }
-        }
+        } => with_config(&config, None, |c| hold(&c, &duration, &reason)),
+        Command::Release { config } => with_config(&config, None, |c| release(&c)),
         Command::Demo { listen } => demo(&listen),
-        Command::Snapshot { json, config } => {
-            let explicit = config.as_path() != Path::new(DEFAULT_PATH);
-            match load_config(&config, explicit) {
-                Ok(c) => snapshot(&c, json),
-                Err(e) => config_failure(&e),
-            }
-        }
+        Command::Snapshot { json, config } => with_config(&config, None, |c| snapshot(&c, json)),
         Command::CheckConfig { path } => match Config::load(&path) {
             Ok(_) => {
                 println!("config: {}: ok", path.display());
@@ -190,22 +170,26 @@ fn init_logging() {
         .init();
 }
 
-/// Loads the config. A missing file at the default path means the defaults; a file named on the
-/// command line must exist.
-fn load_config(path: &Path, explicit: bool) -> Result<Config, ConfigErrors> {
-    if !explicit && !path.exists() {
+/// Loads the config (plus a rules file) and runs `f` on it, or exits 64 naming each bad key.
+/// A missing file at the default path means the defaults; a file named on the command line must
+/// exist.
+fn with_config(path: &Path, rules: Option<&Path>, f: impl FnOnce(Config) -> ExitCode) -> ExitCode {
+    let loaded = if path == Path::new(DEFAULT_PATH) && !path.exists() {
         tracing::info!("no config at {}; using the defaults", path.display());
-        return Ok(Config::default());
+        Ok(Config::default())
+    } else {
+        Config::load(path)
+    };
+    let loaded = loaded.and_then(|mut c| {
+        if let Some(r) = rules {
+            c.add_rules_file(r)?;
+        }
+        Ok(c)
+    });
+    match loaded {
+        Ok(c) => f(c),
+        Err(e) => config_failure(&e),
     }
-    Config::load(path)
-}
-
-fn load_with_rules(config: &Path, rules: Option<&Path>) -> Result<Config, ConfigErrors> {
-    let mut c = load_config(config, config != Path::new(DEFAULT_PATH))?;
-    if let Some(r) = rules {
-        c.add_rules_file(r)?;
-    }
-    Ok(c)
 }
 
 fn simulate(

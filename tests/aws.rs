@@ -303,16 +303,14 @@ fn a_local_hold_postpones_the_action_until_it_expires() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("hold.toml");
     std::fs::write(&config, setup.config(dir.path())).unwrap();
-    let out = std::process::Command::new(common::BIN)
-        .args(["hold", "5s", "--reason", "checkpointing", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::gpuwatch(&[
+        &"hold",
+        &"5s",
+        &"--reason",
+        &"checkpointing",
+        &"--config",
+        &config,
+    ]);
     let hold: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("state/hold.json")).unwrap())
             .unwrap();

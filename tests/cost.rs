@@ -444,24 +444,21 @@ fn an_exhausted_budget_waits_for_a_hold() {
     let config = base_config(dir.path(), &imds, aws::moto().addr, &exhausted());
     let config_path = dir.path().join("hold.toml");
     std::fs::write(&config_path, &config).unwrap();
-    let hold = std::process::Command::new(common::BIN)
-        .args(["hold", "1h", "--reason", "finishing an epoch", "--config"])
-        .arg(&config_path)
-        .output()
-        .unwrap();
-    assert!(hold.status.success());
+    common::gpuwatch(&[
+        &"hold",
+        &"1h",
+        &"--reason",
+        &"finishing an epoch",
+        &"--config",
+        &config_path,
+    ]);
     let d = start(dir, BUSY2, config);
     let first = d.await_sample(LIMIT, |s| s["nvml"]["up"] == true);
     d.await_time(first["timestamp"].as_f64().unwrap() + 4.0);
     assert!(events(&d.audit(), "action_attempt").is_empty());
     assert_eq!(aws::instance_state(&inst.id), "running");
     // Released, it goes through its warning and acts.
-    let release = std::process::Command::new(common::BIN)
-        .args(["release", "--config"])
-        .arg(&config_path)
-        .output()
-        .unwrap();
-    assert!(release.status.success());
+    common::gpuwatch(&[&"release", &"--config", &config_path]);
     d.await_scrape(LIMIT, |s| {
         metric("gpuwatch_actions_total")
             .label("action", "stop")

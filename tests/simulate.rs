@@ -4,7 +4,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use gpuwatch::config::Config;
 
@@ -19,21 +18,11 @@ fn golden(args: &[&str], file: &str) {
 }
 
 fn golden_with(config: &str, args: &[&str], file: &str) {
-    let out = Command::new(common::BIN)
-        .arg("simulate")
-        .arg("--config")
-        .arg(data(config))
-        .arg("--trace")
-        .arg(data("trace.csv"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got = String::from_utf8(out.stdout).unwrap();
+    let (config, trace) = (data(config), data("trace.csv"));
+    let mut all: Vec<&dyn AsRef<std::ffi::OsStr>> =
+        vec![&"simulate", &"--config", &config, &"--trace", &trace];
+    all.extend(args.iter().map(|a| a as &dyn AsRef<std::ffi::OsStr>));
+    let got = common::gpuwatch(&all);
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
         std::fs::write(data(file), &got).unwrap();
     }
@@ -158,21 +147,10 @@ fn power_rules_replay_with_the_power_limit() {
     }
     std::fs::write(&trace, csv).unwrap();
     let run = |extra: &[&str]| {
-        let out = Command::new(common::BIN)
-            .arg("simulate")
-            .arg("--config")
-            .arg(&config)
-            .arg("--trace")
-            .arg(&trace)
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> =
+            vec![&"simulate", &"--config", &config, &"--trace", &trace];
+        args.extend(extra.iter().map(|a| a as &dyn AsRef<std::ffi::OsStr>));
+        common::gpuwatch(&args)
     };
     let with = run(&["--power-limit-watts", "700"]);
     assert!(

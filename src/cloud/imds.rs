@@ -194,12 +194,7 @@ impl Imds {
     /// The current interruption notice, if any. An interruption wins over a rebalance.
     pub async fn notice(&self) -> Result<Option<Notice>, ImdsError> {
         let path = "spot/instance-action";
-        if let Some(body) = self.get(path).await? {
-            let a: InstanceAction =
-                serde_json::from_str(&body).map_err(|e| ImdsError::Invalid {
-                    path: path.into(),
-                    message: e.to_string(),
-                })?;
+        if let Some(a) = self.get_json::<InstanceAction>(path).await? {
             let time = crate::time::parse_rfc3339(&a.time).ok_or_else(|| ImdsError::Invalid {
                 path: path.into(),
                 message: format!("time \"{}\" is not RFC 3339", a.time),
@@ -210,15 +205,26 @@ impl Imds {
             }));
         }
         let path = "events/recommendations/rebalance";
-        if let Some(body) = self.get(path).await? {
-            let r: RebalanceNotice =
-                serde_json::from_str(&body).map_err(|e| ImdsError::Invalid {
-                    path: path.into(),
-                    message: e.to_string(),
-                })?;
+        if let Some(r) = self.get_json::<RebalanceNotice>(path).await? {
             let time = crate::time::parse_rfc3339(&r.notice_time).unwrap_or_else(crate::time::now);
             return Ok(Some(Notice::Rebalance { time }));
         }
         Ok(None)
+    }
+
+    /// GETs a metadata path holding JSON; `Ok(None)` for 404.
+    async fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+    ) -> Result<Option<T>, ImdsError> {
+        let Some(body) = self.get(path).await? else {
+            return Ok(None);
+        };
+        serde_json::from_str(&body)
+            .map(Some)
+            .map_err(|e| ImdsError::Invalid {
+                path: path.into(),
+                message: e.to_string(),
+            })
     }
 }

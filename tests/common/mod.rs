@@ -201,6 +201,20 @@ impl Drop for Daemon {
     }
 }
 
+/// Runs `gpuwatch ARGS`, asserts that it succeeded, and returns what it printed.
+pub fn gpuwatch(args: &[&dyn AsRef<std::ffi::OsStr>]) -> String {
+    let out = Command::new(BIN)
+        .args(args.iter().map(|a| a.as_ref()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "gpuwatch failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// A TempDir handle for a directory that already exists (a link to it, removed with the
 /// handle), so that a restarted daemon runs over the same config and state.
 pub fn reuse_dir(path: &Path) -> tempfile::TempDir {
