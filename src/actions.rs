@@ -20,6 +20,8 @@ pub enum Outcome {
     DryRun(String),
     Failed(String),
     Refused(String),
+    /// The audit record of a mutating action could not be made durable, so it did not run.
+    NotRecorded(String),
 }
 
 impl Outcome {
@@ -29,6 +31,7 @@ impl Outcome {
             Outcome::DryRun(_) => "dry_run",
             Outcome::Failed(_) => "failed",
             Outcome::Refused(_) => "refused",
+            Outcome::NotRecorded(_) => "not_recorded",
         }
     }
 }
@@ -83,8 +86,9 @@ impl Executor {
         }
     }
 
-    /// Writes one audit record; an audit log that cannot be written is logged loudly.
-    pub fn audit(&self, mut record: serde_json::Value) {
+    /// Writes one audit record; an audit log that cannot be written is logged loudly and
+    /// counted. Returns whether the record is durable.
+    pub fn audit(&self, mut record: serde_json::Value) -> bool {
         if let Some(obj) = record.as_object_mut() {
             obj.insert(
                 "time".into(),
@@ -96,8 +100,13 @@ impl Executor {
             }
         }
         // Each record is fsynced.
-        if let Err(e) = crate::state::off_async(|| self.audit.append(&record)) {
-            tracing::error!(path = %self.audit.path().display(), error = %e, "cannot write the audit log");
+        match crate::state::off_async(|| self.audit.append(&record)) {
+            Ok(()) => true,
+            Err(e) => {
+                self.audit.errors.count(crate::state::DiskOp::Audit);
+                tracing::error!(path = %self.audit.path().display(), error = %e, "cannot write the audit log");
+                false
+            }
         }
     }
 
@@ -112,7 +121,12 @@ impl Executor {
                     status = r.status().as_u16(),
                     "the webhook refused a message"
                 ),
-                Err(e) => tracing::warn!(error = %e, "cannot reach the webhook"),
+                // The URL is a secret: neither it nor any URL in the error chain is logged.
+                Err(e) => tracing::warn!(
+                    endpoint = %crate::redact::urls(url),
+                    error = %crate::redact::urls(&error_chain(&e.without_url())),
+                    "cannot reach the webhook"
+                ),
             }
         }
         if to_terminals && self.wall {
@@ -127,9 +141,19 @@ impl Executor {
         action: Action,
         evidence: &serde_json::Value,
     ) -> Outcome {
-        self.audit(json!({
+        let recorded = self.audit(json!({
             "event": "action_attempt", "rule": rule.name, "action": action, "evidence": evidence,
         }));
+        let mutates = action != Action::Alert && self.mode == Mode::Enforce;
+        if mutates && !recorded {
+            // No record, no action: a restart could not tell that it ran.
+            let why = format!(
+                "the audit log {} cannot be written; the {action} waits until it can",
+                self.audit.path().display()
+            );
+            tracing::error!(rule = %rule.name, "{why}");
+            return Outcome::NotRecorded(why);
+        }
         let outcome = match action {
             Action::Alert => {
                 let text = format!("gpuwatch: rule \"{}\" breached: GPUs idle", rule.name);
@@ -145,9 +169,10 @@ impl Executor {
         };
         let (result, detail) = match &outcome {
             Outcome::Done => ("done", String::new()),
-            Outcome::DryRun(d) | Outcome::Failed(d) | Outcome::Refused(d) => {
-                (outcome.label(), d.clone())
-            }
+            Outcome::DryRun(d)
+            | Outcome::Failed(d)
+            | Outcome::Refused(d)
+            | Outcome::NotRecorded(d) => (outcome.label(), d.clone()),
         };
         self.audit(json!({
             "event": "action_result", "rule": rule.name, "action": action, "result": result, "detail": detail,
@@ -158,7 +183,7 @@ impl Executor {
             Outcome::Failed(d) => {
                 format!("gpuwatch: {action} FAILED (rule \"{}\"): {d}", rule.name)
             }
-            Outcome::Refused(d) => {
+            Outcome::Refused(d) | Outcome::NotRecorded(d) => {
                 format!("gpuwatch: {action} refused (rule \"{}\"): {d}", rule.name)
             }
         };
@@ -173,23 +198,17 @@ impl Executor {
     }
 
     async fn exec(&self, rule: &Rule) -> Outcome {
-        let Some((program, args)) = rule.command.split_first() else {
+        if rule.command.is_empty() {
             return Outcome::Refused("the rule has no command".into());
-        };
-        let mut cmd = tokio::process::Command::new(program);
-        cmd.args(args)
-            .env("GPUWATCH_RULE", &rule.name)
-            .env("GPUWATCH_ACTION", "exec")
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true);
-        match tokio::time::timeout(self.exec_timeout, cmd.status()).await {
-            Ok(Ok(status)) if status.success() => Outcome::Done,
-            Ok(Ok(status)) => Outcome::Failed(format!("{program:?} exited with {status}")),
-            Ok(Err(e)) => Outcome::Failed(format!("cannot run {program:?}: {e}")),
-            Err(_) => Outcome::Failed(format!(
-                "{program:?} ran past {:?} and was killed",
-                self.exec_timeout
-            )),
+        }
+        let env = [
+            ("GPUWATCH_RULE", rule.name.as_str()),
+            ("GPUWATCH_ACTION", "exec"),
+        ];
+        match crate::command::run(&rule.command, &env, self.exec_timeout).await {
+            Ok(status) if status.success() => Outcome::Done,
+            Ok(status) => Outcome::Failed(format!("{:?} exited with {status}", rule.command[0])),
+            Err(e) => Outcome::Failed(e.to_string()),
         }
     }
 
@@ -220,8 +239,13 @@ impl Executor {
         if self.mode == Mode::DryRun {
             return Outcome::DryRun(format!("would {}", described.join(", then ")));
         }
-        match self.retry(|| instance.ec2.tag_action(action.as_str(), &rule.name)).await {
-            Ok(id) => self.audit(json!({"event": "api_call", "rule": rule.name, "operation": "CreateTags", "request_id": id})),
+        match self
+            .retry(|| instance.ec2.tag_action(action.as_str(), &rule.name))
+            .await
+        {
+            Ok(id) => {
+                self.audit(json!({"event": "api_call", "rule": rule.name, "operation": "CreateTags", "request_id": id}));
+            }
             Err(e) => return self.failed(rule, e),
         }
         for step in &steps {
@@ -233,9 +257,11 @@ impl Executor {
                 Step::Terminate => self.retry(|| instance.ec2.terminate()).await,
             };
             match result {
-                Ok(id) => self.audit(json!({
-                    "event": "api_call", "rule": rule.name, "operation": describe(step), "request_id": id,
-                })),
+                Ok(id) => {
+                    self.audit(json!({
+                        "event": "api_call", "rule": rule.name, "operation": describe(step), "request_id": id,
+                    }));
+                }
                 Err(e) => return self.failed(rule, e),
             }
         }
@@ -293,6 +319,18 @@ fn describe(step: &Step) -> String {
 }
 
 /// Writes a message to logged-in terminals with `wall`, where it exists. Best effort.
+/// An error and its sources, as one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 async fn wall(text: &str) {
     use tokio::io::AsyncWriteExt;
     let child = tokio::process::Command::new("wall")

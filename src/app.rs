@@ -13,13 +13,18 @@ use crate::cloud::imds::Imds;
 use crate::config::{Config, Provider};
 use crate::gpu::nvml::NvmlSource;
 use crate::gpu::sampler::{self, Snapshots};
-use crate::metrics::{BuildInfo, SelfMetrics, SnapshotCollector, WatchCollector};
+use crate::metrics::{
+    BuildInfo, HttpCollector, SelfMetrics, SnapshotCollector, StateCollector, WatchCollector,
+};
 use crate::server::{router, ServerState};
-use crate::state::{AuditLog, StateDir};
+use crate::state::{AuditLog, DirError, StateDir};
 use crate::watch::{NodeInfo, Outside, Watch, WatchMetrics};
 
-/// Runs the daemon until SIGINT or SIGTERM.
+/// Runs the daemon until SIGINT or SIGTERM. On the signal it stops taking decisions first
+/// (an action already handed out has its durable in-flight mark), then closes connections within
+/// a short grace period, then returns.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    raise_fd_limit();
     let metrics = Arc::new(SelfMetrics::default());
     let source = NvmlSource::new(
         config.nvml.library.clone(),
@@ -48,7 +53,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             &cloudwatch,
         ))));
     }
-    start_watch(&config, snapshots.clone(), watch_metrics, cloudwatch).await;
+    let http = Arc::new(crate::serve::Stats::default());
+    registry.register_collector(Box::new(HttpCollector(Arc::clone(&http))));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let watch_task = start_watch(
+        &config,
+        snapshots.clone(),
+        watch_metrics,
+        cloudwatch,
+        &mut registry,
+        stop_rx,
+    )
+    .await?;
 
     let listener = tokio::net::TcpListener::bind(config.server.listen)
         .await
@@ -63,13 +79,54 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let app = router(ServerState {
         registry: Arc::new(registry),
         snapshots,
+        long_polls: Arc::new(tokio::sync::Semaphore::new(config.server.max_long_polls)),
     });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("the HTTP server failed")?;
+    let limits = crate::serve::Limits {
+        max_connections: config.server.max_connections,
+        header_read_timeout: config.server.header_read_timeout,
+        ..crate::serve::Limits::default()
+    };
+    let grace = limits.shutdown_grace;
+    let shutdown = async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: no new decisions");
+        // Decisions stop first; then the listener drains.
+        let _ = stop_tx.send(true);
+        if let Some(task) = watch_task {
+            if tokio::time::timeout(grace, task).await.is_err() {
+                tracing::warn!("the cost watch did not stop within {grace:?}; an action in flight keeps its durable mark and is not repeated after a restart");
+            }
+        }
+    };
+    crate::serve::serve(listener, app, limits, http, shutdown).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Raises the soft limit on open files to the hard limit, as servers do: systemd's default
+/// soft limit of 1,024 is low for a daemon that serves connections and writes state. Also
+/// ignores SIGXFSZ, so that a file size limit fails a write (which is counted, and stops
+/// actions) instead of killing the daemon.
+fn raise_fd_limit() {
+    // SAFETY: setting a signal to be ignored has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write the struct we pass, and nothing else.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 || lim.rlim_cur >= lim.rlim_max {
+            return;
+        }
+        let soft = lim.rlim_cur;
+        lim.rlim_cur = lim.rlim_max;
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+            tracing::debug!(from = soft, to = lim.rlim_max, "raised the open-file limit");
+        }
+    }
 }
 
 /// Starts the cost watch: rules, actions, and (with `provider = "aws"`) instance metadata and the
@@ -79,21 +136,34 @@ async fn start_watch(
     snapshots: Snapshots,
     metrics: Arc<WatchMetrics>,
     cloudwatch: Arc<crate::cloudwatch::Counters>,
-) {
+    registry: &mut Registry,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
     if config.rules.is_empty()
         && config.budgets.is_empty()
         && config.cloud.provider == Provider::None
     {
         tracing::info!("no rules, no budgets and no cloud: the cost watch is off");
         if config.cost.hourly_price_usd.is_none() {
-            return;
+            return Ok(None);
         }
     }
     let state_dir = StateDir::new(&config.actions.state_dir);
-    if let Err(e) = state_dir.create() {
-        tracing::error!(dir = %state_dir.path().display(), error = %e, "cannot create the state directory");
+    match state_dir.create() {
+        Ok(()) => {}
+        // Whoever else can write the state directory controls holds and pending actions.
+        Err(e @ (DirError::Writable { .. } | DirError::Owner { .. })) => {
+            return Err(e).context("refusing to run on an unsafe state directory")
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "cannot create the state directory; no action runs until its records can be written")
+        }
     }
-    let audit = Arc::new(AuditLog::new(state_dir.audit_path()));
+    let audit = Arc::new(AuditLog::with_rotation(
+        state_dir.audit_path(),
+        config.actions.audit_rotation,
+    ));
+    registry.register_collector(Box::new(StateCollector(Arc::clone(&audit))));
     let mut outside = Outside::default();
     let mut instance = None;
     let mut imds = None;
@@ -212,6 +282,7 @@ async fn start_watch(
             ec2: instance.map(|i| i.ec2),
             outside: Arc::clone(&outside),
             executor: Arc::clone(&executor),
+            metrics: Arc::clone(&metrics),
             hook: config.spot.interruption_hook.clone(),
             hook_timeout: config.spot.hook_timeout,
             every: config.cloud.poll_interval,
@@ -236,14 +307,14 @@ async fn start_watch(
         metrics,
         outside,
     };
-    let task = tokio::spawn(watch.run(snapshots));
-    tokio::spawn(async move {
-        // The watch never returns; if it panics, no action is taken from then on (the safe
-        // side), and this says so loudly.
+    let task = tokio::spawn(watch.run(snapshots, stop));
+    Ok(Some(tokio::spawn(async move {
+        // The watch returns only on shutdown; if it panics, no action is taken from then on
+        // (the safe side), and this says so loudly.
         if let Err(e) = task.await {
             tracing::error!(error = %e, "the cost watch stopped: no rule is evaluated and no action taken until gpuwatch restarts");
         }
-    });
+    })))
 }
 
 /// An address a browser can open: the wildcard address is shown as localhost.

@@ -134,6 +134,8 @@ pub struct ActionsConfig {
     /// How long EC2 calls are retried through throttling, 5xx and outages.
     pub retry_for: Duration,
     pub state_dir: PathBuf,
+    /// When `audit.jsonl` is rotated, and how many rotated files are kept.
+    pub audit_rotation: crate::state::Rotation,
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -151,6 +153,12 @@ pub struct SpotConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
+    /// Open connections at most; see `serve.rs` for what happens to one more.
+    pub max_connections: usize,
+    /// `/api/v1/snapshot?after=` long-polls in progress at most; the excess gets 503.
+    pub max_long_polls: usize,
+    /// A request head must arrive within this, and an idle connection is closed after it.
+    pub header_read_timeout: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -220,10 +228,7 @@ impl From<ConfigError> for ConfigErrors {
 
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = read_capped(path)?;
         Config::parse(&text, path)
     }
 
@@ -375,6 +380,8 @@ pub struct RawActions {
     pub exec_timeout: String,
     pub retry_for: String,
     pub state_dir: String,
+    pub audit_max_mib: u64,
+    pub audit_keep: u32,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -429,10 +436,7 @@ struct RawRulesFile {
 
 /// Loads rules from a file: the JSON form when it ends in `.json`, else `[[rules]]` tables.
 fn load_rules_file(path: &Path) -> Result<Vec<RawRule>, ConfigErrors> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = read_capped(path)?;
     let source = path.display().to_string();
     if path.extension().is_some_and(|e| e == "json") {
         Ok(crate::rules::json::parse(&text, &source)?)
@@ -451,6 +455,9 @@ fn load_rules_file(path: &Path) -> Result<Vec<RawRule>, ConfigErrors> {
 #[serde(deny_unknown_fields, default)]
 pub struct RawServer {
     pub listen: String,
+    pub max_connections: usize,
+    pub max_long_polls: usize,
+    pub header_read_timeout: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -489,6 +496,8 @@ impl Default for RawConfig {
                 exec_timeout: "60s".to_string(),
                 retry_for: "10m".to_string(),
                 state_dir: "/var/lib/gpuwatch".to_string(),
+                audit_max_mib: 16,
+                audit_keep: 5,
             },
             vetoes: RawVetoes::default(),
             spot: RawSpot {
@@ -512,6 +521,9 @@ impl Default for RawConfig {
             rules: Vec::new(),
             server: RawServer {
                 listen: "0.0.0.0:9400".to_string(),
+                max_connections: 256,
+                max_long_polls: 64,
+                header_read_timeout: "5s".to_string(),
             },
             nvml: RawNvml {
                 library: "libnvidia-ml.so.1".to_string(),
@@ -622,6 +634,31 @@ impl RawConfig {
                 None
             }
         };
+        if !(1..=65_536).contains(&self.server.max_connections) {
+            invalid(
+                "server.max_connections",
+                format!(
+                    "\"{}\" is not a count between 1 and 65536",
+                    self.server.max_connections
+                ),
+            );
+        }
+        // Fewer long-polls than connections, so that a scrape always finds one free.
+        if !(1..self.server.max_connections.max(2)).contains(&self.server.max_long_polls) {
+            invalid(
+                "server.max_long_polls",
+                format!(
+                    "\"{}\" is not a count from 1 to below server.max_connections ({}), which leaves room for scrapes",
+                    self.server.max_long_polls, self.server.max_connections
+                ),
+            );
+        }
+        let header_read_timeout = duration(
+            &mut invalid,
+            "server.header_read_timeout",
+            &self.server.header_read_timeout,
+            Duration::from_millis(100)..=Duration::from_secs(300),
+        );
         if self.nvml.library.trim().is_empty() {
             invalid(
                 "nvml.library",
@@ -632,13 +669,13 @@ impl RawConfig {
             &mut invalid,
             "sampling.interval",
             &self.sampling.interval,
-            Duration::from_millis(10),
+            Duration::from_millis(10)..=Duration::from_secs(3600),
         );
         let timeout = duration(
             &mut invalid,
             "sampling.timeout",
             &self.sampling.timeout,
-            Duration::from_millis(10),
+            Duration::from_millis(10)..=Duration::from_secs(600),
         );
 
         let provider = match self.cloud.provider.as_str() {
@@ -690,19 +727,19 @@ impl RawConfig {
             &mut invalid,
             "actions.boot_grace",
             &self.actions.boot_grace,
-            Duration::ZERO,
+            Duration::ZERO..=WEEK,
         );
         let warning = duration(
             &mut invalid,
             "actions.warning",
             &self.actions.warning,
-            Duration::ZERO,
+            Duration::ZERO..=WEEK,
         );
         let exec_timeout = duration(
             &mut invalid,
             "actions.exec_timeout",
             &self.actions.exec_timeout,
-            Duration::from_millis(10),
+            Duration::from_millis(10)..=Duration::from_secs(3600),
         );
         if self.actions.state_dir.trim().is_empty() {
             invalid(
@@ -714,33 +751,51 @@ impl RawConfig {
             &mut invalid,
             "spot.hook_timeout",
             &self.spot.hook_timeout,
-            Duration::from_millis(10),
+            Duration::from_millis(10)..=Duration::from_secs(600),
         );
         let poll_interval = duration(
             &mut invalid,
             "cloud.poll_interval",
             &self.cloud.poll_interval,
-            Duration::from_millis(10),
+            Duration::from_millis(10)..=Duration::from_secs(3600),
         );
         let tag_poll_interval = duration(
             &mut invalid,
             "cloud.tag_poll_interval",
             &self.cloud.tag_poll_interval,
-            Duration::from_millis(10),
+            Duration::from_millis(10)..=DAY,
         );
         let retry_for = duration(
             &mut invalid,
             "actions.retry_for",
             &self.actions.retry_for,
-            Duration::ZERO,
+            Duration::ZERO..=DAY,
         );
+        if !(1..=1024).contains(&self.actions.audit_max_mib) {
+            invalid(
+                "actions.audit_max_mib",
+                format!(
+                    "\"{}\" is not a size in MiB between 1 and 1024",
+                    self.actions.audit_max_mib
+                ),
+            );
+        }
+        if !(1..=100).contains(&self.actions.audit_keep) {
+            invalid(
+                "actions.audit_keep",
+                format!(
+                    "\"{}\" is not a count of rotated files between 1 and 100",
+                    self.actions.audit_keep
+                ),
+            );
+        }
         if self.vetoes.processes.iter().any(|p| p.trim().is_empty()) {
             invalid("vetoes.processes", "\"\" is not a process name".into());
         }
 
         let hourly_price_usd = match self.cost.hourly_price_usd {
             0.0 => None,
-            p if p > 0.0 && p.is_finite() => Some(p),
+            p if p > 0.0 && p <= 10_000.0 => Some(p),
             p => {
                 invalid(
                     "cost.hourly_price_usd",
@@ -765,7 +820,7 @@ impl RawConfig {
             &mut invalid,
             "cost.spot_price_refresh",
             &self.cost.spot_price_refresh,
-            Duration::from_secs(1),
+            Duration::from_secs(1)..=DAY,
         );
         if !self.cost.pricing_endpoint_url.is_empty()
             && !self.cost.pricing_endpoint_url.starts_with("http")
@@ -782,13 +837,13 @@ impl RawConfig {
             &mut invalid,
             "cloudwatch.interval",
             &self.cloudwatch.interval,
-            Duration::from_secs(1),
+            Duration::from_secs(1)..=Duration::from_secs(3600),
         );
         let cw_queue = duration(
             &mut invalid,
             "cloudwatch.max_queue",
             &self.cloudwatch.max_queue,
-            Duration::from_secs(1),
+            Duration::from_secs(1)..=DAY,
         );
         if self.cloudwatch.namespace.is_empty() || self.cloudwatch.namespace.starts_with("AWS/") {
             invalid(
@@ -858,7 +913,12 @@ impl RawConfig {
             ) if errors.is_empty() => {
                 let opt = |s: String| (!s.trim().is_empty()).then_some(s);
                 Ok(Config {
-                    server: ServerConfig { listen },
+                    server: ServerConfig {
+                        listen,
+                        max_connections: self.server.max_connections,
+                        max_long_polls: self.server.max_long_polls,
+                        header_read_timeout: header_read_timeout.unwrap_or_default(),
+                    },
                     nvml: NvmlConfig {
                         library: PathBuf::from(self.nvml.library),
                     },
@@ -885,6 +945,10 @@ impl RawConfig {
                         exec_timeout: exec_timeout.unwrap_or_default(),
                         retry_for: retry_for.unwrap_or_default(),
                         state_dir: PathBuf::from(self.actions.state_dir),
+                        audit_rotation: crate::state::Rotation {
+                            max_bytes: self.actions.audit_max_mib << 20,
+                            keep: self.actions.audit_keep,
+                        },
                     },
                     vetoes: VetoesConfig {
                         ssh_sessions: self.vetoes.ssh_sessions,
@@ -946,9 +1010,7 @@ impl RawBudget {
                 message,
             })
         };
-        if self.name.trim().is_empty() {
-            invalid("name", "\"\" is empty; every budget needs a name".into());
-        }
+        check_name(&mut invalid, "budget", &self.name);
         let source = match self.source.as_str() {
             "local" => Some(BudgetSource::Local),
             "aws_budgets" => match self.account_id.as_deref() {
@@ -1024,7 +1086,7 @@ impl RawBudget {
             &mut invalid,
             "poll_interval",
             &self.poll_interval,
-            Duration::from_secs(1),
+            Duration::from_secs(1)..=DAY,
         );
         match (source, on_exhausted, poll_interval) {
             (Some(source), Some(on_exhausted), Some(poll_interval)) if errors.is_empty() => {
@@ -1080,9 +1142,7 @@ impl RawRule {
             }
             found
         }
-        if self.name.trim().is_empty() {
-            invalid("name", "\"\" is empty; every rule needs a name".into());
-        }
+        check_name(&mut invalid, "rule", &self.name);
         let metric = pick(
             &mut invalid,
             "metric",
@@ -1154,9 +1214,43 @@ impl RawRule {
                 invalid("threshold", format!("\"{}\" is not {what}", self.threshold));
             }
         }
-        let period = duration(&mut invalid, "period", &self.period, Duration::from_secs(1));
-        if self.evaluation_periods == 0 {
-            invalid("evaluation_periods", "\"0\" must be at least 1".into());
+        let period = duration(
+            &mut invalid,
+            "period",
+            &self.period,
+            Duration::from_secs(1)..=DAY,
+        );
+        if self.evaluation_periods == 0 || self.evaluation_periods > MAX_EVALUATION_PERIODS {
+            invalid(
+                "evaluation_periods",
+                format!(
+                    "\"{}\" must be between 1 and {MAX_EVALUATION_PERIODS}",
+                    self.evaluation_periods
+                ),
+            );
+        } else if let Some(p) = period {
+            if p * self.evaluation_periods > MAX_RULE_SPAN {
+                invalid(
+                    "evaluation_periods",
+                    format!(
+                        "\"{}\" periods of \"{}\" span more than {} days",
+                        self.evaluation_periods,
+                        self.period,
+                        MAX_RULE_SPAN.as_secs() / 86_400
+                    ),
+                );
+            }
+        }
+        if let Some(g) = &self.budget {
+            if !(g.spent_at_least.is_finite() && (0.0..=10.0).contains(&g.spent_at_least)) {
+                invalid(
+                    "budget.spent_at_least",
+                    format!(
+                        "\"{}\" is not a share of the budget between 0 and 10, such as 0.8",
+                        g.spent_at_least
+                    ),
+                );
+            }
         }
         let m = self.datapoints_to_alarm.unwrap_or(self.evaluation_periods);
         if m == 0 || m > self.evaluation_periods {
@@ -1210,20 +1304,36 @@ impl RawRule {
     }
 }
 
+/// Bounds that keep every duration sane: no config value may make a timer overflow or a loop
+/// wait for centuries.
+const DAY: Duration = Duration::from_secs(86_400);
+const WEEK: Duration = Duration::from_secs(7 * 86_400);
+
 fn duration(
     invalid: &mut impl FnMut(&str, String),
     key: &str,
     text: &str,
-    min: Duration,
+    range: std::ops::RangeInclusive<Duration>,
 ) -> Option<Duration> {
+    let show = |d: &Duration| humantime::format_duration(*d).to_string();
     match humantime::parse_duration(text) {
-        Ok(d) if d >= min => Some(d),
-        Ok(_) => {
+        Ok(d) if range.contains(&d) => Some(d),
+        Ok(d) if d < *range.start() => {
             invalid(
                 key,
                 format!(
                     "\"{text}\" is too short; the least is \"{}\"",
-                    humantime::format_duration(min)
+                    show(range.start())
+                ),
+            );
+            None
+        }
+        Ok(_) => {
+            invalid(
+                key,
+                format!(
+                    "\"{text}\" is too long; the most is \"{}\"",
+                    show(range.end())
                 ),
             );
             None
@@ -1236,6 +1346,59 @@ fn duration(
             None
         }
     }
+}
+
+/// The most evaluation periods a rule may look back over (a week of one-minute periods), and
+/// the longest span they may cover. Beyond them a rule is a mistake, and would cost memory.
+pub const MAX_EVALUATION_PERIODS: u32 = 10_080;
+const MAX_RULE_SPAN: Duration = Duration::from_secs(31 * 86_400);
+
+/// The longest rule or budget name: names are label values and log fields.
+const MAX_NAME: usize = 128;
+
+/// Checks a rule or budget name: not empty, not too long, no control characters.
+fn check_name(invalid: &mut impl FnMut(&str, String), what: &str, name: &str) {
+    if name.trim().is_empty() {
+        invalid("name", format!("\"\" is empty; every {what} needs a name"));
+    } else if name.chars().count() > MAX_NAME {
+        invalid(
+            "name",
+            format!(
+                "\"{}...\" is longer than {MAX_NAME} characters",
+                name.chars().take(32).collect::<String>()
+            ),
+        );
+    } else if name.chars().any(char::is_control) {
+        invalid(
+            "name",
+            format!("{name:?} contains a control character (a newline or tab, say)"),
+        );
+    }
+}
+
+/// The largest config or rules file read: enough for thousands of rules, and a bound against
+/// `/dev/zero` or a runaway file.
+pub const MAX_FILE_BYTES: u64 = 4 << 20;
+
+/// Reads a config or rules file, refusing anything larger than `MAX_FILE_BYTES`.
+pub fn read_capped(path: &Path) -> Result<String, ConfigError> {
+    use std::io::Read as _;
+    let err = |source: std::io::Error| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(err)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(err)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(err(std::io::Error::other(format!(
+            "larger than {} MiB; is this the right file?",
+            MAX_FILE_BYTES >> 20
+        ))));
+    }
+    String::from_utf8(bytes).map_err(|_| err(std::io::Error::other("not UTF-8 text")))
 }
 
 /// serde says "unknown field "x", expected one of ..."; config files have keys.

@@ -198,7 +198,7 @@ fn simulate(
     json: bool,
     options: &gpuwatch::simulate::Options,
 ) -> ExitCode {
-    let text = match std::fs::read_to_string(trace) {
+    let text = match gpuwatch::simulate::read_trace(trace) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("simulate: {}: cannot read: {e}", trace.display());
@@ -245,13 +245,24 @@ fn simulate(
 }
 
 fn hold(config: &Config, duration: &str, reason: &str) -> ExitCode {
+    // A year at most: a hold past that is a mistake, and a hold that never ends would be
+    // written as "never", which reads as unreadable.
+    const MAX_HOLD: std::time::Duration = std::time::Duration::from_secs(366 * 86_400);
     let d = match humantime::parse_duration(duration) {
-        Ok(d) if !d.is_zero() => d,
+        Ok(d) if !d.is_zero() && d <= MAX_HOLD => d,
+        Ok(d) if d > MAX_HOLD => {
+            eprintln!("hold: \"{duration}\" is longer than a year; hold again when it expires");
+            return ExitCode::from(EXIT_CONFIG as u8);
+        }
         _ => {
             eprintln!("hold: \"{duration}\" is not a duration, such as \"3h\" or \"90m\"");
             return ExitCode::from(EXIT_CONFIG as u8);
         }
     };
+    if reason.len() > 1024 || reason.chars().any(char::is_control) {
+        eprintln!("hold: the reason must be one line of at most 1024 bytes");
+        return ExitCode::from(EXIT_CONFIG as u8);
+    }
     let until = gpuwatch::time::now() + d.as_secs_f64();
     let dir = gpuwatch::state::StateDir::new(&config.actions.state_dir);
     let hold = gpuwatch::state::Hold {

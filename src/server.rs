@@ -14,12 +14,14 @@ use serde::Deserialize;
 use crate::gpu::sampler::Snapshots;
 
 /// The longest `/api/v1/snapshot?after=` waits for a new sample.
-const MAX_WAIT: Duration = Duration::from_secs(60);
+pub const MAX_WAIT: Duration = Duration::from_secs(30);
 
 #[derive(Clone)]
 pub struct ServerState {
     pub registry: Arc<Registry>,
     pub snapshots: Snapshots,
+    /// Permits for long-polls in progress; when none is left, a long-poll gets 503.
+    pub long_polls: Arc<tokio::sync::Semaphore>,
 }
 
 pub fn router(state: ServerState) -> Router {
@@ -66,7 +68,25 @@ struct SnapshotQuery {
 async fn snapshot(State(state): State<ServerState>, Query(q): Query<SnapshotQuery>) -> Response {
     let snap = match q.after {
         None => state.snapshots.latest(),
+        Some(after) if after > state.snapshots.latest().seq.saturating_add(1) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "after: {after} is beyond the next sample ({}); use the seq of a snapshot you have\n",
+                    state.snapshots.latest().seq + 1
+                ),
+            )
+                .into_response()
+        }
         Some(after) => {
+            let Ok(_permit) = state.long_polls.try_acquire() else {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [(header::RETRY_AFTER, "1")],
+                    "too many long-polls in progress; retry shortly\n",
+                )
+                    .into_response();
+            };
             let wait = match q.timeout.as_deref().map(humantime::parse_duration) {
                 None => Duration::from_secs(10),
                 Some(Ok(d)) => d.min(MAX_WAIT),

@@ -31,6 +31,25 @@ pub struct TraceError {
     pub message: String,
 }
 
+/// The largest trace read: millions of rows, and a bound against `/dev/zero`.
+pub const MAX_TRACE_BYTES: u64 = 1 << 30;
+
+/// Reads a trace file of at most `MAX_TRACE_BYTES`.
+pub fn read_trace(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_TRACE_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_TRACE_BYTES {
+        return Err(std::io::Error::other(format!(
+            "larger than {} GiB",
+            MAX_TRACE_BYTES >> 30
+        )));
+    }
+    String::from_utf8(bytes).map_err(|_| std::io::Error::other("not UTF-8 text"))
+}
+
 pub fn parse_trace(text: &str) -> Result<Vec<Row>, TraceError> {
     let mut rows = Vec::new();
     for (n, raw) in text.lines().enumerate() {
@@ -61,6 +80,12 @@ pub fn parse_trace(text: &str) -> Result<Vec<Row>, TraceError> {
                 cols[0]
             )));
         };
+        if !(0.0..=crate::time::MAX_UNIX_SECONDS).contains(&t) {
+            return Err(err(format!(
+                "timestamp \"{}\" is not a time between 1970 and 9999",
+                cols[0]
+            )));
+        }
         let gpu = cols[1]
             .parse::<u32>()
             .map_err(|_| err(format!("gpu \"{}\" is not a GPU index", cols[1])))?;
@@ -171,6 +196,11 @@ pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Repo
             grouped.entry(i).or_default().push(r);
         }
     }
+    // Sorted by GPU, each timestamp's rows are found by binary search: the lookup stays
+    // linear-logarithmic in the number of GPUs, not quadratic.
+    for at in grouped.values_mut() {
+        at.sort_by_key(|r| r.gpu);
+    }
     let step = typical_step(&times);
     let settings = Settings {
         warning: config.actions.warning,
@@ -195,7 +225,10 @@ pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Repo
                     index: g,
                     ..GpuReading::default()
                 };
-                let row = at.iter().find(|row| row.gpu == g);
+                let row = at
+                    .binary_search_by_key(&g, |row| row.gpu)
+                    .ok()
+                    .map(|i| at[i]);
                 r.set(Metric::GpuUtilization, row.and_then(|row| row.utilization));
                 let ratio = |v: Option<f64>, total: Option<f64>| match (v, total) {
                     (Some(v), Some(t)) if t > 0.0 => Some(v / t),
@@ -371,6 +404,11 @@ mod tests {
             e.to_string(),
             "trace line 1: memory_used_bytes \"-3\" is not a number of 0 or more"
         );
+        for bad in ["inf", "NaN", "-inf", "1e300", "-1"] {
+            let e = parse_trace(&format!("1,0,0.1\n{bad},0,0.1\n")).unwrap_err();
+            assert_eq!(e.line, 2, "{bad}");
+            assert!(e.message.contains("between 1970 and 9999"), "{bad}: {e}");
+        }
         let e = parse_trace("1,0,150%\n").unwrap_err();
         assert_eq!(
             e.to_string(),

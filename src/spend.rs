@@ -282,8 +282,10 @@ pub async fn send_alert(
     executor.notify(&text, false).await;
     if let (Some(topic), Some(s)) = (budget.and_then(|b| b.sns_topic_arn.as_deref()), services) {
         match s.publish(topic, "gpuwatch budget alert", &text).await {
-            Ok(id) => executor
-                .audit(json!({"event": "sns_publish", "budget": c.budget, "message_id": id})),
+            Ok(id) => {
+                executor
+                    .audit(json!({"event": "sns_publish", "budget": c.budget, "message_id": id}));
+            }
             Err(e) => tracing::warn!(error = %e, topic, "cannot publish the budget alert to SNS"),
         }
     }

@@ -1,10 +1,15 @@
 //! The state directory: rule windows, pending and in-flight actions, and the local hold.
 //!
-//! Writes are atomic (temporary file, fsync, rename). A missing or corrupt state file is logged
-//! and replaced by a fresh state, which starts with boot grace again; it never stops the daemon.
+//! Writes are atomic: a temporary file with a unique name (created `O_EXCL`, mode 0600), fsync,
+//! rename. The directory is 0700 and every file in it 0600, whatever the umask: it holds the
+//! instance id, spend and process names, and whoever can write it controls the holds. A missing
+//! or corrupt state file is logged and replaced by a fresh state, which starts with boot grace
+//! again. A state file that exists but cannot be read (an I/O error) is not replaced: the caller
+//! waits until it reads, and takes no action meanwhile.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -14,6 +19,11 @@ use crate::rules::engine;
 const STATE_FILE: &str = "state.json";
 const HOLD_FILE: &str = "hold.json";
 const AUDIT_FILE: &str = "audit.jsonl";
+
+/// The largest `state.json` or `hold.json` read: far beyond any real state, and a bound
+/// against a file that was replaced by something else.
+const MAX_STATE_BYTES: u64 = 64 << 20;
+const MAX_HOLD_BYTES: u64 = 64 << 10;
 
 /// Everything that must survive a restart.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -63,8 +73,26 @@ impl HoldStatus {
 pub enum LoadError {
     /// A first start.
     Missing(String),
-    /// Unreadable or corrupt: worth a warning.
+    /// The file is there but does not parse: it is kept aside and a fresh state starts.
     Corrupt(String),
+    /// The file is there but cannot be read (an I/O error): it is kept, and nothing may act
+    /// until it reads, since it may hold an action in flight.
+    Unreadable(String),
+}
+
+/// Why the state directory cannot be trusted.
+#[derive(Debug, thiserror::Error)]
+pub enum DirError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{path} can be written by {who} (mode {mode:o}); whoever can write it controls the holds and the pending actions: make it writable by its owner only (chmod go-w)")]
+    Writable {
+        path: PathBuf,
+        who: &'static str,
+        mode: u32,
+    },
+    #[error("{path} belongs to uid {owner}, not to uid {me} that gpuwatch runs as")]
+    Owner { path: PathBuf, owner: u32, me: u32 },
 }
 
 #[derive(Debug, Clone)]
@@ -85,15 +113,54 @@ impl StateDir {
         self.dir.join(AUDIT_FILE)
     }
 
-    pub fn create(&self) -> io::Result<()> {
-        fs::create_dir_all(&self.dir)
+    /// Creates the directory (0700), or checks the one that is there: it must belong to the
+    /// user gpuwatch runs as (or root) and be writable by nobody else, and so must `hold.json`.
+    /// A directory that others can only read is tightened to 0700.
+    pub fn create(&self) -> Result<(), DirError> {
+        let io_err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| DirError::Io { path, source }
+        };
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)
+            .map_err(io_err(&self.dir))?;
+        let meta = fs::metadata(&self.dir).map_err(io_err(&self.dir))?;
+        check_private(&self.dir, &meta)?;
+        if meta.mode() & 0o077 != 0 {
+            fs::set_permissions(&self.dir, fs::Permissions::from_mode(0o700))
+                .map_err(io_err(&self.dir))?;
+        }
+        let hold = self.dir.join(HOLD_FILE);
+        match fs::symlink_metadata(&hold) {
+            Ok(m) => check_private(&hold, &m)?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(&hold)(e)),
+        }
+        Ok(())
     }
 
-    /// Loads the persisted state. `Err` carries the log line for a missing or corrupt file; the
-    /// caller starts fresh. A corrupt file is kept beside as `state.json.corrupt`.
+    /// Removes temporary `state.json` files that a crash left behind. Only the daemon writes
+    /// `state.json`, so at its start none of them is in use.
+    pub fn remove_stale_temps(&self) {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with(".state.json.") && name.ends_with(".tmp") {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+
+    /// Loads the persisted state. `Err` carries the log line for a missing, corrupt or
+    /// unreadable file. A corrupt file is kept beside as `state.json.corrupt`.
     pub fn load(&self) -> Result<Persisted, LoadError> {
         let path = self.dir.join(STATE_FILE);
-        let text = match fs::read_to_string(&path) {
+        let text = match read_capped(&path, MAX_STATE_BYTES) {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(LoadError::Missing(format!(
@@ -101,22 +168,28 @@ impl StateDir {
                     path.display()
                 )))
             }
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                return Err(self.set_aside(&path, &e.to_string()))
+            }
             Err(e) => {
-                return Err(LoadError::Corrupt(format!(
-                    "cannot read {}: {e}; starting fresh with boot grace",
+                return Err(LoadError::Unreadable(format!(
+                    "cannot read {}: {e}; no rule acts until it reads",
                     path.display()
                 )))
             }
         };
-        serde_json::from_str(&text).map_err(|e| {
-            let aside = self.dir.join("state.json.corrupt");
-            let _ = fs::rename(&path, &aside);
-            LoadError::Corrupt(format!(
-                "{} is corrupt ({e}); kept as {}, starting fresh with boot grace",
-                path.display(),
-                aside.display()
-            ))
-        })
+        serde_json::from_str(&text).map_err(|e| self.set_aside(&path, &e.to_string()))
+    }
+
+    /// Keeps a corrupt state file as `state.json.corrupt`, for a person to look at.
+    fn set_aside(&self, path: &Path, why: &str) -> LoadError {
+        let aside = self.dir.join("state.json.corrupt");
+        let _ = fs::rename(path, &aside);
+        LoadError::Corrupt(format!(
+            "{} is corrupt ({why}); kept as {}, starting fresh with boot grace",
+            path.display(),
+            aside.display()
+        ))
     }
 
     /// Saves the state atomically; `durable` adds the fsyncs that survive a power cut.
@@ -127,7 +200,7 @@ impl StateDir {
 
     pub fn hold(&self) -> HoldStatus {
         let path = self.dir.join(HOLD_FILE);
-        let text = match fs::read_to_string(&path) {
+        let text = match read_capped(&path, MAX_HOLD_BYTES) {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return HoldStatus::None,
             Err(e) => {
@@ -138,7 +211,7 @@ impl StateDir {
             Ok(h) => match crate::time::parse_rfc3339(&h.until) {
                 Some(t) => HoldStatus::Until(t, h.reason),
                 None => HoldStatus::Unreadable(format!(
-                    "{}: until \"{}\" is not RFC 3339",
+                    "{}: until {:?} is not RFC 3339",
                     path.display(),
                     h.until
                 )),
@@ -148,7 +221,7 @@ impl StateDir {
     }
 
     pub fn set_hold(&self, hold: &Hold) -> io::Result<()> {
-        self.create()?;
+        self.create().map_err(io::Error::other)?;
         let body = serde_json::to_vec_pretty(hold).map_err(io::Error::other)?;
         write_atomic(&self.dir.join(HOLD_FILE), &body, true)
     }
@@ -163,6 +236,55 @@ impl StateDir {
     }
 }
 
+/// Refuses a path that another user can write: through its mode, or by owning it.
+fn check_private(path: &Path, meta: &fs::Metadata) -> Result<(), DirError> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me && meta.uid() != 0 {
+        return Err(DirError::Owner {
+            path: path.to_path_buf(),
+            owner: meta.uid(),
+            me,
+        });
+    }
+    let mode = meta.mode() & 0o7777;
+    let who = if mode & 0o002 != 0 {
+        "every user"
+    } else if mode & 0o020 != 0 {
+        "its group"
+    } else {
+        return Ok(());
+    };
+    Err(DirError::Writable {
+        path: path.to_path_buf(),
+        who,
+        mode,
+    })
+}
+
+/// Reads a file of at most `max` bytes, not following a symlink. A larger file, or one that is
+/// not UTF-8, is `InvalidData`.
+fn read_capped(path: &Path, max: u64) -> io::Result<String> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    let mut bytes = Vec::new();
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is larger than {max} bytes", path.display()),
+        ));
+    }
+    String::from_utf8(bytes).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is not UTF-8", path.display()),
+        )
+    })
+}
+
 /// Runs blocking file I/O (fsyncs, /proc scans) so that it does not stall an async worker: on a
 /// multi-threaded runtime the worker hands its other tasks off first. Elsewhere it just runs.
 pub fn off_async<T>(f: impl FnOnce() -> T) -> T {
@@ -175,49 +297,173 @@ pub fn off_async<T>(f: impl FnOnce() -> T) -> T {
 }
 
 /// Writes `body` to `path` through a temporary file and a rename, so that readers and a crash
-/// see either the old file or the new one, never a mix.
+/// see either the old file or the new one, never a mix. The temporary file has a unique name
+/// and is created exclusively with mode 0600, so a symlink planted in the directory is never
+/// followed, and two writers never share one.
 pub fn write_atomic(path: &Path, body: &[u8], durable: bool) -> io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(body)?;
-        if durable {
-            f.sync_all()?;
-        }
-    }
-    fs::rename(&tmp, path)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".tmp")
+        .permissions(fs::Permissions::from_mode(0o600))
+        .tempfile_in(dir)?;
+    tmp.write_all(body)?;
     if durable {
-        if let Some(dir) = path.parent() {
-            File::open(dir)?.sync_all()?;
-        }
+        tmp.as_file().sync_all()?;
+    }
+    tmp.persist(path).map_err(|e| e.error)?;
+    if durable {
+        File::open(dir)?.sync_all()?;
     }
     Ok(())
 }
 
-/// The append-only audit log: one JSON object per line, fsynced per record.
+/// A write or read of the state directory, for `gpuwatch_state_errors_total{op}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum DiskOp {
+    /// `state.json` could not be saved.
+    Save,
+    /// An audit record could not be written.
+    Audit,
+    /// `state.json` exists but could not be read.
+    Load,
+}
+
+impl DiskOp {
+    pub const ALL: [DiskOp; 3] = [DiskOp::Save, DiskOp::Audit, DiskOp::Load];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiskOp::Save => "save",
+            DiskOp::Audit => "audit",
+            DiskOp::Load => "load",
+        }
+    }
+}
+
+/// Failed state-directory operations, by kind. Lock-free.
+#[derive(Debug, Default)]
+pub struct DiskErrors([std::sync::atomic::AtomicU64; DiskOp::ALL.len()]);
+
+impl DiskErrors {
+    pub fn count(&self, op: DiskOp) {
+        self.0[op as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn get(&self, op: DiskOp) -> u64 {
+        self.0[op as usize].load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// How large `audit.jsonl` grows before it is rotated, and how many rotated files are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rotation {
+    pub max_bytes: u64,
+    pub keep: u32,
+}
+
+impl Default for Rotation {
+    fn default() -> Self {
+        Rotation {
+            max_bytes: 16 << 20,
+            keep: 5,
+        }
+    }
+}
+
+/// The append-only audit log: one JSON object per line, fsynced per record, rotated by size
+/// (`audit.jsonl.1` is the newest rotated file). A record is never split across files, and a
+/// line torn by a full disk never merges with the next record: that starts on a line of its own.
 #[derive(Debug)]
 pub struct AuditLog {
     path: PathBuf,
+    rotation: Rotation,
+    lock: std::sync::Mutex<()>,
+    /// Failures of the whole state directory, counted where they happen.
+    pub errors: DiskErrors,
 }
 
 impl AuditLog {
     pub fn new(path: PathBuf) -> AuditLog {
-        AuditLog { path }
+        AuditLog::with_rotation(path, Rotation::default())
+    }
+
+    pub fn with_rotation(path: PathBuf, rotation: Rotation) -> AuditLog {
+        AuditLog {
+            path,
+            rotation,
+            lock: std::sync::Mutex::new(()),
+            errors: DiskErrors::default(),
+        }
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
 
+    /// Appends one record durably. `Err` means it may not be on disk.
     pub fn append(&self, record: &serde_json::Value) -> io::Result<()> {
         let mut line = serde_json::to_vec(record).map_err(io::Error::other)?;
         line.push(b'\n');
-        let mut f = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.path)?;
+        let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = self.open()?;
+        let len = f.metadata()?.len();
+        if len > 0 && len + line.len() as u64 > self.rotation.max_bytes {
+            drop(f);
+            self.rotate()?;
+            f = self.open()?;
+        } else if len > 0 {
+            use std::os::unix::fs::FileExt;
+            let mut last = [0u8];
+            f.read_exact_at(&mut last, len - 1)?;
+            if last[0] != b'\n' {
+                // A record torn by a failed write: end its line so this one stands alone.
+                line.insert(0, b'\n');
+            }
+        }
         f.write_all(&line)?;
         f.sync_data()
+    }
+
+    fn open(&self) -> io::Result<File> {
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .read(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&self.path)
+    }
+
+    /// `audit.jsonl` becomes `audit.jsonl.1`, `.1` becomes `.2`, and so on; the oldest beyond
+    /// `keep` is dropped.
+    fn rotate(&self) -> io::Result<()> {
+        let numbered = |n: u32| {
+            let mut p = self.path.clone().into_os_string();
+            p.push(format!(".{n}"));
+            PathBuf::from(p)
+        };
+        let keep = self.rotation.keep.max(1);
+        match fs::remove_file(numbered(keep)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        for n in (1..keep).rev() {
+            match fs::rename(numbered(n), numbered(n + 1)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        fs::rename(&self.path, numbered(1))?;
+        if let Some(dir) = self.path.parent() {
+            File::open(dir)?.sync_all()?;
+        }
+        Ok(())
     }
 }
 
@@ -266,5 +512,141 @@ mod tests {
         assert_eq!(sd.hold().until(), Some(f64::INFINITY));
         assert!(sd.release().unwrap());
         assert!(!sd.release().unwrap());
+    }
+
+    fn mode(path: &Path) -> u32 {
+        fs::symlink_metadata(path).unwrap().mode() & 0o777
+    }
+
+    #[test]
+    fn the_directory_and_its_files_are_private() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("state");
+        let sd = StateDir::new(&dir);
+        sd.create().unwrap();
+        assert_eq!(mode(&dir), 0o700);
+        sd.save(&Persisted::default(), true).unwrap();
+        assert_eq!(mode(&dir.join(STATE_FILE)), 0o600);
+        sd.set_hold(&Hold {
+            until: "2099-01-01T00:00:00Z".into(),
+            reason: String::new(),
+        })
+        .unwrap();
+        assert_eq!(mode(&dir.join(HOLD_FILE)), 0o600);
+        let audit = AuditLog::new(sd.audit_path());
+        audit.append(&serde_json::json!({"event": "x"})).unwrap();
+        assert_eq!(mode(&sd.audit_path()), 0o600);
+        // No temporary file is left behind.
+        let names: Vec<String> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
+
+        // A directory others can read (as older versions made it) is tightened.
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        sd.create().unwrap();
+        assert_eq!(mode(&dir), 0o700);
+    }
+
+    #[test]
+    fn a_directory_or_hold_others_can_write_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(root.path());
+        fs::set_permissions(root.path(), fs::Permissions::from_mode(0o777)).unwrap();
+        let e = sd.create().unwrap_err().to_string();
+        assert!(e.contains("every user") && e.contains("chmod go-w"), "{e}");
+        fs::set_permissions(root.path(), fs::Permissions::from_mode(0o770)).unwrap();
+        let e = sd.create().unwrap_err().to_string();
+        assert!(e.contains("its group"), "{e}");
+        fs::set_permissions(root.path(), fs::Permissions::from_mode(0o700)).unwrap();
+        fs::write(root.path().join(HOLD_FILE), "{}").unwrap();
+        fs::set_permissions(
+            root.path().join(HOLD_FILE),
+            fs::Permissions::from_mode(0o666),
+        )
+        .unwrap();
+        let e = sd.create().unwrap_err().to_string();
+        assert!(e.contains("hold.json") && e.contains("every user"), "{e}");
+    }
+
+    #[test]
+    fn planted_symlinks_are_never_followed() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("state");
+        let sd = StateDir::new(&dir);
+        sd.create().unwrap();
+        let victim = root.path().join("victim");
+        fs::write(&victim, "precious").unwrap();
+        // The old fixed temporary name, and the audit log itself.
+        std::os::unix::fs::symlink(&victim, dir.join("state.tmp")).unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join(".state.json.tmp")).unwrap();
+        std::os::unix::fs::symlink(&victim, sd.audit_path()).unwrap();
+        sd.save(&Persisted::default(), true).unwrap();
+        assert!(AuditLog::new(sd.audit_path())
+            .append(&serde_json::json!({"event": "x"}))
+            .is_err());
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
+        // A hold that is a symlink is unreadable, and so holds.
+        std::os::unix::fs::symlink(&victim, dir.join(HOLD_FILE)).unwrap();
+        assert!(matches!(sd.hold(), HoldStatus::Unreadable(_)));
+    }
+
+    #[test]
+    fn a_state_file_that_cannot_be_read_is_kept_and_unknown() {
+        let dir = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(dir.path());
+        // An I/O error (here: a directory where the file should be), not a parse error.
+        fs::create_dir(dir.path().join(STATE_FILE)).unwrap();
+        let Err(LoadError::Unreadable(e)) = sd.load() else {
+            panic!("not unreadable")
+        };
+        assert!(e.contains("no rule acts"), "{e}");
+        assert!(dir.path().join(STATE_FILE).is_dir());
+        assert!(!dir.path().join("state.json.corrupt").exists());
+    }
+
+    #[test]
+    fn the_audit_log_rotates_by_size_and_count_without_splitting_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(AUDIT_FILE);
+        let log = AuditLog::with_rotation(
+            path.clone(),
+            Rotation {
+                max_bytes: 200,
+                keep: 2,
+            },
+        );
+        for i in 0..20 {
+            log.append(&serde_json::json!({"event": "tick", "n": i, "pad": "x".repeat(40)}))
+                .unwrap();
+        }
+        let mut seen = Vec::new();
+        for name in ["audit.jsonl.2", "audit.jsonl.1", "audit.jsonl"] {
+            let text = fs::read_to_string(dir.path().join(name)).unwrap();
+            assert!(text.len() <= 200, "{name}: {}", text.len());
+            for line in text.lines() {
+                let v: serde_json::Value = serde_json::from_str(line).unwrap();
+                seen.push(v["n"].as_u64().unwrap());
+            }
+        }
+        assert!(!dir.path().join("audit.jsonl.3").exists());
+        // The newest records, in order, none split.
+        assert_eq!(seen.last(), Some(&19));
+        assert!(seen.windows(2).all(|w| w[1] == w[0] + 1), "{seen:?}");
+    }
+
+    #[test]
+    fn a_torn_line_never_merges_with_the_next_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(AUDIT_FILE);
+        fs::write(&path, "{\"event\":\"ok\"}\n{\"event\":\"tor").unwrap();
+        AuditLog::new(path.clone())
+            .append(&serde_json::json!({"event": "next"}))
+            .unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert_eq!(lines[2], "{\"event\":\"next\"}");
     }
 }

@@ -11,10 +11,13 @@ pub fn now() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The last second of the year 9999: no input time beyond it is believed.
+pub const MAX_UNIX_SECONDS: f64 = 253_402_300_799.0;
+
 /// Formats Unix seconds as RFC 3339 UTC, to the second. A time that is not finite (a hold
 /// without end) is "never".
 pub fn rfc3339(t: f64) -> String {
-    if !t.is_finite() || t > 253_402_300_799.0 {
+    if !t.is_finite() || t > MAX_UNIX_SECONDS {
         return "never".to_string();
     }
     let t = UNIX_EPOCH + Duration::from_secs_f64(t.max(0.0));
@@ -31,20 +34,29 @@ pub fn parse_rfc3339(text: &str) -> Option<f64> {
     Some(secs - offset)
 }
 
-/// Splits a trailing `Z` or `±HH:MM` off, returning the offset in seconds.
+/// Splits a trailing `Z` or `±HH:MM` off, returning the offset in seconds. The offset is exactly
+/// two digits, a colon and two digits, within ±23:59: nothing else (no `+inf:0`, no `+NaN:0`).
 fn split_offset(text: &str) -> Option<(&str, f64)> {
     if let Some(base) = text.strip_suffix('Z').or_else(|| text.strip_suffix('z')) {
         return Some((base, 0.0));
     }
-    let tail = text.get(text.len().checked_sub(6)?..)?;
-    let sign = match tail.as_bytes()[0] {
+    let split = text.len().checked_sub(6)?;
+    let tail = text.get(split..)?.as_bytes();
+    let sign = match tail[0] {
         b'+' => 1.0,
         b'-' => -1.0,
         _ => return None,
     };
-    let (h, m) = tail[1..].split_once(':')?;
-    let offset = sign * (h.parse::<f64>().ok()? * 3600.0 + m.parse::<f64>().ok()? * 60.0);
-    Some((&text[..text.len() - 6], offset))
+    let digit = |i: usize| tail[i].is_ascii_digit().then(|| f64::from(tail[i] - b'0'));
+    if tail[3] != b':' {
+        return None;
+    }
+    let hours = digit(1)? * 10.0 + digit(2)?;
+    let minutes = digit(4)? * 10.0 + digit(5)?;
+    if hours > 23.0 || minutes > 59.0 {
+        return None;
+    }
+    Some((&text[..split], sign * (hours * 3600.0 + minutes * 60.0)))
 }
 
 /// Serializes Unix seconds as RFC 3339, for evidence a person reads.
@@ -76,5 +88,29 @@ mod tests {
         assert_eq!(rfc3339(f64::INFINITY), "never");
         assert_eq!(rfc3339(f64::NAN), "never");
         assert_eq!(parse_rfc3339("2026-11-30T00:53:20"), None);
+    }
+
+    #[test]
+    fn offsets_are_strict() {
+        // Each of these once parsed, as a float offset, and a NaN expiry dropped a hold.
+        for bad in [
+            "2099-01-01T00:00:00+NaN:0",
+            "2099-01-01T00:00:00+inf:0",
+            "2099-01-01T00:00:00-1e9:0",
+            "2099-01-01T00:00:00+1:000",
+            "2099-01-01T00:00:00+24:00",
+            "2099-01-01T00:00:00+05:60",
+            "2099-01-01T00:00:00+0a:00",
+            "2099-01-01T00:00:00+05-00",
+            "2099-01-01T00:00:00+-5:00",
+            "+05:00",
+            "",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
+        assert_eq!(
+            parse_rfc3339("2026-11-30T00:53:20+23:59"),
+            Some(1_796_000_000.0 - 86_340.0)
+        );
     }
 }

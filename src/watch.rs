@@ -25,6 +25,10 @@ pub struct WatchView {
     pub actions: BTreeMap<(String, String), u64>,
     pub hold_until: Option<f64>,
     pub interruption: Option<f64>,
+    /// When the current spot rebalance recommendation was issued.
+    pub rebalance: Option<f64>,
+    /// Instance metadata reads that failed.
+    pub imds_errors: u64,
     pub node: Option<NodeInfo>,
     pub cost: crate::spend::CostView,
 }
@@ -61,7 +65,7 @@ pub struct Outside {
     pub lifecycle: Option<Lifecycle>,
     /// An instance-tag hold (`gpuwatch:hold`), refreshed by the cloud poller.
     pub tag_hold: Mutex<HoldStatus>,
-    /// A spot interruption or rebalance notice is in effect.
+    /// A spot interruption notice is in effect (a rebalance recommendation is not).
     pub interruption: Mutex<Option<f64>>,
 }
 
@@ -103,7 +107,9 @@ pub struct Watch {
 }
 
 impl Watch {
-    pub async fn run(mut self, snapshots: Snapshots) {
+    /// Runs until `stop` turns true (or its sender is gone). A cycle in progress finishes
+    /// first, so an action handed out is carried out or durably marked in flight.
+    pub async fn run(mut self, snapshots: Snapshots, mut stop: tokio::sync::watch::Receiver<bool>) {
         let rules = self.config.rules.clone();
         let started = crate::time::now();
         // The machine's boot does not move while gpuwatch runs: read it once.
@@ -115,22 +121,8 @@ impl Watch {
             slack: (self.config.sampling.interval.as_secs_f64() * 2.5)
                 .max(self.config.sampling.timeout.as_secs_f64()),
         };
-        if let Err(e) = self.state_dir.create() {
-            tracing::error!(dir = %self.state_dir.path().display(), error = %e, "cannot create the state directory; decisions will not survive a restart");
-        }
-        let mut persisted = match self.state_dir.load() {
-            Ok(p) => p,
-            Err(LoadError::Missing(line)) => {
-                tracing::info!("{line}");
-                Persisted::default()
-            }
-            Err(LoadError::Corrupt(line)) => {
-                tracing::warn!("{line}");
-                self.executor
-                    .audit(json!({"event": "state_reset", "reason": line}));
-                Persisted::default()
-            }
-        };
+        crate::state::off_async(|| self.state_dir.remove_stale_temps());
+        let mut persisted = self.load(&snapshots).await;
         // Rules that left the config leave the state.
         persisted
             .engine
@@ -154,7 +146,10 @@ impl Watch {
         let mut warned_hold: Option<String> = None;
         let mut seq = 0;
         loop {
-            let snap = snapshots.next_after(seq).await;
+            let snap = tokio::select! {
+                s = snapshots.next_after(seq) => s,
+                _ = stop.wait_for(|s| *s) => break,
+            };
             if snap.seq == seq {
                 continue;
             }
@@ -230,13 +225,28 @@ impl Watch {
                 interruption: interruption.is_some(),
                 budgets: ratios,
             };
+            // The rules whose action may fall due now, as they were: an action whose in-flight
+            // mark cannot be made durable goes back to this, and is retried next cycle.
+            let due: BTreeMap<String, engine::RuleState> = persisted
+                .engine
+                .rules
+                .iter()
+                .filter(|(_, rs)| rs.pending.as_ref().is_some_and(|p| now >= p.due_at))
+                .map(|(n, rs)| (n.clone(), rs.clone()))
+                .collect();
             let events = engine::evaluate(&rules, &settings, &mut persisted.engine, &ctx);
             let durable = !events.is_empty() || now - last_durable > 60.0;
-            if self.save(&persisted, durable) && durable {
+            let saved = self.save(&persisted, durable);
+            if saved && durable {
                 last_durable = now;
             }
             for event in events {
-                self.handle(&rules, &mut persisted, event).await;
+                if let (Event::Action { rule, action, .. }, false) = (&event, saved) {
+                    // No record, no action: a restart could not know it had run.
+                    self.not_recorded(&mut persisted, &due, rule, *action, "state.json");
+                    continue;
+                }
+                self.handle(&rules, &mut persisted, &due, event).await;
             }
 
             // Metrics.
@@ -299,6 +309,9 @@ impl Watch {
                 v.interruption = interruption;
             });
         }
+        self.save(&persisted, true);
+        tracing::info!("cost watch stopped");
+        self.executor.audit(json!({"event": "stopped"}));
     }
 
     /// An action that was handed out before a restart is never sent again. Its outcome is
@@ -324,19 +337,80 @@ impl Watch {
         self.save(persisted, true);
     }
 
+    /// Loads the persisted state. A state file that exists but cannot be read may hold an
+    /// action in flight, so nothing is decided until it reads: this retries on every sample.
+    async fn load(&self, snapshots: &Snapshots) -> Persisted {
+        let mut seq = 0;
+        let mut reported = None;
+        loop {
+            match crate::state::off_async(|| self.state_dir.load()) {
+                Ok(p) => return p,
+                Err(LoadError::Missing(line)) => {
+                    tracing::info!("{line}");
+                    return Persisted::default();
+                }
+                Err(LoadError::Corrupt(line)) => {
+                    tracing::warn!("{line}");
+                    self.executor
+                        .audit(json!({"event": "state_reset", "reason": line}));
+                    return Persisted::default();
+                }
+                Err(LoadError::Unreadable(line)) => {
+                    self.executor.audit.errors.count(crate::state::DiskOp::Load);
+                    if reported.as_ref() != Some(&line) {
+                        tracing::error!("{line}");
+                        reported = Some(line);
+                    }
+                    seq = snapshots.next_after(seq).await.seq;
+                }
+            }
+        }
+    }
+
     /// Saves the state off the async workers (a durable save fsyncs). Returns whether it worked;
-    /// a failure is logged.
+    /// a failure is logged and counted.
     fn save(&self, persisted: &Persisted, durable: bool) -> bool {
         match crate::state::off_async(|| self.state_dir.save(persisted, durable)) {
             Ok(()) => true,
             Err(e) => {
-                tracing::error!(error = %e, "cannot save state");
+                self.executor.audit.errors.count(crate::state::DiskOp::Save);
+                tracing::error!(error = %e, dir = %self.state_dir.path().display(), "cannot save state");
                 false
             }
         }
     }
 
-    async fn handle(&self, rules: &[Rule], persisted: &mut Persisted, event: Event) {
+    /// An action whose in-flight mark or audit record could not be made durable did not run.
+    /// Its rule goes back to how it was before the action fell due, so that the action is
+    /// tried again once the disk recovers (and the rule still breaches).
+    fn not_recorded(
+        &self,
+        persisted: &mut Persisted,
+        due: &BTreeMap<String, engine::RuleState>,
+        rule: &str,
+        action: crate::rules::Action,
+        what: &str,
+    ) {
+        tracing::error!(
+            rule = %rule, action = %action,
+            "the {action} did not run: its record in {what} could not be made durable; it is retried when the disk recovers"
+        );
+        self.count(action, "not_recorded");
+        if let Some(before) = due.get(rule) {
+            persisted
+                .engine
+                .rules
+                .insert(rule.to_string(), before.clone());
+        }
+    }
+
+    async fn handle(
+        &self,
+        rules: &[Rule],
+        persisted: &mut Persisted,
+        due: &BTreeMap<String, engine::RuleState>,
+        event: Event,
+    ) {
         let rule_name = event.rule().to_string();
         let Some(rule) = rules.iter().find(|r| r.name == rule_name) else {
             return;
@@ -390,6 +464,11 @@ impl Watch {
                 // The state already says "in flight" durably: a restart from here on never
                 // repeats the action.
                 let outcome = self.executor.execute(rule, *action, &evidence).await;
+                if let Outcome::NotRecorded(_) = outcome {
+                    self.not_recorded(persisted, due, &rule.name, *action, "audit.jsonl");
+                    self.save(persisted, true);
+                    return;
+                }
                 self.count(*action, outcome.label());
                 engine::complete(&mut persisted.engine, &rule.name);
                 self.save(persisted, true);
@@ -415,6 +494,7 @@ pub struct CloudPoller {
     pub ec2: Option<crate::cloud::ec2::Ec2>,
     pub outside: Arc<Outside>,
     pub executor: Arc<Executor>,
+    pub metrics: Arc<WatchMetrics>,
     pub hook: Vec<String>,
     pub hook_timeout: Duration,
     /// How often instance metadata is read.
@@ -429,6 +509,7 @@ pub async fn poll_cloud(p: CloudPoller) {
         ec2,
         outside,
         executor,
+        metrics,
         hook,
         hook_timeout,
         every,
@@ -436,22 +517,24 @@ pub async fn poll_cloud(p: CloudPoller) {
     } = p;
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut hook_ran = false;
+    // The notice the hook last ran for: it runs once per notice, not once per process.
+    let mut hook_ran_for: Option<f64> = None;
+    let mut rebalance_seen: Option<f64> = None;
     let mut last_tag_read: Option<std::time::Instant> = None;
+    let mut failures = Failures::default();
     loop {
         ticker.tick().await;
-        match imds.notice().await {
+        match imds.interruption().await {
             Ok(Some(notice)) => {
-                let time = match &notice {
-                    crate::cloud::imds::Notice::Interruption { time, .. } => *time,
-                    crate::cloud::imds::Notice::Rebalance { time } => *time,
+                let crate::cloud::imds::Notice::Interruption { time, .. } = notice else {
+                    continue;
                 };
                 let was = outside
                     .interruption
                     .lock()
                     .map(|mut i| i.replace(time))
                     .unwrap_or(None);
-                if was.is_none() {
+                if was != Some(time) {
                     tracing::warn!(
                         ?notice,
                         "spot interruption notice: gpuwatch takes no action of its own"
@@ -467,8 +550,8 @@ pub async fn poll_cloud(p: CloudPoller) {
                         )
                         .await;
                 }
-                if !hook_ran && !hook.is_empty() {
-                    hook_ran = true;
+                if hook_ran_for != Some(time) && !hook.is_empty() {
+                    hook_ran_for = Some(time);
                     run_hook(&hook, hook_timeout, &executor).await;
                 }
             }
@@ -477,19 +560,46 @@ pub async fn poll_cloud(p: CloudPoller) {
                     *i = None;
                 }
             }
-            Err(e) => tracing::debug!(error = %e, "cannot read spot notices"),
+            Err(e) => failures.report("spot interruption notice", &e, &metrics),
+        }
+        // A rebalance recommendation is advice, not a notice: it is logged and exported, and
+        // blocks nothing. AWS may leave it in place for the instance's whole life.
+        match imds.rebalance().await {
+            Ok(Some(crate::cloud::imds::Notice::Rebalance { time })) => {
+                if rebalance_seen != Some(time) {
+                    rebalance_seen = Some(time);
+                    tracing::info!(
+                        at = %crate::time::rfc3339(time),
+                        "spot rebalance recommendation: the instance is at elevated risk of interruption; actions are not blocked"
+                    );
+                    executor.audit(
+                        json!({"event": "spot_rebalance", "time": crate::time::rfc3339(time)}),
+                    );
+                    metrics.update(|v| v.rebalance = Some(time));
+                }
+            }
+            Ok(_) => {
+                if rebalance_seen.take().is_some() {
+                    metrics.update(|v| v.rebalance = None);
+                }
+            }
+            Err(e) => failures.report("rebalance recommendation", &e, &metrics),
         }
         // Instance metadata tags cost nothing to read; DescribeInstances is an API call counted
         // against the account's rate limit, so it is made only every `tag_every`.
         let tags = match imds.tags().await {
             Ok(t) if !t.is_empty() => Some(t.into_iter().collect::<Vec<_>>()),
+            Err(e) => {
+                failures.report("instance tags", &e, &metrics);
+                None
+            }
             _ => match &ec2 {
                 Some(ec2) if last_tag_read.is_none_or(|t| t.elapsed() >= tag_every) => {
                     last_tag_read = Some(std::time::Instant::now());
                     match ec2.tags().await {
                         Ok(t) => Some(t),
                         Err(e) => {
-                            tracing::debug!(error = %e, "cannot read instance tags");
+                            tracing::warn!(error = %e, "cannot read instance tags");
                             None
                         }
                     }
@@ -514,19 +624,39 @@ pub async fn poll_cloud(p: CloudPoller) {
     }
 }
 
+/// Failed instance metadata reads: each is counted, and logged at WARN once a minute at most
+/// (spot notices and tag holds go unseen while they fail).
+#[derive(Default)]
+struct Failures {
+    last_warned: Option<std::time::Instant>,
+    suppressed: u64,
+}
+
+impl Failures {
+    fn report(&mut self, what: &str, e: &crate::cloud::imds::ImdsError, metrics: &WatchMetrics) {
+        metrics.update(|v| v.imds_errors += 1);
+        if self
+            .last_warned
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(60))
+        {
+            self.suppressed += 1;
+            return;
+        }
+        tracing::warn!(
+            error = %e,
+            suppressed = self.suppressed,
+            "cannot read the {what} from instance metadata"
+        );
+        self.last_warned = Some(std::time::Instant::now());
+        self.suppressed = 0;
+    }
+}
+
 async fn run_hook(hook: &[String], timeout: Duration, executor: &Executor) {
-    let Some((program, args)) = hook.split_first() else {
-        return;
-    };
-    let mut cmd = tokio::process::Command::new(program);
-    cmd.args(args)
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true);
-    let result = match tokio::time::timeout(timeout, cmd.status()).await {
-        Ok(Ok(s)) if s.success() => "done".to_string(),
-        Ok(Ok(s)) => format!("exited with {s}"),
-        Ok(Err(e)) => format!("cannot run: {e}"),
-        Err(_) => format!("ran past {timeout:?} and was killed"),
+    let result = match crate::command::run(hook, &[], timeout).await {
+        Ok(s) if s.success() => "done".to_string(),
+        Ok(s) => format!("exited with {s}"),
+        Err(e) => e.to_string(),
     };
     tracing::warn!(hook = ?hook, result = %result, "pre-interruption hook");
     executor.audit(json!({"event": "interruption_hook", "command": hook, "result": result}));

@@ -492,6 +492,53 @@ fn a_spot_interruption_notice_sets_the_metric_runs_the_hook_and_blocks_actions()
 }
 
 #[test]
+fn a_revoked_metadata_token_is_replaced_and_notices_are_still_seen() {
+    let inst = aws::launch(Kind::OneTimeSpot);
+    let imds = aws::imds(&inst.id, "spot");
+    let d = Setup::new(&imds, "terminate").start(IDLE4);
+    d.await_scrape(LIMIT, |s| metric("gpuwatch_node_info").get(s) == Some(1.0));
+    let before = imds.state.lock().unwrap().token_requests;
+    // Every token issued so far now answers 401.
+    imds.state.lock().unwrap().token_generation += 1;
+    let notice_at = gpuwatch::time::now().floor() + 120.0;
+    imds.state.lock().unwrap().instance_action = Some(format!(
+        r#"{{"action": "terminate", "time": "{}"}}"#,
+        gpuwatch::time::rfc3339(notice_at)
+    ));
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_spot_interruption_pending").get(s) == Some(1.0)
+    });
+    metric("gpuwatch_spot_interruption_timestamp_seconds")
+        .value(notice_at)
+        .assert_in(&s);
+    // One new token, not one per request.
+    let after = imds.state.lock().unwrap().token_requests;
+    assert!(after > before && after <= before + 3, "{before} -> {after}");
+    metric("gpuwatch_imds_errors_total")
+        .value(0.0)
+        .assert_in(&s);
+}
+
+#[test]
+fn a_rebalance_recommendation_is_exported_and_blocks_nothing() {
+    let inst = aws::launch(Kind::OnDemand);
+    let imds = aws::imds(&inst.id, "on-demand");
+    imds.state.lock().unwrap().rebalance = Some(format!(
+        r#"{{"noticeTime": "{}"}}"#,
+        gpuwatch::time::rfc3339(gpuwatch::time::now().floor())
+    ));
+    let d = Setup::new(&imds, "stop").start(IDLE4);
+    let s = d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    metric("gpuwatch_spot_rebalance_recommended")
+        .value(1.0)
+        .assert_in(&s);
+    metric("gpuwatch_spot_interruption_pending")
+        .value(0.0)
+        .assert_in(&s);
+    assert_eq!(events(&d.audit(), "spot_rebalance").len(), 1);
+}
+
+#[test]
 fn the_iam_policy_grants_exactly_the_calls_in_the_code() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let policy: Value = serde_json::from_str(

@@ -128,3 +128,48 @@ fn keys(v: &toml::Value, prefix: &str) -> Vec<String> {
     out.sort();
     out
 }
+
+/// Inputs that once passed `check-config` and then hung, overflowed or aborted the daemon.
+#[test]
+fn unbounded_inputs_are_refused_with_the_key_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |name: &str, text: &str| -> (Option<i32>, String) {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = Command::new(common::BIN)
+            .arg("check-config")
+            .arg(&path)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // A rules file that never ends is read only up to a cap.
+    let (code, err) = check("zero.toml", "rules_file = \"/dev/zero\"\n");
+    assert_eq!(code, Some(64));
+    assert!(
+        err.contains("/dev/zero: cannot read: larger than 4 MiB"),
+        "{err}"
+    );
+
+    // The JSON rule form goes through the same bounds.
+    let json = dir.path().join("rules.json");
+    std::fs::write(
+        &json,
+        r#"{"Rules": [{"Description": "huge", "Actions": [{"Type": "Alert"}],
+            "Trigger": {"Metric": "GPUUtilization", "Comparison": "LessThan", "Threshold": 5,
+                        "Period": 60, "EvaluationPeriods": 4294967295}}]}"#,
+    )
+    .unwrap();
+    let (code, err) = check(
+        "json.toml",
+        &format!("rules_file = {:?}\n", json.display().to_string()),
+    );
+    assert_eq!(code, Some(64), "{err}");
+    assert!(
+        err.contains("evaluation_periods: \"4294967295\" must be between 1 and 10080"),
+        "{err}"
+    );
+}

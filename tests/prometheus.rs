@@ -25,50 +25,8 @@ fn prometheus_scrapes_the_four_gpus() {
     let d = Daemon::start(SCENARIO, "");
     d.await_sample(Duration::from_secs(20), |s| s["nvml"]["up"] == true);
 
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: gpuwatch\n    static_configs:\n      - targets: ['{}']\n",
-            d.addr
-        ),
-    )
-    .unwrap();
-    let port = common::free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let child = Command::new("prometheus")
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.path().join("data").display()
-        ))
-        .arg(format!("--web.listen-address={listen}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("prometheus not found: scripts/test installs Debian's prometheus");
-    let _prom = common::Killed(child);
-    let addr = listen.parse().unwrap();
-
-    // Prometheus answers only after it has started and scraped; poll its query API.
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let result = loop {
-        if let Ok(r) = common::try_get(addr, "/api/v1/query?query=gpu_utilization_ratio") {
-            if r.status == 200 {
-                let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
-                let result = v["data"]["result"].as_array().cloned().unwrap_or_default();
-                if result.len() == 4 {
-                    break result;
-                }
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "Prometheus never returned 4 series"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let prom = Prometheus::scraping(d.addr);
+    let result = prom.await_query("gpu_utilization_ratio", |r| r.len() == 4);
     let mut values: Vec<(String, String, f64)> = result
         .iter()
         .map(|s| {
@@ -86,10 +44,163 @@ fn prometheus_scrapes_the_four_gpus() {
         assert!(uuid.starts_with("GPU-"), "{uuid}");
         assert!((v - want_v).abs() < 1e-12, "gpu {gpu}: {v} != {want_v}");
     }
-    let up = common::get(addr, "/api/v1/query?query=up%7Bjob%3D%22gpuwatch%22%7D");
-    assert!(
-        up.body.contains("\"value\":[") && up.body.contains(",\"1\"]"),
-        "{}",
-        up.body
+    prom.assert_up();
+}
+
+/// A Prometheus server on a free loopback port that scrapes one target every second; killed
+/// (by its PID) when dropped.
+struct Prometheus {
+    addr: std::net::SocketAddr,
+    _child: common::Killed,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    fn scraping(target: std::net::SocketAddr) -> Prometheus {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: gpuwatch\n    static_configs:\n      - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        let port = common::free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={listen}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus not found: scripts/test installs Debian's prometheus");
+        Prometheus {
+            addr: listen.parse().unwrap(),
+            _child: common::Killed(child),
+            _dir: dir,
+        }
+    }
+
+    /// Polls the query API (Prometheus answers only once it has started and scraped) until the
+    /// result satisfies `done`.
+    fn await_query(
+        &self,
+        query: &str,
+        done: impl Fn(&[serde_json::Value]) -> bool,
+    ) -> Vec<serde_json::Value> {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let path = format!("/api/v1/query?query={}", encode(query));
+        loop {
+            if let Ok(r) = common::try_get(self.addr, &path) {
+                if r.status == 200 {
+                    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+                    let result = v["data"]["result"].as_array().cloned().unwrap_or_default();
+                    if done(&result) {
+                        return result;
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Prometheus never answered {query} as wanted"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The last scrape of gpuwatch succeeded: a bad line would have failed all of it.
+    fn assert_up(&self) {
+        let up = self.await_query("up{job=\"gpuwatch\"}", |r| !r.is_empty());
+        assert_eq!(up[0]["value"][1], "1", "{up:?}");
+    }
+}
+
+/// Percent-encodes a query for a URL.
+fn encode(q: &str) -> String {
+    q.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' | b'.' | b'-' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A string that tries every way out of a label value: a quote and brace to end it, a newline
+/// to start a line of its own, backslashes to eat the escaping, and a control character.
+const HOSTILE: &str = "x\\\"} 0\ngpu_utilization_ratio{uuid=\"SPOOFED\"} 0\n\\";
+
+#[test]
+fn hostile_label_values_are_escaped_and_prometheus_keeps_every_scrape() {
+    let toml_str = |s: &str| format!("{s:?}");
+    let scenario = format!(
+        "time = {{ speed = 0 }}\n[[gpu]]\nutilization = 50\nname = {name}\nprocesses = 1\nprocess_name = {proc}\n",
+        name = toml_str(&format!("NVIDIA {HOSTILE}")),
+        proc = toml_str(&format!("python3 {HOSTILE}")),
     );
+    let rule = format!("rule with \"quote\\ {}", "}");
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "[sampling]\nper_process_memory = true\n[actions]\nstate_dir = {state}\n[cost]\nhourly_price_usd = 1.0\n\
+         [[budgets]]\nname = {budget}\nlimit_usd = 100\n\
+         [[rules]]\nname = {rule}\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\nthreshold = 0.05\nperiod = \"1s\"\naction = \"alert\"\n",
+        budget = toml_str("team \"a\\b\""),
+        rule = toml_str(&rule),
+        state = toml_str(&dir.path().join("state").display().to_string()),
+    );
+    let d = Daemon::start_in(dir, &scenario, &extra);
+    let scrape = d.await_scrape(Duration::from_secs(30), |s| {
+        s.text.contains("gpuwatch_rule_breaching") && s.text.contains("gpu_process_memory")
+    });
+
+    // promtool reads the exposition as valid, with no line injected.
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool not found: scripts/test installs Debian's prometheus");
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(scrape.text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let problems: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter(|l| !(l.contains("_total") && l.contains("no help text")))
+        .collect();
+    assert!(problems.is_empty(), "promtool:\n{text}\n{}", scrape.text);
+    assert!(!scrape
+        .text
+        .lines()
+        .any(|l| l.starts_with("gpu_utilization_ratio{uuid=\"SPOOFED\"}")));
+
+    // A real Prometheus keeps every scrape, and reads each value back exactly.
+    let prom = Prometheus::scraping(d.addr);
+    let info = prom.await_query("gpu_info", |r| r.len() == 1);
+    assert_eq!(info[0]["metric"]["name"], format!("NVIDIA {HOSTILE}"));
+    let procs = prom.await_query("gpu_process_memory_used_bytes", |r| !r.is_empty());
+    assert_eq!(procs[0]["metric"]["process"], format!("python3 {HOSTILE}"));
+    let rules = prom.await_query("gpuwatch_rule_breaching", |r| r.len() == 1);
+    assert_eq!(rules[0]["metric"]["rule"], rule.as_str());
+    let budgets = prom.await_query("gpuwatch_budget_limit_dollars", |r| r.len() == 1);
+    assert_eq!(budgets[0]["metric"]["budget"], "team \"a\\b\"");
+    let spoofed = prom.await_query("gpu_utilization_ratio", |r| !r.is_empty());
+    assert_eq!(spoofed.len(), 1, "{spoofed:?}");
+    assert_ne!(spoofed[0]["metric"]["uuid"], "SPOOFED");
+    prom.assert_up();
 }

@@ -204,7 +204,7 @@ impl Ec2 {
                 p.product_description()
                     .is_none_or(|d| d.as_str().starts_with("Linux/UNIX"))
             })
-            .filter_map(|p| p.spot_price()?.parse::<f64>().ok())
+            .filter_map(|p| crate::cost::parse_hourly_usd(p.spot_price()?))
             .next())
     }
 

@@ -62,8 +62,28 @@ struct RebalanceNotice {
 pub struct Imds {
     base: String,
     http: reqwest::Client,
-    token: Mutex<Option<(String, Instant)>>,
+    token: Mutex<Option<Token>>,
 }
+
+/// A session token and when it was fetched, by the monotonic clock and by the wall clock: the
+/// monotonic clock does not advance across a suspend (a hibernate and resume), the wall clock
+/// does, so a token expires by whichever says it is older.
+struct Token {
+    value: String,
+    at: Instant,
+    wall: f64,
+}
+
+impl Token {
+    fn fresh(&self) -> bool {
+        let max = (TOKEN_TTL_SECS - 60) as f64;
+        let wall_age = crate::time::now() - self.wall;
+        self.at.elapsed().as_secs_f64() < max && (0.0..max).contains(&wall_age)
+    }
+}
+
+/// The largest metadata answer read; real ones are a few hundred bytes.
+const MAX_BODY: usize = 64 * 1024;
 
 impl Imds {
     pub fn new(endpoint: &str) -> Imds {
@@ -82,10 +102,8 @@ impl Imds {
 
     async fn token(&self) -> Result<String, ImdsError> {
         let mut cached = self.token.lock().await;
-        if let Some((t, at)) = cached.as_ref() {
-            if at.elapsed() < Duration::from_secs(TOKEN_TTL_SECS - 60) {
-                return Ok(t.clone());
-            }
+        if let Some(t) = cached.as_ref().filter(|t| t.fresh()) {
+            return Ok(t.value.clone());
         }
         let path = "/latest/api/token";
         let resp = self
@@ -104,12 +122,40 @@ impl Imds {
                 status: resp.status().as_u16(),
             });
         }
-        let token = resp
-            .text()
-            .await
-            .map_err(|source| self.unreachable(source))?;
-        *cached = Some((token.clone(), Instant::now()));
+        let token = self.body(path, resp).await?;
+        *cached = Some(Token {
+            value: token.clone(),
+            at: Instant::now(),
+            wall: crate::time::now(),
+        });
         Ok(token)
+    }
+
+    /// Forgets the token, so the next request fetches a new one.
+    async fn forget_token(&self) {
+        *self.token.lock().await = None;
+    }
+
+    /// Reads an answer's body, at most `MAX_BODY` bytes.
+    async fn body(&self, path: &str, mut resp: reqwest::Response) -> Result<String, ImdsError> {
+        let mut body = Vec::new();
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|source| self.unreachable(source))?
+        {
+            if body.len() + chunk.len() > MAX_BODY {
+                return Err(ImdsError::Invalid {
+                    path: path.into(),
+                    message: format!("the answer is larger than {MAX_BODY} bytes"),
+                });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        String::from_utf8(body).map_err(|_| ImdsError::Invalid {
+            path: path.into(),
+            message: "the answer is not UTF-8".into(),
+        })
     }
 
     fn unreachable(&self, source: reqwest::Error) -> ImdsError {
@@ -119,30 +165,32 @@ impl Imds {
         }
     }
 
-    /// GETs a metadata path; `Ok(None)` for 404.
+    /// GETs a metadata path; `Ok(None)` for 404. A 401 means the token was revoked or has
+    /// expired: a new one is fetched and the request made once more.
     async fn get(&self, path: &str) -> Result<Option<String>, ImdsError> {
-        let token = self.token().await?;
-        let resp = self
-            .http
-            .get(format!("{}/latest/meta-data/{path}", self.base))
-            .header("X-aws-ec2-metadata-token", token)
-            .send()
-            .await
-            .map_err(|source| self.unreachable(source))?;
+        let mut resp = self.send_get(path).await?;
+        if resp.status().as_u16() == 401 {
+            self.forget_token().await;
+            resp = self.send_get(path).await?;
+        }
         match resp.status().as_u16() {
-            200 => Ok(Some(
-                resp.text()
-                    .await
-                    .map_err(|source| self.unreachable(source))?
-                    .trim()
-                    .to_string(),
-            )),
+            200 => Ok(Some(self.body(path, resp).await?.trim().to_string())),
             404 => Ok(None),
             status => Err(ImdsError::Status {
                 path: path.into(),
                 status,
             }),
         }
+    }
+
+    async fn send_get(&self, path: &str) -> Result<reqwest::Response, ImdsError> {
+        let token = self.token().await?;
+        self.http
+            .get(format!("{}/latest/meta-data/{path}", self.base))
+            .header("X-aws-ec2-metadata-token", token)
+            .send()
+            .await
+            .map_err(|source| self.unreachable(source))
     }
 
     async fn required(&self, path: &str) -> Result<String, ImdsError> {
@@ -191,40 +239,51 @@ impl Imds {
         Ok(tags)
     }
 
-    /// The current interruption notice, if any. An interruption wins over a rebalance.
-    pub async fn notice(&self) -> Result<Option<Notice>, ImdsError> {
-        let path = "spot/instance-action";
-        if let Some(a) = self.get_json::<InstanceAction>(path).await? {
-            let time = crate::time::parse_rfc3339(&a.time).ok_or_else(|| ImdsError::Invalid {
-                path: path.into(),
-                message: format!("time \"{}\" is not RFC 3339", a.time),
-            })?;
-            return Ok(Some(Notice::Interruption {
-                action: a.action,
-                time,
-            }));
-        }
-        let path = "events/recommendations/rebalance";
-        if let Some(r) = self.get_json::<RebalanceNotice>(path).await? {
-            let time = crate::time::parse_rfc3339(&r.notice_time).unwrap_or_else(crate::time::now);
-            return Ok(Some(Notice::Rebalance { time }));
-        }
-        Ok(None)
+    /// The current spot interruption notice, if any.
+    pub async fn interruption(&self) -> Result<Option<Notice>, ImdsError> {
+        self.notice("spot/instance-action", parse_instance_action)
+            .await
     }
 
-    /// GETs a metadata path holding JSON; `Ok(None)` for 404.
-    async fn get_json<T: serde::de::DeserializeOwned>(
+    /// The current rebalance recommendation, if any. It is advice that the instance is at
+    /// elevated risk of interruption, not an interruption.
+    pub async fn rebalance(&self) -> Result<Option<Notice>, ImdsError> {
+        self.notice("events/recommendations/rebalance", parse_rebalance)
+            .await
+    }
+
+    async fn notice(
         &self,
         path: &str,
-    ) -> Result<Option<T>, ImdsError> {
-        let Some(body) = self.get(path).await? else {
-            return Ok(None);
-        };
-        serde_json::from_str(&body)
-            .map(Some)
-            .map_err(|e| ImdsError::Invalid {
-                path: path.into(),
-                message: e.to_string(),
-            })
+        parse: fn(&str) -> Result<Notice, String>,
+    ) -> Result<Option<Notice>, ImdsError> {
+        match self.get(path).await? {
+            None => Ok(None),
+            Some(body) => parse(&body)
+                .map(Some)
+                .map_err(|message| ImdsError::Invalid {
+                    path: path.into(),
+                    message,
+                }),
+        }
     }
+}
+
+/// Parses a `spot/instance-action` answer: `{"action": "terminate", "time": "<RFC 3339>"}`.
+pub fn parse_instance_action(body: &str) -> Result<Notice, String> {
+    let a: InstanceAction = serde_json::from_str(body).map_err(|e| e.to_string())?;
+    let time = crate::time::parse_rfc3339(&a.time)
+        .ok_or_else(|| format!("time {:?} is not RFC 3339", a.time))?;
+    Ok(Notice::Interruption {
+        action: a.action,
+        time,
+    })
+}
+
+/// Parses an `events/recommendations/rebalance` answer: `{"noticeTime": "<RFC 3339>"}`.
+pub fn parse_rebalance(body: &str) -> Result<Notice, String> {
+    let r: RebalanceNotice = serde_json::from_str(body).map_err(|e| e.to_string())?;
+    let time = crate::time::parse_rfc3339(&r.notice_time)
+        .ok_or_else(|| format!("noticeTime {:?} is not RFC 3339", r.notice_time))?;
+    Ok(Notice::Rebalance { time })
 }

@@ -77,7 +77,7 @@ impl Services {
             .map_err(err)?;
         let b = out.budget().ok_or("DescribeBudget returned no budget")?;
         let amount = |s: Option<&aws_sdk_budgets::types::Spend>| {
-            s.and_then(|s| s.amount().parse::<f64>().ok())
+            s.and_then(|s| crate::cost::parse_usd(s.amount()))
         };
         let limit = amount(b.budget_limit()).ok_or("the budget has no limit")?;
         let spend = b.calculated_spend();

@@ -83,7 +83,7 @@ pub fn table() -> &'static Table {
             }
             let cols: Vec<&str> = line.split(',').collect();
             if let [regions, itype, usd] = cols[..] {
-                if let Ok(usd) = usd.trim().parse() {
+                if let Some(usd) = super::parse_hourly_usd(usd) {
                     rows.push((
                         regions.split_whitespace().map(str::to_string).collect(),
                         itype.trim().to_string(),
@@ -126,11 +126,9 @@ pub fn parse_price_list_entry(entry: &str) -> Option<f64> {
             .find_map(|d| {
                 d.get("pricePerUnit")?
                     .get("USD")?
-                    .as_str()?
-                    .parse::<f64>()
-                    .ok()
+                    .as_str()
+                    .and_then(super::parse_hourly_usd)
             })
-            .filter(|p| *p > 0.0)
     })
 }
 

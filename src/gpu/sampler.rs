@@ -25,15 +25,25 @@ impl Snapshots {
         Arc::clone(&self.0.borrow())
     }
 
-    /// Waits until a snapshot with `seq > after` is published, and returns it.
+    /// Waits until a snapshot with `seq > after` is published, and returns it. Once the
+    /// sampler is gone no newer snapshot will come, and this waits forever (rather than return
+    /// at once, which would set its callers spinning): bound it with a timeout or a shutdown.
     pub async fn next_after(&self, after: u64) -> Arc<Snapshot> {
         let mut rx = self.0.clone();
         let next = match rx.wait_for(|s| s.seq > after).await {
-            Ok(s) => Arc::clone(&s),
-            // The sampler is gone; the latest snapshot is all there will be.
-            Err(_) => self.latest(),
+            Ok(s) => Some(Arc::clone(&s)),
+            Err(_) => None,
         };
-        next
+        match next {
+            Some(s) => s,
+            None => {
+                let latest = self.latest();
+                if latest.seq > after {
+                    return latest;
+                }
+                std::future::pending().await
+            }
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use prometheus_client::encoding::{
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Unit;
 
-use super::{ErrorKind, SelfMetrics};
+use super::{ErrorKind, SelfMetrics, Text};
 use crate::gpu::sampler::Snapshots;
 use crate::gpu::{GpuSample, Snapshot};
 
@@ -83,7 +83,7 @@ struct GpuLabels<'a, X> {
 impl<X: EncodeLabelSet> EncodeLabelSet for GpuLabels<'_, X> {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), fmt::Error> {
         ("gpu", self.gpu).encode(encoder.encode_label())?;
-        ("uuid", self.uuid).encode(encoder.encode_label())?;
+        ("uuid", Text(self.uuid)).encode(encoder.encode_label())?;
         self.extra.encode(encoder)
     }
 }
@@ -220,15 +220,15 @@ impl Collector for SnapshotCollector {
                     [
                         (
                             "driver_version",
-                            snap.nvml.driver_version.as_deref().unwrap_or(unknown),
+                            Text(snap.nvml.driver_version.as_deref().unwrap_or(unknown)),
                         ),
                         (
                             "nvml_version",
-                            snap.nvml.nvml_version.as_deref().unwrap_or(unknown),
+                            Text(snap.nvml.nvml_version.as_deref().unwrap_or(unknown)),
                         ),
                         (
                             "cuda_driver_version",
-                            snap.nvml.cuda_driver_version.as_deref().unwrap_or(unknown),
+                            Text(snap.nvml.cuda_driver_version.as_deref().unwrap_or(unknown)),
                         ),
                     ],
                     1i64,
@@ -270,8 +270,8 @@ impl Collector for SnapshotCollector {
             desc("gpu_info", "GPU identity; value 1", None),
             gpus.iter().filter(|g| g.up).map(|g| {
                 let extra = [
-                    ("name", g.name.as_deref().unwrap_or("")),
-                    ("pci_bus_id", g.pci_bus_id.as_deref().unwrap_or("")),
+                    ("name", Text(g.name.as_deref().unwrap_or(""))),
+                    ("pci_bus_id", Text(g.pci_bus_id.as_deref().unwrap_or(""))),
                 ];
                 (with(g, extra), 1i64)
             }),
@@ -414,7 +414,7 @@ impl Collector for SnapshotCollector {
                 g.process_memory.iter().flatten().filter_map(move |p| {
                     let extra = (
                         [("pid", p.pid)],
-                        [("process", p.name.as_deref().unwrap_or(""))],
+                        [("process", Text(p.name.as_deref().unwrap_or("")))],
                     );
                     p.used_memory_bytes.map(|b| (with(g, extra), b as i64))
                 })
@@ -458,10 +458,10 @@ impl Collector for WatchCollector {
                 ),
                 [(
                     [
-                        ("instance_id", n.instance_id.as_str()),
-                        ("instance_type", n.instance_type.as_str()),
-                        ("availability_zone", n.availability_zone.as_str()),
-                        ("lifecycle", n.lifecycle.as_str()),
+                        ("instance_id", Text(&n.instance_id)),
+                        ("instance_type", Text(&n.instance_type)),
+                        ("availability_zone", Text(&n.availability_zone)),
+                        ("lifecycle", Text(&n.lifecycle)),
                     ],
                     1i64,
                 )],
@@ -506,7 +506,7 @@ impl Collector for WatchCollector {
             v.cost
                 .budgets
                 .iter()
-                .map(|(b, l, _, _)| ([("budget", b.as_str())], *l)),
+                .map(|(b, l, _, _)| ([("budget", Text(b))], *l)),
         )?;
         gauges(
             e,
@@ -518,7 +518,7 @@ impl Collector for WatchCollector {
             v.cost
                 .budgets
                 .iter()
-                .filter_map(|(b, _, s, _)| Some(([("budget", b.as_str())], (*s)?))),
+                .filter_map(|(b, _, s, _)| Some(([("budget", Text(b))], (*s)?))),
         )?;
         gauges(
             e,
@@ -530,7 +530,7 @@ impl Collector for WatchCollector {
             v.cost
                 .budgets
                 .iter()
-                .filter_map(|(b, _, _, f)| Some(([("budget", b.as_str())], (*f)?))),
+                .filter_map(|(b, _, _, f)| Some(([("budget", Text(b))], (*f)?))),
         )?;
         counters(
             e,
@@ -542,7 +542,7 @@ impl Collector for WatchCollector {
             v.cost
                 .alerts
                 .iter()
-                .map(|((b, t), n)| ([("budget", b.as_str()), ("threshold", t.as_str())], *n)),
+                .map(|((b, t), n)| ([("budget", Text(b)), ("threshold", Text(t))], *n)),
         )?;
         gauges(
             e,
@@ -571,7 +571,7 @@ impl Collector for WatchCollector {
             ),
             v.breaching
                 .iter()
-                .map(|(r, b)| ([("rule", r.as_str())], i64::from(*b))),
+                .map(|(r, b)| ([("rule", Text(r))], i64::from(*b))),
         )?;
         gauges(
             e,
@@ -582,7 +582,7 @@ impl Collector for WatchCollector {
             ),
             v.pending
                 .iter()
-                .map(|(r, a, _)| ([("rule", r.as_str()), ("action", a.as_str())], 1i64)),
+                .map(|(r, a, _)| ([("rule", Text(r)), ("action", Text(a))], 1i64)),
         )?;
         gauges(
             e,
@@ -593,7 +593,7 @@ impl Collector for WatchCollector {
             ),
             v.pending
                 .iter()
-                .map(|(r, a, due)| ([("rule", r.as_str()), ("action", a.as_str())], *due)),
+                .map(|(r, a, due)| ([("rule", Text(r)), ("action", Text(a))], *due)),
         )?;
         counters(
             e,
@@ -604,7 +604,7 @@ impl Collector for WatchCollector {
             ),
             v.actions
                 .iter()
-                .map(|((a, r), n)| ([("action", a.as_str()), ("result", r.as_str())], *n)),
+                .map(|((a, r), n)| ([("action", Text(a)), ("result", Text(r))], *n)),
         )?;
         if let Some(h) = v.hold_until {
             gauge(
@@ -621,11 +621,31 @@ impl Collector for WatchCollector {
             e,
             desc(
                 "gpuwatch_spot_interruption_pending",
-                "1 while a spot interruption notice or rebalance recommendation is in effect",
+                "1 while a spot interruption notice is in effect; actions wait",
                 None,
             ),
             i64::from(v.interruption.is_some()),
         )?;
+        gauge(
+            e,
+            desc(
+                "gpuwatch_spot_rebalance_recommended",
+                "1 while a spot rebalance recommendation is in effect; it blocks nothing",
+                None,
+            ),
+            i64::from(v.rebalance.is_some()),
+        )?;
+        if v.node.is_some() {
+            counters(
+                e,
+                desc(
+                    "gpuwatch_imds_errors",
+                    "Instance metadata reads that failed (spot notices and tag holds go unseen meanwhile)",
+                    None,
+                ),
+                [(NO_LABELS, v.imds_errors)],
+            )?;
+        }
         if let Some(t) = v.interruption {
             gauge(
                 e,
@@ -685,6 +705,70 @@ impl Collector for CloudWatchCollector {
                 None,
             ),
             c.queued.load(Relaxed) as i64,
+        )
+    }
+}
+
+/// Failures of the state directory: saves, audit records and reads. Any of them means a
+/// decision may not be durable, and mutating actions wait.
+#[derive(Debug)]
+pub struct StateCollector(pub std::sync::Arc<crate::state::AuditLog>);
+
+impl Collector for StateCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
+        use crate::state::DiskOp;
+        counters(
+            &mut enc,
+            desc(
+                "gpuwatch_state_errors",
+                "State directory operations that failed: save (state.json), audit (audit.jsonl) or load",
+                None,
+            ),
+            DiskOp::ALL
+                .iter()
+                .map(|op| ([("op", op.as_str())], self.0.errors.get(*op))),
+        )
+    }
+}
+
+/// The HTTP listener's connection counts.
+#[derive(Debug)]
+pub struct HttpCollector(pub std::sync::Arc<crate::serve::Stats>);
+
+impl Collector for HttpCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let s = &self.0;
+        let e = &mut enc;
+        gauge(
+            e,
+            desc(
+                "gpuwatch_http_connections_open",
+                "HTTP connections open now",
+                None,
+            ),
+            s.open.load(Relaxed) as i64,
+        )?;
+        counters(
+            e,
+            desc(
+                "gpuwatch_http_connections",
+                "HTTP connections accepted",
+                None,
+            ),
+            [(NO_LABELS, s.accepted.load(Relaxed))],
+        )?;
+        counters(
+            e,
+            desc(
+                "gpuwatch_http_connections_closed_early",
+                "Connections closed by the connection limit: evicted (the longest idle, to make room) or refused (every connection busy)",
+                None,
+            ),
+            [
+                ([("reason", "evicted")], s.evicted.load(Relaxed)),
+                ([("reason", "refused")], s.refused.load(Relaxed)),
+            ],
         )
     }
 }

@@ -157,9 +157,13 @@ impl Window {
         let last = (now / period).floor() as i64 - 1;
         let first = last - rule.evaluation_periods as i64 + 1;
         let mut periods = Vec::with_capacity(rule.evaluation_periods as usize);
+        // Buckets are in period order: one pass over both, so that the cost is linear in the
+        // periods and buckets, not their product.
+        let mut buckets = self.buckets.iter().peekable();
         for idx in first..=last {
             let start = idx as f64 * period;
-            let bucket = self.buckets.iter().find(|b| b.idx == idx);
+            while buckets.next_if(|b| b.idx < idx).is_some() {}
+            let bucket = buckets.peek().copied().filter(|b| b.idx == idx);
             periods.push(evaluate_period(
                 rule, bucket, start, period, slack, not_before,
             ));

@@ -299,6 +299,8 @@ pub struct ImdsState {
     pub instance_action: Option<String>,
     pub rebalance: Option<String>,
     pub token_requests: usize,
+    /// Tokens issued before the last revocation answer 401, as revoked or expired ones do.
+    pub token_generation: u64,
 }
 
 /// The fake metadata service, on a loopback port, stopped when dropped.
@@ -334,22 +336,23 @@ pub fn imds(instance_id: &str, lifecycle: &str) -> Imds {
         if !headers.contains_key("x-aws-ec2-metadata-token-ttl-seconds") {
             return (StatusCode::BAD_REQUEST, String::new());
         }
-        s.lock().unwrap().token_requests += 1;
-        (StatusCode::OK, TOKEN.to_string())
+        let mut st = s.lock().unwrap();
+        st.token_requests += 1;
+        (StatusCode::OK, format!("{TOKEN}{}", st.token_generation))
     }
     async fn meta(
         State(s): State<S>,
         headers: HeaderMap,
         AxPath(path): AxPath<String>,
     ) -> (StatusCode, String) {
+        let st = s.lock().unwrap().clone();
         if headers
             .get("x-aws-ec2-metadata-token")
             .and_then(|v| v.to_str().ok())
-            != Some(TOKEN)
+            != Some(format!("{TOKEN}{}", st.token_generation).as_str())
         {
             return (StatusCode::UNAUTHORIZED, String::new());
         }
-        let st = s.lock().unwrap().clone();
         let found = match path.as_str() {
             "instance-id" => Some(st.instance_id),
             "instance-type" => Some(st.instance_type),

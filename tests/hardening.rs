@@ -1,0 +1,357 @@
+//! A daemon that can stop machines under bad conditions: hostile HTTP clients, a full disk,
+//! SIGTERM with clients connected. Each test is bounded in time and count and uses loopback only.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::{metric, Daemon};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// Two GPUs, idle from the start.
+const IDLE2: &str = "[[gpu]]\nutilization = 0\n[[gpu]]\nutilization = 0\n";
+
+/// Two GPUs, busy: no rule fires.
+const BUSY2: &str = "[[gpu]]\nutilization = 90\n[[gpu]]\nutilization = 90\n";
+
+fn counter(s: &common::Scrape, name: &str, label: (&str, &str)) -> f64 {
+    metric(name).label(label.0, label.1).get(s).unwrap_or(0.0)
+}
+
+/// Opens `n` connections that send `prefix` (perhaps nothing) and then hold still.
+fn hold_open(addr: std::net::SocketAddr, n: usize, prefix: &[u8]) -> Vec<TcpStream> {
+    (0..n)
+        .filter_map(|_| {
+            let mut s = TcpStream::connect(addr).ok()?;
+            s.write_all(prefix).ok()?;
+            Some(s)
+        })
+        .collect()
+}
+
+#[test]
+fn idle_connections_never_lock_out_a_scrape() {
+    let d = Daemon::start(
+        BUSY2,
+        "[server]\nlisten = \"127.0.0.1:0\"\nmax_connections = 32\nmax_long_polls = 8\nheader_read_timeout = \"30s\"\n",
+    );
+    d.await_sample(LIMIT, |s| s["nvml"]["up"] == true);
+    // Ten times the cap, half of them with half a request line.
+    let _silent = hold_open(d.addr, 160, b"");
+    let _half = hold_open(d.addr, 160, b"GET /metr");
+    for _ in 0..50 {
+        let started = Instant::now();
+        let s = d.scrape();
+        assert!(started.elapsed() < Duration::from_secs(5));
+        metric("gpu_up").gpu(0).value(1.0).assert_in(&s);
+    }
+    let s = d.scrape();
+    assert!(
+        counter(
+            &s,
+            "gpuwatch_http_connections_closed_early_total",
+            ("reason", "evicted")
+        ) >= 280.0,
+        "{}",
+        s.text
+    );
+    assert!(metric("gpuwatch_http_connections_open").get(&s).unwrap() <= 32.0);
+}
+
+#[test]
+fn a_connection_that_sends_no_whole_request_is_closed() {
+    let d = Daemon::start(
+        BUSY2,
+        "[server]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout = \"500ms\"\n",
+    );
+    for prefix in [&b""[..], b"GET /metrics HTTP/1.1\r\nHost: x\r\n"] {
+        let mut s = TcpStream::connect(d.addr).unwrap();
+        s.write_all(prefix).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let started = Instant::now();
+        let mut buf = Vec::new();
+        // The server closes it: EOF (perhaps after a 408), not our read timeout.
+        let r = s.read_to_end(&mut buf);
+        assert!(
+            r.is_ok()
+                || r.as_ref()
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+            "{r:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+    // A keep-alive connection that goes idle is closed too.
+    let mut s = TcpStream::connect(d.addr).unwrap();
+    s.write_all(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf).contains("200 OK"));
+}
+
+#[test]
+fn long_polls_are_bounded() {
+    // One sample an hour: a long-poll waits for its whole timeout.
+    let d = Daemon::start(
+        BUSY2,
+        "[server]\nlisten = \"127.0.0.1:0\"\nmax_long_polls = 2\n[sampling]\ninterval = \"1h\"\n",
+    );
+    let first = d.await_sample(LIMIT, |s| s["nvml"]["up"] == true);
+    let seq = first["seq"].as_u64().unwrap();
+    let far = d.get(&format!("/api/v1/snapshot?after={}", seq + 1000));
+    assert_eq!(far.status, 400, "{}", far.body);
+    assert!(far.body.contains("beyond the next sample"), "{}", far.body);
+
+    let addr = d.addr;
+    let polls: Vec<_> = (0..2)
+        .map(|_| {
+            std::thread::spawn(move || {
+                // A probe may hold a permit for an instant: retry a 503 until this one holds.
+                let deadline = Instant::now() + LIMIT;
+                loop {
+                    let r = common::get(addr, &format!("/api/v1/snapshot?after={seq}&timeout=3s"));
+                    if r.status != 503 || Instant::now() > deadline {
+                        return r;
+                    }
+                }
+            })
+        })
+        .collect();
+    // A probe that does not wait (timeout 0s) gets 200 while a permit is free, and 503 once
+    // both long-polls hold theirs.
+    let deadline = Instant::now() + LIMIT;
+    let refused = loop {
+        let r = d.get(&format!("/api/v1/snapshot?after={seq}&timeout=0s"));
+        if r.status != 200 {
+            break r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the long-polls never held both permits"
+        );
+    };
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert!(
+        refused.body.contains("too many long-polls"),
+        "{}",
+        refused.body
+    );
+    for p in polls {
+        assert_eq!(p.join().unwrap().status, 200);
+    }
+    // The timeout is capped: an hour is served as at most 30 s, and a permit is free again.
+    let started = Instant::now();
+    let capped = d.get(&format!("/api/v1/snapshot?after={seq}&timeout=1s"));
+    assert_eq!(capped.status, 200);
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn sigterm_exits_promptly_with_clients_connected_and_stops_deciding_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout = \"60s\"\n[sampling]\ninterval = \"1h\"\n[cost]\nhourly_price_usd = 1.0\n[actions]\nboot_grace = \"0s\"\nstate_dir = \"{}\"\n",
+        dir.path().join("state").display()
+    );
+    let mut d = Daemon::start_in(dir, BUSY2, &config);
+    let seq = d.await_sample(LIMIT, |s| s["nvml"]["up"] == true)["seq"]
+        .as_u64()
+        .unwrap();
+    let _idle = hold_open(d.addr, 50, b"GET /metr");
+    let addr = d.addr;
+    let _poll = std::thread::spawn(move || {
+        let _ = common::try_get(addr, &format!("/api/v1/snapshot?after={seq}&timeout=30s"));
+    });
+    let started = Instant::now();
+    // SAFETY: kill sends a signal to the child we started.
+    assert_eq!(unsafe { libc::kill(d.pid() as i32, libc::SIGTERM) }, 0);
+    while d.is_running() {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "still running {:?} after SIGTERM",
+            started.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = d.log();
+    let decide = log.find("shutting down: no new decisions").expect(&log);
+    let watch = log.find("cost watch stopped").expect(&log);
+    let stopped = log.rfind("stopped").unwrap();
+    assert!(decide < watch && watch <= stopped, "{log}");
+}
+
+/// Sets the daemon's file size limit (`RLIMIT_FSIZE`) from outside: 0 makes every write that
+/// grows a file fail with EFBIG, as a full disk does.
+fn set_file_size_limit(pid: u32, bytes: Option<u64>) {
+    let v = bytes.unwrap_or(libc::RLIM_INFINITY);
+    let lim = libc::rlimit {
+        rlim_cur: v,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: prlimit reads the struct we pass for a process we started.
+    let rc = unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_FSIZE,
+            &lim,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+}
+
+#[test]
+fn with_a_full_disk_no_action_runs_until_its_record_is_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("acted");
+    let config = format!(
+        "[actions]\nmode = \"enforce\"\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\nstate_dir = \"{state}\"\n\
+         [[rules]]\nname = \"idle\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\nthreshold = 0.05\n\
+         period = \"1s\"\nevaluation_periods = 2\naction = \"exec\"\ncommand = [\"/bin/sh\", \"-c\", \"echo ran >> {marker}\"]\n",
+        state = dir.path().join("state").display(),
+        marker = marker.display(),
+    );
+    let mut d = Daemon::start_in(dir, IDLE2, &config);
+    set_file_size_limit(d.pid(), Some(0));
+    // The action falls due again and again, and never runs while nothing can be recorded.
+    let s = d.await_scrape(LIMIT, |s| {
+        counter(s, "gpuwatch_actions_total", ("result", "not_recorded")) >= 3.0
+    });
+    assert!(counter(&s, "gpuwatch_state_errors_total", ("op", "save")) >= 3.0);
+    assert!(!marker.exists(), "the action ran without its record");
+    assert_eq!(
+        counter(&s, "gpuwatch_actions_total", ("result", "done")),
+        0.0
+    );
+    assert!(d.is_running());
+
+    // Space returns: the action runs, once.
+    set_file_size_limit(d.pid(), None);
+    let s = d.await_scrape(LIMIT, |s| {
+        counter(s, "gpuwatch_actions_total", ("result", "done")) >= 1.0
+    });
+    assert_eq!(
+        counter(&s, "gpuwatch_actions_total", ("result", "done")),
+        1.0
+    );
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "ran\n");
+    let audit = d.audit();
+    let attempts = common::events(&audit, "action_attempt");
+    assert_eq!(attempts.len(), 1, "{audit:?}");
+}
+
+#[test]
+fn a_webhook_url_never_reaches_the_log() {
+    // A closed port: every post fails, and reqwest's error would carry the URL.
+    let port = common::free_port();
+    let secret = "T0SECRET/B0SECRET/xoxb-SECRET";
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[actions]\nstate_dir = \"{state}\"\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\n\
+         webhook_url = \"http://user:pass-SECRET@127.0.0.1:{port}/services/{secret}?token=SECRET\"\n\
+         [[rules]]\nname = \"idle\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\nthreshold = 0.05\n\
+         period = \"1s\"\nevaluation_periods = 2\naction = \"alert\"\n",
+        state = dir.path().join("state").display(),
+    );
+    let d = Daemon::start_in(dir, IDLE2, &config);
+    d.await_scrape(LIMIT, |s| {
+        counter(s, "gpuwatch_actions_total", ("result", "done")) >= 1.0
+    });
+    let log = d.log();
+    assert!(log.contains("cannot reach the webhook"), "{log}");
+    assert!(log.contains(&format!("127.0.0.1:{port}")), "{log}");
+    assert!(!log.contains("SECRET"), "{log}");
+    let audit = std::fs::read_to_string(d.dir.path().join("state/audit.jsonl")).unwrap_or_default();
+    assert!(!audit.contains("SECRET"), "{audit}");
+}
+
+/// The audit records that parse; a line torn by a kill is skipped (and never merges with the
+/// next record, which starts on a line of its own).
+fn audit_lines(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+#[test]
+fn two_hundred_kills_lose_no_state_and_repeat_no_action() {
+    let root = tempfile::tempdir().unwrap();
+    let state = root.path().join("state");
+    let marker = root.path().join("acted");
+    std::fs::write(root.path().join("scenario.toml"), IDLE2).unwrap();
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[nvml]\nlibrary = \"{lib}\"\n\
+         [sampling]\ninterval = \"20ms\"\ntimeout = \"2s\"\n[cost]\nhourly_price_usd = 3600\n\
+         [actions]\nmode = \"enforce\"\nboot_grace = \"0s\"\nwarning = \"300ms\"\nwall = false\nstate_dir = \"{state}\"\n\
+         [[rules]]\nname = \"idle\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\nthreshold = 0.05\n\
+         period = \"1s\"\nevaluation_periods = 1\naction = \"exec\"\ncommand = [\"/bin/sh\", \"-c\", \"echo x >> {marker}\"]\n",
+        lib = common::fake_library().display(),
+        state = state.display(),
+        marker = marker.display(),
+    );
+    // A small deterministic generator for the kill points: reproducible, and no extra crate.
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        seed >> 33
+    };
+    let mut last_spent = 0.0f64;
+    let started = Instant::now();
+    for kill in 0..200 {
+        let mut d = Daemon::start_with(common::reuse_dir(root.path()), &config);
+        std::thread::sleep(Duration::from_millis(next() % 150));
+        d.kill();
+        drop(d);
+        // The state reads, whole, after every kill.
+        let path = state.join("state.json");
+        if path.exists() {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let p: gpuwatch::state::Persisted = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("kill {kill}: state.json is corrupt ({e}): {text}"));
+            // Spend never goes backwards: nothing saved is lost.
+            assert!(
+                p.ledger.spent + 1e-9 >= last_spent,
+                "kill {kill}: spend went from {last_spent} to {}",
+                p.ledger.spent
+            );
+            last_spent = p.ledger.spent;
+        }
+        assert!(!state.join("state.json.corrupt").exists(), "kill {kill}");
+        assert!(started.elapsed() < Duration::from_secs(600));
+    }
+    assert!(last_spent > 0.0, "no spend was ever saved");
+    let audit = audit_lines(&state.join("audit.jsonl"));
+    let warnings = common::events(&audit, "warning").len();
+    let attempts = common::events(&audit, "action_attempt").len();
+    let ran = std::fs::read_to_string(&marker)
+        .unwrap_or_default()
+        .lines()
+        .count();
+    // An action runs only after its record, and each warning leads to at most one attempt: an
+    // action marked in flight is never sent again after a kill.
+    assert!(ran <= attempts, "{ran} runs for {attempts} attempts");
+    assert!(
+        attempts <= warnings,
+        "{attempts} attempts for {warnings} warnings"
+    );
+    assert!(attempts > 0, "no action was ever attempted in 200 lives");
+    // Temporary files orphaned by a kill are cleared at the next start: one at most remains.
+    let orphans = state
+        .read_dir()
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            let name = name.to_string_lossy();
+            name.starts_with(".state.json.") && name.ends_with(".tmp")
+        })
+        .count();
+    assert!(orphans <= 1, "{orphans} orphaned temporary files");
+}
