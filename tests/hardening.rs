@@ -355,3 +355,157 @@ fn two_hundred_kills_lose_no_state_and_repeat_no_action() {
         .count();
     assert!(orphans <= 1, "{orphans} orphaned temporary files");
 }
+
+/// Raises this test process's own open-file limit, to hold thousands of connections.
+fn raise_own_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write only the struct we pass.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        lim.rlim_cur = lim.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+    }
+}
+
+/// One keep-alive HTTP/1.1 connection that GETs a path again and again.
+struct KeepAlive {
+    stream: std::io::BufReader<TcpStream>,
+}
+
+impl KeepAlive {
+    fn connect(addr: std::net::SocketAddr) -> KeepAlive {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.set_nodelay(true).unwrap();
+        KeepAlive {
+            stream: std::io::BufReader::new(s),
+        }
+    }
+
+    /// GETs `path`; returns the status and the body's length.
+    fn get(&mut self, path: &str) -> (u16, usize) {
+        use std::io::BufRead;
+        // One write: a request in pieces meets Nagle and delayed ACKs, 40 ms a request.
+        let request = format!("GET {path} HTTP/1.1\r\nHost: gpuwatch\r\n\r\n");
+        self.stream.get_mut().write_all(request.as_bytes()).unwrap();
+        let mut line = String::new();
+        self.stream.read_line(&mut line).unwrap();
+        let status: u16 = line.split(' ').nth(1).unwrap().parse().unwrap();
+        let mut length = 0;
+        loop {
+            line.clear();
+            self.stream.read_line(&mut line).unwrap();
+            if line == "\r\n" {
+                break;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap();
+            }
+        }
+        let mut body = vec![0; length];
+        self.stream.read_exact(&mut body).unwrap();
+        (status, length)
+    }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// The standing load proof: 2,000 idle connections and 500 long-polls held open while 1,000
+/// scrapes succeed and an idle rule still warns and acts on time; then 100,000 scrapes with
+/// resident memory flat.
+#[test]
+fn under_load_scrapes_answer_and_the_idle_watch_acts_on_time() {
+    raise_own_fd_limit();
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout = \"60s\"\n\
+         [actions]\nstate_dir = \"{state}\"\nboot_grace = \"0s\"\nwarning = \"2s\"\nwall = false\n\
+         [[rules]]\nname = \"idle\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\nthreshold = 0.05\n\
+         period = \"1s\"\nevaluation_periods = 2\naction = \"alert\"\n",
+        state = dir.path().join("state").display(),
+    );
+    let d = Daemon::start_in(dir, IDLE2, &config);
+    let seq = d.await_sample(LIMIT, |s| s["nvml"]["up"] == true)["seq"]
+        .as_u64()
+        .unwrap();
+    let started = gpuwatch::time::now();
+    let _idle = hold_open(d.addr, 2000, b"GET /metr");
+    let polls: Vec<TcpStream> = (0..500)
+        .filter_map(|_| {
+            let mut s = TcpStream::connect(d.addr).ok()?;
+            write!(
+                s,
+                "GET /api/v1/snapshot?after={seq}&timeout=30s HTTP/1.1\r\nHost: x\r\n\r\n"
+            )
+            .ok()?;
+            Some(s)
+        })
+        .collect();
+    assert!(
+        polls.len() >= 450,
+        "only {} long-polls connected",
+        polls.len()
+    );
+
+    let mut client = KeepAlive::connect(d.addr);
+    let mut took = Vec::with_capacity(1000);
+    for _ in 0..1000 {
+        let t = Instant::now();
+        let (status, len) = client.get("/metrics");
+        took.push(t.elapsed());
+        assert_eq!(status, 200);
+        assert!(len > 1000);
+    }
+    took.sort();
+    let p99 = took[989];
+    eprintln!(
+        "1,000 scrapes under load: median {:?}, p99 {p99:?}, max {:?}",
+        took[500], took[999]
+    );
+    assert!(p99 < Duration::from_millis(50), "p99 {p99:?}");
+
+    // The idle rule warned and acted on time: 2 periods, then the 2 s warning, plus slack.
+    let s = d.await_scrape(LIMIT, |s| {
+        counter(s, "gpuwatch_actions_total", ("result", "done")) >= 1.0
+    });
+    let audit = d.audit();
+    let action = common::events(&audit, "action_attempt")[0];
+    let at = gpuwatch::time::parse_rfc3339(action["time"].as_str().unwrap()).unwrap();
+    assert!(
+        at - started < 10.0,
+        "acted {:.1} s after the load began",
+        at - started
+    );
+    assert!(metric("gpuwatch_http_connections_open").get(&s).unwrap() <= 256.0);
+    drop(polls);
+
+    // 100,000 scrapes on one connection: resident memory stays flat.
+    for _ in 0..2_000 {
+        client.get("/metrics");
+    }
+    let before = rss_kib(d.pid());
+    for i in 0..100_000 {
+        // A connection lives at most five minutes: a fresh one every 10,000 scrapes.
+        if i % 10_000 == 0 {
+            client = KeepAlive::connect(d.addr);
+        }
+        let (status, _) = client.get("/metrics");
+        assert_eq!(status, 200);
+    }
+    let after = rss_kib(d.pid());
+    eprintln!("RSS before 100,000 scrapes {before} KiB, after {after} KiB");
+    assert!(
+        after <= before + 1024,
+        "RSS grew from {before} to {after} KiB"
+    );
+}
