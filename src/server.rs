@@ -66,14 +66,14 @@ struct SnapshotQuery {
 /// The latest snapshot as JSON. With `?after=SEQ` it waits (long-poll) for a newer one, which is
 /// how a client awaits the next sample without sleeping.
 async fn snapshot(State(state): State<ServerState>, Query(q): Query<SnapshotQuery>) -> Response {
+    let next = state.snapshots.latest().seq.saturating_add(1);
     let snap = match q.after {
         None => state.snapshots.latest(),
-        Some(after) if after > state.snapshots.latest().seq.saturating_add(1) => {
+        Some(after) if after > next => {
             return (
                 StatusCode::BAD_REQUEST,
                 format!(
-                    "after: {after} is beyond the next sample ({}); use the seq of a snapshot you have\n",
-                    state.snapshots.latest().seq + 1
+                    "after: {after} is beyond the next sample ({next}); use the seq of a snapshot you have\n"
                 ),
             )
                 .into_response()

@@ -225,15 +225,6 @@ impl Watch {
                 interruption: interruption.is_some(),
                 budgets: ratios,
             };
-            // The rules whose action may fall due now, as they were: an action whose in-flight
-            // mark cannot be made durable goes back to this, and is retried next cycle.
-            let due: BTreeMap<String, engine::RuleState> = persisted
-                .engine
-                .rules
-                .iter()
-                .filter(|(_, rs)| rs.pending.as_ref().is_some_and(|p| now >= p.due_at))
-                .map(|(n, rs)| (n.clone(), rs.clone()))
-                .collect();
             let events = engine::evaluate(&rules, &settings, &mut persisted.engine, &ctx);
             let durable = !events.is_empty() || now - last_durable > 60.0;
             let saved = self.save(&persisted, durable);
@@ -243,10 +234,10 @@ impl Watch {
             for event in events {
                 if let (Event::Action { rule, action, .. }, false) = (&event, saved) {
                     // No record, no action: a restart could not know it had run.
-                    self.not_recorded(&mut persisted, &due, rule, *action, "state.json");
+                    self.not_recorded(&mut persisted, rule, *action, "state.json");
                     continue;
                 }
-                self.handle(&rules, &mut persisted, &due, event).await;
+                self.handle(&rules, &mut persisted, event).await;
             }
 
             // Metrics.
@@ -381,12 +372,11 @@ impl Watch {
     }
 
     /// An action whose in-flight mark or audit record could not be made durable did not run.
-    /// Its rule goes back to how it was before the action fell due, so that the action is
-    /// tried again once the disk recovers (and the rule still breaches).
+    /// It is withdrawn, so that it is tried again once the disk recovers (and the rule still
+    /// breaches).
     fn not_recorded(
         &self,
         persisted: &mut Persisted,
-        due: &BTreeMap<String, engine::RuleState>,
         rule: &str,
         action: crate::rules::Action,
         what: &str,
@@ -396,21 +386,10 @@ impl Watch {
             "the {action} did not run: its record in {what} could not be made durable; it is retried when the disk recovers"
         );
         self.count(action, "not_recorded");
-        if let Some(before) = due.get(rule) {
-            persisted
-                .engine
-                .rules
-                .insert(rule.to_string(), before.clone());
-        }
+        engine::withdraw(&mut persisted.engine, rule);
     }
 
-    async fn handle(
-        &self,
-        rules: &[Rule],
-        persisted: &mut Persisted,
-        due: &BTreeMap<String, engine::RuleState>,
-        event: Event,
-    ) {
+    async fn handle(&self, rules: &[Rule], persisted: &mut Persisted, event: Event) {
         let rule_name = event.rule().to_string();
         let Some(rule) = rules.iter().find(|r| r.name == rule_name) else {
             return;
@@ -465,7 +444,7 @@ impl Watch {
                 // repeats the action.
                 let outcome = self.executor.execute(rule, *action, &evidence).await;
                 if let Outcome::NotRecorded(_) = outcome {
-                    self.not_recorded(persisted, due, &rule.name, *action, "audit.jsonl");
+                    self.not_recorded(persisted, &rule.name, *action, "audit.jsonl");
                     self.save(persisted, true);
                     return;
                 }

@@ -67,6 +67,12 @@ pub struct Pending {
 pub struct InFlight {
     pub action: Action,
     pub at: f64,
+    /// The warning that led to it and the re-arm time before it, so that an action whose
+    /// record could not be made durable can be withdrawn (`withdraw`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<Pending>,
+    #[serde(default)]
+    pub not_before: f64,
 }
 
 /// What happened, for the log, the audit log, the metrics and `simulate`.
@@ -298,10 +304,12 @@ pub fn evaluate(
                         reason: "the rule no longer breaches on fresh data".into(),
                     });
                 } else {
-                    rs.not_before = ctx.now;
+                    let not_before = std::mem::replace(&mut rs.not_before, ctx.now);
                     rs.in_flight = Some(InFlight {
                         action: p.action,
                         at: ctx.now,
+                        pending: Some(p.clone()),
+                        not_before,
                     });
                     events.push(Event::Action {
                         rule: name(),
@@ -327,6 +335,18 @@ fn exhausted(budget: &str, ctx: &Context) -> Assessment {
         threshold: 1.0,
         periods: Vec::new(),
         budget: Some((budget.to_string(), ratio)),
+    }
+}
+
+/// Takes back an action that was handed out but never ran (its record could not be made
+/// durable): the rule is pending again, as it was when the action fell due, so the action falls
+/// due again at the next evaluation, if the rule still breaches then.
+pub fn withdraw(state: &mut State, rule: &str) {
+    if let Some(rs) = state.rules.get_mut(rule) {
+        if let Some(f) = rs.in_flight.take() {
+            rs.pending = f.pending;
+            rs.not_before = f.not_before;
+        }
     }
 }
 
@@ -486,6 +506,14 @@ mod tests {
             vec![(20, "breach"), (20, "warning"), (50, "action")]
         );
         assert!(state.rules["idle"].in_flight.is_some());
+        // An action withdrawn (its record was not durable) falls due again at once.
+        let mut withdrawn = state.clone();
+        withdraw(&mut withdrawn, "idle");
+        assert!(withdrawn.rules["idle"].in_flight.is_none());
+        let again = run(&r, &mut withdrawn, &Context::default(), 120, 121, |_| {
+            vec![Some(0.01)]
+        });
+        assert_eq!(again, vec![(120, "action")]);
         complete(&mut state, "idle");
         // After the action, a completely fresh window is needed: next warning at 50+20.
         let events = run(&r, &mut state, &Context::default(), 120, 130, |_| {

@@ -443,3 +443,33 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// Runs `promtool check metrics` over an exposition and fails the test on anything it finds,
+/// except its note that counters carry HELP under the name without `_total` (OpenMetrics).
+pub fn assert_promtool_accepts(exposition: &str) {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool not found: scripts/test installs Debian's prometheus, which brings it");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(exposition.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let problems: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter(|l| !(l.contains("_total") && l.contains("no help text")))
+        .collect();
+    assert!(problems.is_empty(), "promtool:\n{text}\n{exposition}");
+}
