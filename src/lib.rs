@@ -4,9 +4,11 @@
 
 pub mod actions;
 pub mod app;
+pub mod cli;
 pub mod cloud;
 pub mod cloudwatch;
 pub mod command;
+pub mod commands;
 pub mod config;
 pub mod cost;
 pub mod gpu;

@@ -5,6 +5,8 @@
 //! `SelfMetrics`. Nothing here calls NVML or waits on the sampler.
 
 mod collector;
+mod daemon;
+mod encode;
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,10 +15,8 @@ use std::sync::Arc;
 use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::registry::Registry;
 
-pub use collector::{
-    BuildInfo, CloudWatchCollector, HttpCollector, SnapshotCollector, StateCollector,
-    WatchCollector,
-};
+pub use collector::{BuildInfo, SnapshotCollector};
+pub use daemon::{CloudWatchCollector, HttpCollector, StateCollector, WatchCollector};
 
 /// The content type of `/metrics`.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

@@ -1,0 +1,181 @@
+//! The command line: its arguments (clap), and the dispatch from a subcommand to its
+//! implementation in `commands`. A bad config exits 64, naming each bad key.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::commands::{daemon, demo, hold, release, simulate, snapshot};
+use crate::config::{Config, ConfigErrors, DEFAULT_PATH, EXIT_CONFIG};
+
+#[derive(Parser)]
+#[command(name = "gpuwatch", version = VERSION, about = "NVIDIA GPU exporter for Prometheus, with idle and cost watch")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run the daemon: sample every GPU and serve /metrics
+    Run {
+        /// Config file (TOML)
+        #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
+        config: PathBuf,
+        /// More rules, in the JSON form or as TOML [[rules]]
+        #[arg(long, value_name = "PATH")]
+        rules: Option<PathBuf>,
+    },
+    /// Run the daemon over four simulated GPUs; needs no GPU, config or root
+    Demo {
+        /// Address to serve on
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9400")]
+        listen: String,
+    },
+    /// Take one sample and print it as a table, or as JSON
+    Snapshot {
+        /// Print JSON instead of a table
+        #[arg(long)]
+        json: bool,
+        /// Config file whose [nvml] library to use
+        #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
+        config: PathBuf,
+    },
+    /// Validate a config file: exit 0, or exit 64 naming each bad key
+    CheckConfig {
+        /// Config file (TOML)
+        path: PathBuf,
+    },
+    /// Replay a recorded trace through the rules and print what they would have done
+    Simulate {
+        /// Config file whose rules and [actions] timings to use
+        #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
+        config: PathBuf,
+        /// CSV: timestamp,gpu,utilization[,memory_used_bytes,power_watts]
+        #[arg(long, value_name = "FILE.csv")]
+        trace: PathBuf,
+        /// More rules, in the JSON form or as TOML [[rules]]
+        #[arg(long, value_name = "PATH")]
+        rules: Option<PathBuf>,
+        /// The instance's lifecycle, for rules with a lifecycle filter
+        #[arg(long, value_parser = ["spot", "on-demand"])]
+        lifecycle: Option<String>,
+        /// One JSON object per event
+        #[arg(long)]
+        json: bool,
+        /// The instance's price in USD per hour, so that spend accrues over the trace
+        #[arg(long, value_name = "USD")]
+        price: Option<f64>,
+        /// Spent in the budget period before the trace starts (with --price)
+        #[arg(long, value_name = "USD", default_value_t = 0.0)]
+        spend: f64,
+        /// Each GPU's memory, so that the trace's memory_used_bytes become memory_used_ratio
+        #[arg(long, value_name = "BYTES")]
+        memory_total_bytes: Option<f64>,
+        /// Each GPU's power limit, so that the trace's power_watts become power_ratio
+        #[arg(long, value_name = "WATTS")]
+        power_limit_watts: Option<f64>,
+    },
+    /// Postpone every action for a while (the running daemon honours it at once)
+    Hold {
+        /// How long, such as 3h or 90m
+        duration: String,
+        /// Why, for the audit log and for colleagues
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// Config file whose [actions] state_dir to use
+        #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
+        config: PathBuf,
+    },
+    /// Remove a hold
+    Release {
+        /// Config file whose [actions] state_dir to use
+        #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
+        config: PathBuf,
+    },
+}
+
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (revision ",
+    env!("GPUWATCH_REVISION"),
+    "; prices as of ",
+    env!("GPUWATCH_PRICES_AS_OF"),
+    ")"
+);
+
+/// Runs the subcommand; the exit status follows sysexits (64: bad config or usage).
+pub fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Run { config, rules } => with_config(&config, rules.as_deref(), daemon),
+        Command::Simulate {
+            config,
+            trace,
+            rules,
+            lifecycle,
+            json,
+            price,
+            spend,
+            memory_total_bytes,
+            power_limit_watts,
+        } => with_config(&config, rules.as_deref(), |c| {
+            let options = crate::simulate::Options {
+                lifecycle: match lifecycle.as_deref() {
+                    Some("spot") => Some(crate::rules::Lifecycle::Spot),
+                    Some("on-demand") => Some(crate::rules::Lifecycle::OnDemand),
+                    _ => None,
+                },
+                spend: price.map(|usd_per_hour| crate::simulate::Spend {
+                    usd_per_hour,
+                    start_usd: spend,
+                }),
+                memory_total_bytes,
+                power_limit_watts,
+            };
+            simulate(&c, &trace, json, &options)
+        }),
+        Command::Hold {
+            duration,
+            reason,
+            config,
+        } => with_config(&config, None, |c| hold(&c, &duration, &reason)),
+        Command::Release { config } => with_config(&config, None, |c| release(&c)),
+        Command::Demo { listen } => demo(&listen),
+        Command::Snapshot { json, config } => with_config(&config, None, |c| snapshot(&c, json)),
+        Command::CheckConfig { path } => match Config::load(&path) {
+            Ok(_) => {
+                println!("config: {}: ok", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => config_failure(&e),
+        },
+    }
+}
+
+/// Loads the config (plus a rules file) and runs `f` on it, or exits 64 naming each bad key.
+/// A missing file at the default path means the defaults; a file named on the command line must
+/// exist.
+fn with_config(path: &Path, rules: Option<&Path>, f: impl FnOnce(Config) -> ExitCode) -> ExitCode {
+    let loaded = if path == Path::new(DEFAULT_PATH) && !path.exists() {
+        tracing::info!("no config at {}; using the defaults", path.display());
+        Ok(Config::default())
+    } else {
+        Config::load(path)
+    };
+    let loaded = loaded.and_then(|mut c| {
+        if let Some(r) = rules {
+            c.add_rules_file(r)?;
+        }
+        Ok(c)
+    });
+    match loaded {
+        Ok(c) => f(c),
+        Err(e) => config_failure(&e),
+    }
+}
+
+pub(crate) fn config_failure(e: &ConfigErrors) -> ExitCode {
+    eprintln!("{e}");
+    ExitCode::from(EXIT_CONFIG as u8)
+}

@@ -1,0 +1,167 @@
+//! `[[budgets]]`: the raw budget, its validation, and the rule its `on_exhausted` stands for.
+
+use super::*;
+
+/// One `[[budgets]]` table.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBudget {
+    pub name: String,
+    #[serde(default)]
+    pub limit_usd: Option<f64>,
+    #[serde(default = "local")]
+    pub source: String,
+    #[serde(default)]
+    pub aws_budget_name: Option<String>,
+    #[serde(default)]
+    pub account_id: Option<String>,
+    #[serde(default = "default_thresholds")]
+    pub thresholds: Vec<f64>,
+    #[serde(default = "none")]
+    pub on_exhausted: String,
+    #[serde(default)]
+    pub sns_topic_arn: Option<String>,
+    #[serde(default = "five_minutes")]
+    pub poll_interval: String,
+}
+
+pub(super) fn local() -> String {
+    "local".into()
+}
+
+pub(super) fn none() -> String {
+    "none".into()
+}
+
+pub(super) fn five_minutes() -> String {
+    "5m".into()
+}
+
+pub(super) fn default_thresholds() -> Vec<f64> {
+    vec![0.5, 0.8, 1.0]
+}
+
+/// The rule a budget's `on_exhausted` stands for. It goes through the same warning, hold, audit
+/// and spot-correct path as any other rule.
+pub(super) fn exhausted_rule(b: &BudgetConfig, action: Action) -> Rule {
+    Rule {
+        name: format!("budget {} exhausted", b.name),
+        metric: Metric::GpuUtilization,
+        statistic: Statistic::Average,
+        comparison: Comparison::GreaterThanOrEqual,
+        threshold: 1.0,
+        period: Duration::from_secs(60),
+        evaluation_periods: 1,
+        datapoints_to_alarm: 1,
+        gpus: Aggregation::Every,
+        lifecycle: None,
+        action,
+        command: Vec::new(),
+        budget: None,
+        exhausted: Some(b.name.clone()),
+    }
+}
+
+impl RawBudget {
+    pub fn validate(&self, key: &str) -> Result<BudgetConfig, Vec<ConfigError>> {
+        let mut errors = Vec::new();
+        let mut invalid = |k: &str, message: String| {
+            errors.push(ConfigError::Invalid {
+                key: format!("{key}.{k}"),
+                message,
+            })
+        };
+        check_name(&mut invalid, "budget", &self.name);
+        let source = match self.source.as_str() {
+            "local" => Some(BudgetSource::Local),
+            "aws_budgets" => match self.account_id.as_deref() {
+                Some(a) if a.len() == 12 && a.bytes().all(|b| b.is_ascii_digit()) => {
+                    Some(BudgetSource::AwsBudgets {
+                        budget_name: self
+                            .aws_budget_name
+                            .clone()
+                            .unwrap_or_else(|| self.name.clone()),
+                        account_id: a.to_string(),
+                    })
+                }
+                Some(a) => {
+                    invalid(
+                        "account_id",
+                        format!("\"{a}\" is not a 12-digit AWS account id"),
+                    );
+                    None
+                }
+                None => {
+                    invalid(
+                        "account_id",
+                        "an aws_budgets budget needs the 12-digit account_id that owns it".into(),
+                    );
+                    None
+                }
+            },
+            other => {
+                invalid(
+                    "source",
+                    format!("\"{other}\" is not one of \"local\", \"aws_budgets\""),
+                );
+                None
+            }
+        };
+        match self.limit_usd {
+            Some(l) if !(l > 0.0 && l.is_finite()) => invalid(
+                "limit_usd",
+                format!("\"{l}\" is not a positive amount in USD"),
+            ),
+            None if self.source == "local" => {
+                invalid("limit_usd", "a local budget needs a limit_usd".into())
+            }
+            _ => {}
+        }
+        for t in &self.thresholds {
+            if !(*t > 0.0 && *t <= 10.0) {
+                invalid(
+                    "thresholds",
+                    format!("\"{t}\" is not a share of the limit, such as 0.8"),
+                );
+            }
+        }
+        let on_exhausted = match self.on_exhausted.as_str() {
+            "none" => Some(None),
+            "stop" => Some(Some(Action::Stop)),
+            "hibernate" => Some(Some(Action::Hibernate)),
+            "terminate" => Some(Some(Action::Terminate)),
+            other => {
+                invalid("on_exhausted", format!("\"{other}\" is not one of \"none\", \"stop\", \"hibernate\", \"terminate\""));
+                None
+            }
+        };
+        if let Some(arn) = &self.sns_topic_arn {
+            if !arn.starts_with("arn:") {
+                invalid(
+                    "sns_topic_arn",
+                    format!("\"{arn}\" is not an SNS topic ARN"),
+                );
+            }
+        }
+        let poll_interval = duration(
+            &mut invalid,
+            "poll_interval",
+            &self.poll_interval,
+            Duration::from_secs(1)..=DAY,
+        );
+        match (source, on_exhausted, poll_interval) {
+            (Some(source), Some(on_exhausted), Some(poll_interval)) if errors.is_empty() => {
+                Ok(BudgetConfig {
+                    name: self.name.clone(),
+                    limit_usd: self.limit_usd,
+                    source,
+                    thresholds: self.thresholds.clone(),
+                    on_exhausted,
+                    sns_topic_arn: self.sns_topic_arn.clone(),
+                    poll_interval,
+                })
+            }
+            _ => Err(errors),
+        }
+    }
+}

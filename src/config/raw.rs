@@ -1,0 +1,219 @@
+//! The raw form of the config: serde structs that reject unknown keys, and their defaults.
+//! Rules and budgets have files of their own.
+
+use super::*;
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawConfig {
+    /// A JSON (or TOML) file of more rules, relative to the config file.
+    pub rules_file: String,
+    pub server: RawServer,
+    pub nvml: RawNvml,
+    pub sampling: RawSampling,
+    pub cloud: RawCloud,
+    pub actions: RawActions,
+    pub vetoes: RawVetoes,
+    pub spot: RawSpot,
+    pub cost: RawCost,
+    pub cloudwatch: RawCloudWatch,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub budgets: Vec<RawBudget>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<RawRule>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawCost {
+    /// 0 means: look the price up.
+    pub hourly_price_usd: f64,
+    pub period: String,
+    pub spot_price_refresh: String,
+    pub pricing_api: bool,
+    pub pricing_endpoint_url: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawCloudWatch {
+    pub enabled: bool,
+    pub namespace: String,
+    pub interval: String,
+    pub max_queue: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawCloud {
+    pub provider: String,
+    pub imds_endpoint: String,
+    pub endpoint_url: String,
+    pub region: String,
+    pub poll_interval: String,
+    pub tag_poll_interval: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawActions {
+    pub mode: String,
+    pub boot_grace: String,
+    pub warning: String,
+    pub spot_stop: String,
+    pub webhook_url: String,
+    pub wall: bool,
+    pub exec_timeout: String,
+    pub retry_for: String,
+    pub state_dir: String,
+    pub audit_max_mib: u64,
+    pub audit_keep: u32,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawVetoes {
+    pub ssh_sessions: bool,
+    pub processes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawSpot {
+    pub interruption_hook: Vec<String>,
+    pub hook_timeout: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawServer {
+    pub listen: String,
+    pub max_connections: usize,
+    pub max_long_polls: usize,
+    pub header_read_timeout: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawNvml {
+    pub library: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawSampling {
+    pub interval: String,
+    pub timeout: String,
+    pub per_process_memory: bool,
+}
+
+impl Default for RawConfig {
+    fn default() -> Self {
+        RawConfig {
+            rules_file: String::new(),
+            cloud: RawCloud {
+                provider: "none".to_string(),
+                imds_endpoint: "http://169.254.169.254".to_string(),
+                endpoint_url: String::new(),
+                region: String::new(),
+                poll_interval: "5s".to_string(),
+                tag_poll_interval: "1m".to_string(),
+            },
+            actions: RawActions {
+                mode: "dry-run".to_string(),
+                boot_grace: "15m".to_string(),
+                warning: "10m".to_string(),
+                spot_stop: "refuse".to_string(),
+                webhook_url: String::new(),
+                wall: true,
+                exec_timeout: "60s".to_string(),
+                retry_for: "10m".to_string(),
+                state_dir: "/var/lib/gpuwatch".to_string(),
+                audit_max_mib: 16,
+                audit_keep: 5,
+            },
+            vetoes: RawVetoes::default(),
+            spot: RawSpot {
+                interruption_hook: Vec::new(),
+                hook_timeout: "60s".to_string(),
+            },
+            cost: RawCost {
+                hourly_price_usd: 0.0,
+                period: "month".to_string(),
+                spot_price_refresh: "1h".to_string(),
+                pricing_api: true,
+                pricing_endpoint_url: String::new(),
+            },
+            cloudwatch: RawCloudWatch {
+                enabled: false,
+                namespace: "gpuwatch".to_string(),
+                interval: "60s".to_string(),
+                max_queue: "30m".to_string(),
+            },
+            budgets: Vec::new(),
+            rules: Vec::new(),
+            server: RawServer {
+                listen: "0.0.0.0:9400".to_string(),
+                max_connections: 256,
+                max_long_polls: 64,
+                header_read_timeout: "5s".to_string(),
+            },
+            nvml: RawNvml {
+                library: "libnvidia-ml.so.1".to_string(),
+            },
+            sampling: RawSampling {
+                interval: "1s".to_string(),
+                timeout: "5s".to_string(),
+                per_process_memory: false,
+            },
+        }
+    }
+}
+
+impl Default for RawServer {
+    fn default() -> Self {
+        RawConfig::default().server
+    }
+}
+
+impl Default for RawNvml {
+    fn default() -> Self {
+        RawConfig::default().nvml
+    }
+}
+
+impl Default for RawSampling {
+    fn default() -> Self {
+        RawConfig::default().sampling
+    }
+}
+
+impl Default for RawCloud {
+    fn default() -> Self {
+        RawConfig::default().cloud
+    }
+}
+
+impl Default for RawActions {
+    fn default() -> Self {
+        RawConfig::default().actions
+    }
+}
+
+impl Default for RawCost {
+    fn default() -> Self {
+        RawConfig::default().cost
+    }
+}
+
+impl Default for RawCloudWatch {
+    fn default() -> Self {
+        RawConfig::default().cloudwatch
+    }
+}
+
+impl Default for RawSpot {
+    fn default() -> Self {
+        RawConfig::default().spot
+    }
+}

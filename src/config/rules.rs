@@ -1,0 +1,269 @@
+//! `[[rules]]`: the raw rule (TOML, or the JSON form through `rules::json`), rules files, and
+//! the validation that turns a raw rule into a `Rule`.
+
+use super::*;
+
+/// `budget = { name = "team-gpu", spent_at_least = 0.8 }` in a rule.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGate {
+    pub name: String,
+    pub spent_at_least: f64,
+}
+
+/// One `[[rules]]` table.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRule {
+    pub name: String,
+    pub metric: String,
+    #[serde(default)]
+    pub statistic: Option<String>,
+    pub comparison: String,
+    pub threshold: f64,
+    pub period: String,
+    #[serde(default = "one")]
+    pub evaluation_periods: u32,
+    #[serde(default)]
+    pub datapoints_to_alarm: Option<u32>,
+    #[serde(default)]
+    pub gpus: Option<String>,
+    #[serde(default)]
+    pub lifecycle: Option<String>,
+    pub action: String,
+    #[serde(default)]
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub budget: Option<RawGate>,
+}
+
+pub(super) fn one() -> u32 {
+    1
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRulesFile {
+    rules: Vec<RawRule>,
+}
+
+/// Loads rules from a file: the JSON form when it ends in `.json`, else `[[rules]]` tables.
+pub(super) fn load_rules_file(path: &Path) -> Result<Vec<RawRule>, ConfigErrors> {
+    let text = read_capped(path)?;
+    let source = path.display().to_string();
+    if path.extension().is_some_and(|e| e == "json") {
+        Ok(crate::rules::json::parse(&text, &source)?)
+    } else {
+        let de = toml::Deserializer::new(&text);
+        let file: RawRulesFile =
+            serde_path_to_error::deserialize(de).map_err(|e| ConfigError::Invalid {
+                key: format!("{source}: {}", e.path()),
+                message: e.into_inner().message().trim().replace('`', "\""),
+            })?;
+        Ok(file.rules)
+    }
+}
+
+pub(super) fn check_unique(rules: &[Rule], errors: &mut Vec<ConfigError>) {
+    for (i, r) in rules.iter().enumerate() {
+        if rules[..i].iter().any(|o| o.name == r.name) {
+            errors.push(ConfigError::Invalid {
+                key: format!("rules[{i}].name"),
+                message: format!(
+                    "\"{}\" names another rule too; names must be unique",
+                    r.name
+                ),
+            });
+        }
+    }
+}
+
+impl RawRule {
+    /// Validates one rule; `key` is its place, such as `rules[1]`.
+    pub fn validate(&self, key: &str) -> Result<Rule, Vec<ConfigError>> {
+        let mut errors = Vec::new();
+        let mut invalid = |k: &str, message: String| {
+            errors.push(ConfigError::Invalid {
+                key: format!("{key}.{k}"),
+                message,
+            })
+        };
+        fn pick<T: Copy>(
+            invalid: &mut impl FnMut(&str, String),
+            k: &str,
+            value: &str,
+            options: &[(&str, T)],
+        ) -> Option<T> {
+            let found = options.iter().find(|(n, _)| *n == value).map(|(_, v)| *v);
+            if found.is_none() {
+                let names: Vec<String> = options.iter().map(|(n, _)| format!("\"{n}\"")).collect();
+                invalid(k, format!("\"{value}\" is not one of {}", names.join(", ")));
+            }
+            found
+        }
+        check_name(&mut invalid, "rule", &self.name);
+        let metric = pick(
+            &mut invalid,
+            "metric",
+            &self.metric,
+            &Metric::ALL.map(|m| (m.as_str(), m)),
+        );
+        let statistic = pick(
+            &mut invalid,
+            "statistic",
+            self.statistic.as_deref().unwrap_or("average"),
+            &[
+                ("average", Statistic::Average),
+                ("maximum", Statistic::Maximum),
+            ],
+        );
+        let comparison = pick(
+            &mut invalid,
+            "comparison",
+            &self.comparison,
+            &[
+                ("less_than", Comparison::LessThan),
+                ("less_than_or_equal", Comparison::LessThanOrEqual),
+                ("greater_than", Comparison::GreaterThan),
+                ("greater_than_or_equal", Comparison::GreaterThanOrEqual),
+            ],
+        );
+        let gpus = pick(
+            &mut invalid,
+            "gpus",
+            self.gpus.as_deref().unwrap_or("every"),
+            &[("every", Aggregation::Every), ("any", Aggregation::Any)],
+        );
+        let lifecycle = match self.lifecycle.as_deref() {
+            None => Some(None),
+            Some(l) => pick(
+                &mut invalid,
+                "lifecycle",
+                l,
+                &[
+                    ("spot", Some(Lifecycle::Spot)),
+                    ("on-demand", Some(Lifecycle::OnDemand)),
+                ],
+            ),
+        };
+        let action = pick(
+            &mut invalid,
+            "action",
+            &self.action,
+            &[
+                ("alert", Action::Alert),
+                ("exec", Action::Exec),
+                ("stop", Action::Stop),
+                ("hibernate", Action::Hibernate),
+                ("terminate", Action::Terminate),
+            ],
+        );
+        if let Some(m) = metric {
+            let ok = if m.is_ratio() {
+                (0.0..=1.0).contains(&self.threshold)
+            } else {
+                self.threshold >= 0.0 && self.threshold.is_finite()
+            };
+            if !ok {
+                let what = if m.is_ratio() {
+                    "a ratio between 0 and 1"
+                } else {
+                    "a count of 0 or more"
+                };
+                invalid("threshold", format!("\"{}\" is not {what}", self.threshold));
+            }
+        }
+        let period = duration(
+            &mut invalid,
+            "period",
+            &self.period,
+            Duration::from_secs(1)..=DAY,
+        );
+        if self.evaluation_periods == 0 || self.evaluation_periods > MAX_EVALUATION_PERIODS {
+            invalid(
+                "evaluation_periods",
+                format!(
+                    "\"{}\" must be between 1 and {MAX_EVALUATION_PERIODS}",
+                    self.evaluation_periods
+                ),
+            );
+        } else if let Some(p) = period {
+            if p * self.evaluation_periods > MAX_RULE_SPAN {
+                invalid(
+                    "evaluation_periods",
+                    format!(
+                        "\"{}\" periods of \"{}\" span more than {} days",
+                        self.evaluation_periods,
+                        self.period,
+                        MAX_RULE_SPAN.as_secs() / 86_400
+                    ),
+                );
+            }
+        }
+        if let Some(g) = &self.budget {
+            if !(g.spent_at_least.is_finite() && (0.0..=10.0).contains(&g.spent_at_least)) {
+                invalid(
+                    "budget.spent_at_least",
+                    format!(
+                        "\"{}\" is not a share of the budget between 0 and 10, such as 0.8",
+                        g.spent_at_least
+                    ),
+                );
+            }
+        }
+        let m = self.datapoints_to_alarm.unwrap_or(self.evaluation_periods);
+        if m == 0 || m > self.evaluation_periods {
+            invalid(
+                "datapoints_to_alarm",
+                format!(
+                    "\"{m}\" must be between 1 and evaluation_periods ({})",
+                    self.evaluation_periods
+                ),
+            );
+        }
+        if action == Some(Action::Exec) && self.command.is_empty() {
+            invalid(
+                "command",
+                "an exec rule needs a command, such as [\"/usr/local/bin/notify\", \"idle\"]"
+                    .into(),
+            );
+        }
+        match (
+            metric, statistic, comparison, gpus, lifecycle, action, period,
+        ) {
+            (
+                Some(metric),
+                Some(statistic),
+                Some(comparison),
+                Some(gpus),
+                Some(lifecycle),
+                Some(action),
+                Some(period),
+            ) if errors.is_empty() => Ok(Rule {
+                name: self.name.clone(),
+                metric,
+                statistic,
+                comparison,
+                threshold: self.threshold,
+                period,
+                evaluation_periods: self.evaluation_periods,
+                datapoints_to_alarm: m,
+                gpus,
+                lifecycle,
+                action,
+                command: self.command.clone(),
+                budget: self.budget.as_ref().map(|g| BudgetGate {
+                    name: g.name.clone(),
+                    spent_at_least: g.spent_at_least,
+                }),
+                exhausted: None,
+            }),
+            _ => Err(errors),
+        }
+    }
+}
+
+/// The most evaluation periods a rule may look back over (a week of one-minute periods), and
+/// the longest span they may cover. Beyond them a rule is a mistake, and would cost memory.
+pub const MAX_EVALUATION_PERIODS: u32 = 10_080;
+pub(super) const MAX_RULE_SPAN: Duration = Duration::from_secs(31 * 86_400);

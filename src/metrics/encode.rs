@@ -1,0 +1,117 @@
+//! Encoding helpers shared by the collectors: GPU label sets that borrow from the snapshot,
+//! family descriptors, and one-call encoders for gauge and counter families.
+
+use std::fmt;
+
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeLabel, EncodeLabelSet,
+    LabelSetEncoder, MetricEncoder, NoLabelSet,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Unit;
+
+use super::Text;
+use crate::gpu::GpuSample;
+/// `gpu` and `uuid`, which every GPU series carries, plus the series' own labels.
+pub(super) struct GpuLabels<'a, X> {
+    pub(super) gpu: u32,
+    pub(super) uuid: &'a str,
+    pub(super) extra: X,
+}
+
+impl<X: EncodeLabelSet> EncodeLabelSet for GpuLabels<'_, X> {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), fmt::Error> {
+        ("gpu", self.gpu).encode(encoder.encode_label())?;
+        ("uuid", Text(self.uuid)).encode(encoder.encode_label())?;
+        self.extra.encode(encoder)
+    }
+}
+
+/// No labels of a series' own.
+pub(super) type NoLabels = [(&'static str, &'static str); 0];
+pub(super) const NO_LABELS: NoLabels = [];
+
+pub(super) fn labels(g: &GpuSample) -> GpuLabels<'_, NoLabels> {
+    with(g, NO_LABELS)
+}
+
+pub(super) fn with<X>(g: &GpuSample, extra: X) -> GpuLabels<'_, X> {
+    GpuLabels {
+        gpu: g.index,
+        uuid: &g.uuid,
+        extra,
+    }
+}
+
+/// One metric family: its name (without unit or `_total`), help, unit and type.
+pub(super) struct Desc {
+    name: &'static str,
+    help: &'static str,
+    unit: Option<Unit>,
+}
+
+pub(super) fn desc(name: &'static str, help: &'static str, unit: Option<&'static str>) -> Desc {
+    Desc {
+        name,
+        help,
+        unit: unit.map(|u| Unit::Other(u.to_string())),
+    }
+}
+
+/// Encodes one metric family; a family with no series is left out entirely.
+pub(super) fn family<L: EncodeLabelSet, V>(
+    enc: &mut DescriptorEncoder,
+    d: Desc,
+    ty: MetricType,
+    series: impl IntoIterator<Item = (L, V)>,
+    value: impl Fn(&mut MetricEncoder, &V) -> Result<(), fmt::Error>,
+) -> Result<(), fmt::Error> {
+    let mut series = series.into_iter().peekable();
+    if series.peek().is_none() {
+        return Ok(());
+    }
+    let mut family = enc.encode_descriptor(d.name, d.help, d.unit.as_ref(), ty)?;
+    for (l, v) in series {
+        value(&mut family.encode_family(&l)?, &v)?;
+    }
+    Ok(())
+}
+
+pub(super) fn gauges<L: EncodeLabelSet, V: EncodeGaugeValue>(
+    enc: &mut DescriptorEncoder,
+    d: Desc,
+    series: impl IntoIterator<Item = (L, V)>,
+) -> Result<(), fmt::Error> {
+    family(enc, d, MetricType::Gauge, series, |m, v| m.encode_gauge(v))
+}
+
+/// Counters: the encoder appends `_total` to the name.
+pub(super) fn counters<L: EncodeLabelSet, V: EncodeCounterValue>(
+    enc: &mut DescriptorEncoder,
+    d: Desc,
+    series: impl IntoIterator<Item = (L, V)>,
+) -> Result<(), fmt::Error> {
+    family(enc, d, MetricType::Counter, series, |m, v| {
+        m.encode_counter::<NoLabelSet, V, f64>(v, None)
+    })
+}
+
+/// Encodes a gauge without labels.
+pub(super) fn gauge<V: EncodeGaugeValue>(
+    enc: &mut DescriptorEncoder,
+    d: Desc,
+    v: V,
+) -> Result<(), fmt::Error> {
+    enc.encode_descriptor(d.name, d.help, d.unit.as_ref(), MetricType::Gauge)?
+        .encode_gauge(&v)
+}
+
+/// Series of one optional reading of every GPU that is up.
+pub(super) fn per_gpu<'a, V: 'a>(
+    gpus: &'a [GpuSample],
+    read: impl Fn(&'a GpuSample) -> Option<V> + 'a,
+) -> impl Iterator<Item = (GpuLabels<'a, NoLabels>, V)> + 'a {
+    gpus.iter()
+        .filter(|g| g.up)
+        .filter_map(move |g| read(g).map(|v| (labels(g), v)))
+}
