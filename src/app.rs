@@ -70,17 +70,33 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", config.server.listen))?;
     let addr = listener.local_addr()?;
+    let web = config.server.web.as_ref();
+    let tls = match web.and_then(|w| w.tls.as_ref()) {
+        None => None,
+        Some(t) => Some(tokio_rustls::TlsAcceptor::from(
+            crate::web::tls::server_config(t)
+                .map_err(|e| anyhow::anyhow!("server.web_config_file: tls_server_config: {e}"))?,
+        )),
+    };
     tracing::info!(
         interval = ?config.sampling.interval,
         library = %config.nvml.library.display(),
-        "listening on http://{}/",
+        basic_auth = web.is_some_and(|w| !w.users.is_empty()),
+        "listening on {}://{}/",
+        if tls.is_some() { "https" } else { "http" },
         display_addr(addr)
     );
-    let app = router(ServerState {
+    let mut app = router(ServerState {
         registry: Arc::new(registry),
         snapshots,
         long_polls: Arc::new(tokio::sync::Semaphore::new(config.server.max_long_polls)),
     });
+    if let Some(w) = web {
+        app = app.layer(axum::middleware::from_fn_with_state(
+            crate::web::auth::Guard::new(w),
+            crate::web::auth::layer,
+        ));
+    }
     let limits = crate::serve::Limits {
         max_connections: config.server.max_connections,
         header_read_timeout: config.server.header_read_timeout,
@@ -98,7 +114,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             }
         }
     };
-    crate::serve::serve(listener, app, limits, http, shutdown).await;
+    crate::serve::serve(listener, app, limits, http, tls, shutdown).await;
     tracing::info!("stopped");
     Ok(())
 }

@@ -24,3 +24,4 @@ pub mod state;
 pub mod time;
 pub mod vetoes;
 pub mod watch;
+pub mod web;

@@ -9,6 +9,7 @@
 //!   newcomer is closed at once. An attacker's idle connections thus never lock out a scrape.
 //! - A connection lives at most `max_connection_age`; then it is asked to close after its
 //!   current request, and closed outright a grace period later. This bounds slow readers.
+//! - With TLS, the handshake must finish within `header_read_timeout` too.
 //! - On shutdown the listener stops accepting, every connection is asked to finish, and those
 //!   still open after `shutdown_grace` are closed.
 
@@ -22,6 +23,7 @@ use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
+use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt as _;
 
 /// The listener's limits; see the module docs.
@@ -53,6 +55,8 @@ pub struct Stats {
     pub evicted: AtomicU64,
     /// Closed at once: every slot was busy.
     pub refused: AtomicU64,
+    /// TLS handshakes that failed or timed out.
+    pub tls_failures: AtomicU64,
 }
 
 /// One open connection, as the slot table sees it.
@@ -127,6 +131,7 @@ pub async fn serve(
     app: Router,
     limits: Limits,
     stats: Arc<Stats>,
+    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) {
     let slots = Arc::new(Mutex::new(Slots::default()));
@@ -178,6 +183,7 @@ pub async fn serve(
             stream,
             app.clone(),
             limits,
+            tls.clone(),
             slot,
             stop_rx.clone(),
             Arc::clone(&slots),
@@ -201,35 +207,111 @@ pub async fn serve(
 
 type SlotHandles = (u64, Arc<AtomicUsize>, Arc<Mutex<Instant>>, Arc<Notify>);
 
+/// Frees a connection's slot when its task ends, however it ends.
+struct SlotGuard {
+    id: u64,
+    slots: Arc<Mutex<Slots>>,
+    stats: Arc<Stats>,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .open
+            .retain(|s| s.id != self.id);
+        self.stats.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn connection(
     stream: tokio::net::TcpStream,
     app: Router,
     limits: Limits,
+    tls: Option<TlsAcceptor>,
     (id, busy, idle_since, close): SlotHandles,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     slots: Arc<Mutex<Slots>>,
     stats: Arc<Stats>,
 ) {
-    let service = {
-        let busy = Arc::clone(&busy);
-        let idle_since = Arc::clone(&idle_since);
-        hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-            let guard = Busy::new(&busy, &idle_since);
-            let call = app.clone().oneshot(req.map(axum::body::Body::new));
-            async move {
-                let response = call.await;
-                drop(guard);
-                response
-            }
-        })
+    let _slot = SlotGuard {
+        id,
+        slots,
+        stats: Arc::clone(&stats),
     };
+    let Some(acceptor) = tls else {
+        return drive(
+            TokioIo::new(stream),
+            app,
+            limits,
+            busy,
+            idle_since,
+            close,
+            stop,
+        )
+        .await;
+    };
+    // The handshake counts as reading the request head: the same timeout bounds it, and an
+    // evicted connection stops handshaking at once.
+    let handshake = tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream));
+    let result = tokio::select! {
+        r = handshake => r,
+        _ = close.notified() => return,
+    };
+    match result {
+        Ok(Ok(tls)) => {
+            drive(
+                TokioIo::new(tls),
+                app,
+                limits,
+                busy,
+                idle_since,
+                close,
+                stop,
+            )
+            .await
+        }
+        Ok(Err(e)) => {
+            stats.tls_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(error = %e, "TLS handshake failed");
+        }
+        Err(_) => {
+            stats.tls_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!("TLS handshake timed out");
+        }
+    }
+}
+
+/// Serves HTTP/1.1 on one connection until it ends, is evicted, ages out or the server stops.
+async fn drive<I>(
+    io: TokioIo<I>,
+    app: Router,
+    limits: Limits,
+    busy: Arc<AtomicUsize>,
+    idle_since: Arc<Mutex<Instant>>,
+    close: Arc<Notify>,
+    mut stop: watch::Receiver<bool>,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        let guard = Busy::new(&busy, &idle_since);
+        let call = app.clone().oneshot(req.map(axum::body::Body::new));
+        async move {
+            let response = call.await;
+            drop(guard);
+            response
+        }
+    });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
         .max_buf_size(64 * 1024)
         .keep_alive(true);
-    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    let conn = builder.serve_connection(io, service);
     let mut conn = pin!(conn);
     let age = tokio::time::sleep(limits.max_connection_age);
     let mut age = pin!(age);
@@ -259,10 +341,4 @@ async fn connection(
             }
         }
     }
-    slots
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .open
-        .retain(|s| s.id != id);
-    stats.open.fetch_sub(1, Ordering::Relaxed);
 }

@@ -57,12 +57,17 @@ struct Prometheus {
 
 impl Prometheus {
     fn scraping(target: std::net::SocketAddr) -> Prometheus {
+        Prometheus::scraping_with(target, "")
+    }
+
+    /// Like `scraping`, with more lines for the scrape job (such as `scheme: https`).
+    fn scraping_with(target: std::net::SocketAddr, job: &str) -> Prometheus {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("prometheus.yml");
         std::fs::write(
             &config,
             format!(
-                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: gpuwatch\n    static_configs:\n      - targets: ['{target}']\n"
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: gpuwatch\n{job}    static_configs:\n      - targets: ['{target}']\n"
             ),
         )
         .unwrap();
@@ -177,5 +182,26 @@ fn hostile_label_values_are_escaped_and_prometheus_keeps_every_scrape() {
     let spoofed = prom.await_query("gpu_utilization_ratio", |r| !r.is_empty());
     assert_eq!(spoofed.len(), 1, "{spoofed:?}");
     assert_ne!(spoofed[0]["metric"]["uuid"], "SPOOFED");
+    prom.assert_up();
+}
+
+/// Prometheus scrapes over TLS with basic auth, as its `tls_config` and `basic_auth` say.
+#[test]
+fn prometheus_scrapes_over_tls_with_basic_auth() {
+    use common::certs::{protect, PASSWORD, USER};
+    let dir = tempfile::tempdir().unwrap();
+    let p = protect(dir.path());
+    let d = Daemon::start_in(
+        dir,
+        SCENARIO,
+        "[server]\nlisten = \"127.0.0.1:0\"\nweb_config_file = \"web-config.yml\"\n",
+    );
+    let job = format!(
+        "    scheme: https\n    tls_config:\n      ca_file: '{}'\n    basic_auth:\n      username: {USER}\n      password: {PASSWORD}\n",
+        p.ca.display()
+    );
+    let prom = Prometheus::scraping_with(d.addr, &job);
+    let result = prom.await_query("gpu_utilization_ratio", |r| r.len() == 4);
+    assert_eq!(result.len(), 4);
     prom.assert_up();
 }

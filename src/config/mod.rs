@@ -170,6 +170,8 @@ pub struct ServerConfig {
     pub max_long_polls: usize,
     /// A request head must arrive within this, and an idle connection is closed after it.
     pub header_read_timeout: Duration,
+    /// TLS and basic auth, from `web_config_file` (the exporter toolkit's format).
+    pub web: Option<crate::web::WebConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -254,7 +256,16 @@ impl Config {
                 .join(&raw.rules_file);
             raw.rules.extend(load_rules_file(&file)?);
         }
-        raw.validate()
+        let web_file = raw.server.web_config_file.clone();
+        let mut config = raw.validate()?;
+        if !web_file.is_empty() {
+            let file = path.parent().unwrap_or(Path::new(".")).join(&web_file);
+            config.server.web = Some(crate::web::WebConfig::load(
+                &file,
+                "server.web_config_file",
+            )?);
+        }
+        Ok(config)
     }
 
     /// Adds the rules of a JSON (or TOML `[[rules]]`) file, as `--rules PATH` does.
@@ -612,6 +623,7 @@ impl RawConfig {
                         max_connections: self.server.max_connections,
                         max_long_polls: self.server.max_long_polls,
                         header_read_timeout: header_read_timeout.unwrap_or_default(),
+                        web: None,
                     },
                     nvml: NvmlConfig {
                         library: PathBuf::from(self.nvml.library),

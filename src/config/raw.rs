@@ -91,6 +91,7 @@ pub struct RawServer {
     pub max_connections: usize,
     pub max_long_polls: usize,
     pub header_read_timeout: String,
+    pub web_config_file: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -157,6 +158,7 @@ impl Default for RawConfig {
                 max_connections: 256,
                 max_long_polls: 64,
                 header_read_timeout: "5s".to_string(),
+                web_config_file: String::new(),
             },
             nvml: RawNvml {
                 library: "libnvidia-ml.so.1".to_string(),

@@ -337,6 +337,15 @@ impl Collector for HttpCollector {
                 ([("reason", "evicted")], s.evicted.load(Relaxed)),
                 ([("reason", "refused")], s.refused.load(Relaxed)),
             ],
+        )?;
+        counters(
+            e,
+            desc(
+                "gpuwatch_http_tls_handshake_failures",
+                "TLS handshakes that failed or timed out (no TLS, a bad or expired client certificate)",
+                None,
+            ),
+            [(NO_LABELS, s.tls_failures.load(Relaxed))],
         )
     }
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod aws;
+pub mod certs;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -83,7 +84,11 @@ impl Daemon {
         std::thread::spawn(move || {
             let mut tx = Some(tx);
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("listening on http://").nth(1) {
+                let after = line
+                    .split("listening on http://")
+                    .nth(1)
+                    .or_else(|| line.split("listening on https://").nth(1));
+                if let Some(rest) = after {
                     let addr: SocketAddr = rest.split('/').next().unwrap().parse().unwrap();
                     if let Some(tx) = tx.take() {
                         let _ = tx.send(addr);

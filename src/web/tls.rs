@@ -1,0 +1,158 @@
+//! The rustls server configuration for `tls_server_config`, with a certificate that is reloaded
+//! when its files change: each handshake compares the files' modification times and sizes with
+//! those last loaded (two `stat` calls), and reads them again only when they differ. A
+//! certificate that fails to load is logged, and the previous one stays in use.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use rustls::crypto::CryptoProvider;
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use rustls::{RootCertStore, ServerConfig};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use super::{ClientAuth, Pem, TlsSettings, Version};
+
+/// The one crypto provider gpuwatch uses (the AWS SDK already builds it).
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+/// Builds the server configuration. Errors are sentences for a person.
+pub fn server_config(t: &TlsSettings) -> Result<Arc<ServerConfig>, String> {
+    let provider = provider();
+    let versions: Vec<&'static rustls::SupportedProtocolVersion> = [
+        (Version::Tls12, &rustls::version::TLS12),
+        (Version::Tls13, &rustls::version::TLS13),
+    ]
+    .into_iter()
+    .filter(|(v, _)| (t.min_version..=t.max_version).contains(v))
+    .map(|(_, p)| p)
+    .collect();
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_protocol_versions(&versions)
+        .map_err(|e| e.to_string())?;
+    let builder = match (t.client_auth, &t.client_ca) {
+        (ClientAuth::NoClientCert, _) | (_, None) => builder.with_no_client_auth(),
+        (auth, Some(ca)) => {
+            let mut roots = RootCertStore::empty();
+            for cert in certificates(ca).map_err(|e| format!("client_ca: {e}"))? {
+                roots.add(cert).map_err(|e| format!("client_ca: {e}"))?;
+            }
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), Arc::clone(&provider));
+            let verifier = if auth == ClientAuth::VerifyClientCertIfGiven {
+                verifier.allow_unauthenticated()
+            } else {
+                verifier
+            };
+            builder
+                .with_client_cert_verifier(verifier.build().map_err(|e| format!("client_ca: {e}"))?)
+        }
+    };
+    let resolver = Reloading::new(t.cert.clone(), t.key.clone(), provider)?;
+    let mut config = builder.with_cert_resolver(Arc::new(resolver));
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+fn read(pem: &Pem) -> Result<Vec<u8>, String> {
+    match pem {
+        Pem::Inline(text) => Ok(text.as_bytes().to_vec()),
+        Pem::File(path) => std::fs::read(path).map_err(|e| format!("{}: {e}", path.display())),
+    }
+}
+
+fn certificates(pem: &Pem) -> Result<Vec<CertificateDer<'static>>, String> {
+    let bytes = read(pem)?;
+    let certs = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{}: {e:?}", describe(pem)))?;
+    if certs.is_empty() {
+        return Err(format!("{}: no PEM certificate found", describe(pem)));
+    }
+    Ok(certs)
+}
+
+fn certified_key(cert: &Pem, key: &Pem, provider: &CryptoProvider) -> Result<CertifiedKey, String> {
+    let chain = certificates(cert)?;
+    let key_bytes = read(key)?;
+    // The key's own bytes never reach a message.
+    let key_der = PrivateKeyDer::from_pem_slice(&key_bytes)
+        .map_err(|_| format!("{}: no PEM private key found", describe(key)))?;
+    CertifiedKey::from_der(chain, key_der, provider)
+        .map_err(|e| format!("{} and {}: {e}", describe(cert), describe(key)))
+}
+
+fn describe(pem: &Pem) -> String {
+    match pem {
+        Pem::File(p) => p.display().to_string(),
+        Pem::Inline(_) => "the inline PEM".to_string(),
+    }
+}
+
+/// What identifies the loaded files: modification time and size of each.
+type Stamp = Option<[(SystemTime, u64); 2]>;
+
+fn stamp(cert: &Pem, key: &Pem) -> Stamp {
+    let one = |pem: &Pem| match pem {
+        Pem::File(p) => std::fs::metadata(p)
+            .ok()
+            .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len())),
+        Pem::Inline(_) => Some((SystemTime::UNIX_EPOCH, 0)),
+    };
+    Some([one(cert)?, one(key)?])
+}
+
+struct Reloading {
+    cert: Pem,
+    key: Pem,
+    provider: Arc<CryptoProvider>,
+    current: Mutex<(Stamp, Arc<CertifiedKey>)>,
+}
+
+impl fmt::Debug for Reloading {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reloading")
+            .field("cert", &describe(&self.cert))
+            .finish()
+    }
+}
+
+impl Reloading {
+    fn new(cert: Pem, key: Pem, provider: Arc<CryptoProvider>) -> Result<Reloading, String> {
+        let stamp = stamp(&cert, &key);
+        let loaded = certified_key(&cert, &key, &provider)?;
+        Ok(Reloading {
+            cert,
+            key,
+            provider,
+            current: Mutex::new((stamp, Arc::new(loaded))),
+        })
+    }
+}
+
+impl ResolvesServerCert for Reloading {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let now = stamp(&self.cert, &self.key);
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if now.is_some() && now != current.0 {
+            match certified_key(&self.cert, &self.key, &self.provider) {
+                Ok(k) => {
+                    tracing::info!(cert = %describe(&self.cert), "reloaded the TLS certificate");
+                    *current = (now, Arc::new(k));
+                }
+                Err(e) => {
+                    // Half-written files are normal during a renewal: keep serving the
+                    // certificate that worked, and try again when the files change again.
+                    tracing::warn!(error = %e, "cannot reload the TLS certificate; keeping the previous one");
+                    current.0 = now;
+                }
+            }
+        }
+        Some(Arc::clone(&current.1))
+    }
+}
