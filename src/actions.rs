@@ -46,14 +46,12 @@ pub struct Instance {
 pub struct Executor {
     pub mode: Mode,
     pub spot_stop: SpotStop,
-    pub webhook_url: Option<String>,
-    pub wall: bool,
     pub exec_timeout: Duration,
     /// How long EC2 calls are retried through throttling, 5xx and outages.
     pub retry_for: Duration,
     pub audit: Arc<AuditLog>,
     pub instance: Option<Instance>,
-    http: reqwest::Client,
+    pub notifier: crate::notify::Notifier,
     denied_reported: AtomicBool,
 }
 
@@ -72,16 +70,11 @@ impl Executor {
         Executor {
             mode,
             spot_stop,
-            webhook_url,
-            wall,
             exec_timeout,
             retry_for,
             audit,
             instance,
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .unwrap_or_default(),
+            notifier: crate::notify::Notifier::start(webhook_url, wall),
             denied_reported: AtomicBool::new(false),
         }
     }
@@ -110,28 +103,10 @@ impl Executor {
         }
     }
 
-    /// Sends a message to the webhook (Slack-compatible `text`) and, for warnings, to the
-    /// terminals of logged-in users.
-    pub async fn notify(&self, text: &str, to_terminals: bool) {
-        if let Some(url) = &self.webhook_url {
-            let body = json!({ "text": text, "source": "gpuwatch" });
-            match self.http.post(url).json(&body).send().await {
-                Ok(r) if r.status().is_success() => {}
-                Ok(r) => tracing::warn!(
-                    status = r.status().as_u16(),
-                    "the webhook refused a message"
-                ),
-                // The URL is a secret: neither it nor any URL in the error chain is logged.
-                Err(e) => tracing::warn!(
-                    endpoint = %crate::redact::urls(url),
-                    error = %crate::redact::urls(&error_chain(&e.without_url())),
-                    "cannot reach the webhook"
-                ),
-            }
-        }
-        if to_terminals && self.wall {
-            wall(text).await;
-        }
+    /// Queues a message for the webhook (Slack-compatible `text`) and, for warnings, for the
+    /// terminals of logged-in users. Never waits: delivery happens off the decision loop.
+    pub fn notify(&self, text: &str, to_terminals: bool) {
+        self.notifier.send(text, to_terminals);
     }
 
     /// Carries out `action` for `rule`, exactly once. Returns what happened.
@@ -158,7 +133,7 @@ impl Executor {
             Action::Alert => {
                 let text = format!("gpuwatch: rule \"{}\" breached: GPUs idle", rule.name);
                 tracing::warn!(rule = %rule.name, "{text}");
-                self.notify(&text, false).await;
+                self.notify(&text, false);
                 Outcome::Done
             }
             Action::Exec if self.mode == Mode::DryRun => {
@@ -192,7 +167,7 @@ impl Executor {
             _ => tracing::warn!("{text}"),
         }
         if action != Action::Alert {
-            self.notify(&text, false).await;
+            self.notify(&text, false);
         }
         outcome
     }
@@ -316,35 +291,4 @@ fn describe(step: &Step) -> String {
         Step::Stop { hibernate: true } => "StopInstances (hibernate)".into(),
         Step::Terminate => "TerminateInstances".into(),
     }
-}
-
-/// Writes a message to logged-in terminals with `wall`, where it exists. Best effort.
-/// An error and its sources, as one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
-async fn wall(text: &str) {
-    use tokio::io::AsyncWriteExt;
-    let child = tokio::process::Command::new("wall")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn();
-    let Ok(mut child) = child else {
-        tracing::debug!("no wall command; terminals are not told");
-        return;
-    };
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(text.as_bytes()).await;
-    }
-    let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
 }

@@ -13,6 +13,7 @@ pub mod config;
 pub mod cost;
 pub mod gpu;
 pub mod metrics;
+pub mod notify;
 pub mod redact;
 pub mod report;
 pub mod rules;

@@ -266,11 +266,13 @@ pub async fn poll_budget(services: Services, budget: BudgetConfig, known: Arc<Kn
 }
 
 /// Sends one budget alert everywhere it goes: log, audit, webhook, SNS.
-pub async fn send_alert(
+/// The alert is recorded and queued here; the SNS publish runs in a task of its own, so an
+/// AWS call never holds up the decision loop.
+pub fn send_alert(
     c: &Crossing,
     limit: f64,
     budget: Option<&BudgetConfig>,
-    executor: &crate::actions::Executor,
+    executor: &std::sync::Arc<crate::actions::Executor>,
     services: Option<&Services>,
 ) {
     let text = alert_text(c, limit);
@@ -279,14 +281,19 @@ pub async fn send_alert(
         json!({"event": "budget_alert", "budget": c.budget, "threshold": c.threshold,
         "basis": c.basis, "ratio": c.ratio, "limit": limit}),
     );
-    executor.notify(&text, false).await;
-    if let (Some(topic), Some(s)) = (budget.and_then(|b| b.sns_topic_arn.as_deref()), services) {
-        match s.publish(topic, "gpuwatch budget alert", &text).await {
-            Ok(id) => {
-                executor
-                    .audit(json!({"event": "sns_publish", "budget": c.budget, "message_id": id}));
+    executor.notify(&text, false);
+    if let (Some(topic), Some(s)) = (budget.and_then(|b| b.sns_topic_arn.clone()), services) {
+        let (s, executor, name) = (s.clone(), std::sync::Arc::clone(executor), c.budget.clone());
+        tokio::spawn(async move {
+            match s.publish(&topic, "gpuwatch budget alert", &text).await {
+                Ok(id) => {
+                    executor
+                        .audit(json!({"event": "sns_publish", "budget": name, "message_id": id}));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, topic, "cannot publish the budget alert to SNS")
+                }
             }
-            Err(e) => tracing::warn!(error = %e, topic, "cannot publish the budget alert to SNS"),
-        }
+        });
     }
 }

@@ -1,4 +1,18 @@
 //! Activity vetoes: an open SSH session or a named process keeps the node busy.
+//!
+//! A process's name (`comm`, `argv[0]`) is chosen by whoever starts it, so any local user could
+//! hold the node with a process named `sshd: x@pts/9`. What they cannot choose is the
+//! executable a process runs (`/proc/PID/exe`) or the user it runs as. So:
+//! - an SSH session is a process running the real sshd (an executable named `sshd` or
+//!   `sshd-session`, owned by root and writable by nobody else) whose title names a user
+//!   session (`sshd: USER@pts/N` or `USER@notty`), or a remote login recorded in utmp
+//!   (written only by root's login services) whose process is alive;
+//! - a process veto that is an absolute path matches the executable; a bare name matches
+//!   `comm` as before, which is spoofable, and is said so at start. `process_uid` restricts
+//!   process vetoes to one user.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 
 use crate::config::VetoesConfig;
 
@@ -6,6 +20,11 @@ use crate::config::VetoesConfig;
 pub fn check(cfg: &VetoesConfig) -> Option<String> {
     if !cfg.ssh_sessions && cfg.processes.is_empty() {
         return None;
+    }
+    if cfg.ssh_sessions {
+        if let Some(user) = utmp_remote_login(Path::new("/var/run/utmp")) {
+            return Some(format!("an SSH session of \"{user}\" is open"));
+        }
     }
     let entries = std::fs::read_dir("/proc").ok()?;
     for entry in entries.flatten() {
@@ -15,26 +34,88 @@ pub fn check(cfg: &VetoesConfig) -> Option<String> {
         }
         let dir = entry.path();
         if !cfg.processes.is_empty() {
-            if let Ok(comm) = std::fs::read_to_string(dir.join("comm")) {
-                let comm = comm.trim();
-                if cfg.processes.iter().any(|p| p == comm) {
-                    return Some(format!("process \"{comm}\" is running"));
-                }
+            if let Some(why) = process_veto(cfg, &dir) {
+                return Some(why);
             }
         }
         if cfg.ssh_sessions {
-            if let Ok(cmdline) = std::fs::read(dir.join("cmdline")) {
-                let cmd = String::from_utf8_lossy(&cmdline);
-                // sshd names each session process "sshd: USER@pts/N" (or "USER@notty").
-                if let Some(rest) = cmd.strip_prefix("sshd: ") {
-                    if let Some(user) = rest.split('@').next().filter(|_| rest.contains('@')) {
-                        return Some(format!("an SSH session of \"{}\" is open", user.trim()));
-                    }
-                }
+            if let Some(user) = sshd_session(&dir) {
+                return Some(format!("an SSH session of \"{user}\" is open"));
             }
         }
     }
     None
+}
+
+fn process_veto(cfg: &VetoesConfig, dir: &Path) -> Option<String> {
+    if let Some(uid) = cfg.process_uid {
+        if std::fs::metadata(dir).ok()?.uid() != uid {
+            return None;
+        }
+    }
+    let exe = std::fs::read_link(dir.join("exe")).ok();
+    let comm = std::fs::read_to_string(dir.join("comm")).ok();
+    let comm = comm.as_deref().map(str::trim);
+    cfg.processes.iter().find_map(|p| {
+        if p.starts_with('/') {
+            (exe.as_deref() == Some(Path::new(p))).then(|| format!("{p} is running"))
+        } else {
+            (comm == Some(p.as_str())).then(|| format!("process \"{p}\" is running"))
+        }
+    })
+}
+
+/// The user of an sshd session process, if `dir` is one running the real sshd.
+fn sshd_session(dir: &Path) -> Option<String> {
+    let cmdline = std::fs::read(dir.join("cmdline")).ok()?;
+    let cmd = String::from_utf8_lossy(&cmdline);
+    let rest = cmd.strip_prefix("sshd: ")?;
+    let (user, _) = rest.split_once('@')?;
+    let exe = std::fs::read_link(dir.join("exe")).ok()?;
+    is_real_sshd(&exe).then(|| user.trim().to_string())
+}
+
+fn is_real_sshd(exe: &Path) -> bool {
+    let named = exe
+        .file_name()
+        .is_some_and(|n| n == "sshd" || n == "sshd-session");
+    let trusted = std::fs::metadata(exe).is_ok_and(|m| m.uid() == 0 && m.mode() & 0o022 == 0);
+    named && trusted
+}
+
+/// The user of a live remote login in utmp, if there is one. glibc's x86-64 and aarch64
+/// record: 384 bytes; type at 0 (7 is a user process), pid at 4, line at 8 (32 bytes), user at
+/// 44 (32), host at 76 (256).
+fn utmp_remote_login(path: &Path) -> Option<String> {
+    const RECORD: usize = 384;
+    const USER_PROCESS: i16 = 7;
+    let meta = std::fs::metadata(path).ok()?;
+    // Only root's login services may write it.
+    if meta.uid() != 0 || meta.mode() & 0o002 != 0 || meta.len() > 4 << 20 {
+        return None;
+    }
+    let bytes = std::fs::read(path).ok()?;
+    let text = |b: &[u8]| {
+        let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+        String::from_utf8_lossy(&b[..end]).into_owned()
+    };
+    bytes.chunks_exact(RECORD).find_map(|r| {
+        let kind = i16::from_ne_bytes([r[0], r[1]]);
+        let pid = i32::from_ne_bytes([r[4], r[5], r[6], r[7]]);
+        let user = text(&r[44..76]);
+        let host = text(&r[76..332]);
+        let alive = pid > 0 && Path::new(&format!("/proc/{pid}")).exists();
+        (kind == USER_PROCESS && alive && !host.is_empty() && !user.is_empty()).then_some(user)
+    })
+}
+
+/// Process vetoes named by `comm` only, which any user can imitate; logged once at start.
+pub fn spoofable(cfg: &VetoesConfig) -> Vec<&str> {
+    cfg.processes
+        .iter()
+        .filter(|p| !p.starts_with('/'))
+        .map(String::as_str)
+        .collect()
 }
 
 #[cfg(test)]
@@ -42,22 +123,96 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_running_process_vetoes() {
-        // This test binary's own name is in /proc.
+    fn a_running_process_vetoes_by_name_or_executable() {
+        // This test binary's own name and executable are in /proc.
         let me = std::fs::read_to_string("/proc/self/comm")
             .unwrap()
             .trim()
             .to_string();
-        let cfg = VetoesConfig {
-            ssh_sessions: false,
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let by_name = VetoesConfig {
             processes: vec![me.clone()],
+            ..VetoesConfig::default()
         };
-        assert_eq!(check(&cfg), Some(format!("process \"{me}\" is running")));
+        assert_eq!(
+            check(&by_name),
+            Some(format!("process \"{me}\" is running"))
+        );
+        let by_exe = VetoesConfig {
+            processes: vec![exe.display().to_string()],
+            ..VetoesConfig::default()
+        };
+        assert_eq!(
+            check(&by_exe),
+            Some(format!("{} is running", exe.display()))
+        );
+        // Restricted to another user, it is not this process.
+        let other_uid = VetoesConfig {
+            processes: vec![exe.display().to_string()],
+            process_uid: Some(unsafe { libc::geteuid() } + 4242),
+            ..VetoesConfig::default()
+        };
+        assert_eq!(check(&other_uid), None);
         let none = VetoesConfig {
-            ssh_sessions: false,
-            processes: vec!["no-such-process-xyz".into()],
+            processes: vec!["no-such-process-xyz".into(), "/no/such/exe".into()],
+            ..VetoesConfig::default()
         };
         assert_eq!(check(&none), None);
         assert_eq!(check(&VetoesConfig::default()), None);
+        assert_eq!(spoofable(&by_name), vec![me.as_str()]);
+        assert!(spoofable(&by_exe).is_empty());
+    }
+
+    #[test]
+    fn a_process_named_like_an_ssh_session_is_not_one() {
+        // Any user can do this; it once held the node busy.
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new("sleep")
+            .arg0("sshd: mallory@pts/9")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let dir = std::path::PathBuf::from(format!("/proc/{pid}"));
+        // The title can read empty for a moment while the exec completes.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !std::fs::read(dir.join("cmdline")).is_ok_and(|t| t.starts_with(b"sshd: mallory@")) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the title never appeared"
+            );
+            std::thread::yield_now();
+        }
+        assert_eq!(sshd_session(&dir), None);
+        let cfg = VetoesConfig {
+            ssh_sessions: true,
+            ..VetoesConfig::default()
+        };
+        assert!(!check(&cfg).is_some_and(|why| why.contains("mallory")));
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    #[test]
+    fn utmp_records_are_read_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("utmp");
+        let mut record = vec![0u8; 384];
+        record[0..2].copy_from_slice(&7i16.to_ne_bytes());
+        let me = std::process::id() as i32;
+        record[4..8].copy_from_slice(&me.to_ne_bytes());
+        record[8..13].copy_from_slice(b"pts/3");
+        record[44..49].copy_from_slice(b"alice");
+        record[76..85].copy_from_slice(b"10.0.0.99");
+        std::fs::write(&path, &record).unwrap();
+        let owned_by_root = unsafe { libc::geteuid() } == 0;
+        assert_eq!(
+            utmp_remote_login(&path),
+            owned_by_root.then(|| "alice".to_string())
+        );
+        // A local login (no host) is not a remote session; nor is one whose process is gone.
+        record[76..85].copy_from_slice(&[0; 9]);
+        std::fs::write(&path, &record).unwrap();
+        assert_eq!(utmp_remote_login(&path), None);
     }
 }

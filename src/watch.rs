@@ -129,6 +129,13 @@ impl Watch {
             .rules
             .retain(|name, _| rules.iter().any(|r| &r.name == name));
         self.resume_in_flight(&mut persisted).await;
+        let spoofable = crate::vetoes::spoofable(&self.config.vetoes);
+        if !spoofable.is_empty() {
+            tracing::warn!(
+                names = ?spoofable,
+                "[vetoes] processes names processes by name, which any local user can imitate to hold the node busy; name the executable's absolute path instead"
+            );
+        }
         tracing::info!(
             rules = rules.len(),
             mode = self.config.actions.mode.as_str(),
@@ -180,8 +187,7 @@ impl Watch {
             for c in &cost.crossings {
                 let limit = cost.readings.get(&c.budget).map_or(0.0, |r| r.limit);
                 let budget = self.config.budgets.iter().find(|b| b.name == c.budget);
-                crate::spend::send_alert(c, limit, budget, &self.executor, self.services.as_ref())
-                    .await;
+                crate::spend::send_alert(c, limit, budget, &self.executor, self.services.as_ref());
                 self.metrics.update(|v| {
                     *v.cost
                         .alerts
@@ -423,7 +429,7 @@ impl Watch {
                     json!({"event": "warning", "rule": rule.name, "action": action,
                     "due_at": crate::time::rfc3339(*due_at), "evidence": evidence}),
                 );
-                self.executor.notify(&text, true).await;
+                self.executor.notify(&text, true);
             }
             Event::Cancelled { action, reason, .. } => {
                 let text = format!(
@@ -433,7 +439,7 @@ impl Watch {
                 tracing::info!("{text}");
                 self.executor.audit(json!({"event": "cancelled", "rule": rule.name, "action": action, "reason": reason}));
                 self.count(*action, "cancelled");
-                self.executor.notify(&text, true).await;
+                self.executor.notify(&text, true);
             }
             Event::Postponed { action, reason, .. } => {
                 tracing::info!(rule = %rule.name, action = %action, "action postponed: {reason}");
@@ -522,12 +528,10 @@ pub async fn poll_cloud(p: CloudPoller) {
                         json!({"event": "spot_interruption", "notice": format!("{notice:?}"),
                         "time": crate::time::rfc3339(time)}),
                     );
-                    executor
-                        .notify(
-                            &format!("gpuwatch: spot interruption notice ({notice:?})"),
-                            true,
-                        )
-                        .await;
+                    executor.notify(
+                        &format!("gpuwatch: spot interruption notice ({notice:?})"),
+                        true,
+                    );
                 }
                 if hook_ran_for != Some(time) && !hook.is_empty() {
                     hook_ran_for = Some(time);

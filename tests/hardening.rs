@@ -509,3 +509,39 @@ fn under_load_scrapes_answer_and_the_idle_watch_acts_on_time() {
         "RSS grew from {before} to {after} KiB"
     );
 }
+
+#[test]
+fn a_webhook_that_never_answers_does_not_delay_decisions() {
+    // Accepts connections and never answers: each post waits for its whole timeout.
+    let hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = hole.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in hole.incoming().take(100) {
+            held.push(s);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[actions]\nstate_dir = \"{state}\"\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\n\
+         webhook_url = \"http://127.0.0.1:{port}/hook\"\n\
+         [[rules]]\nname = \"idle\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\nthreshold = 0.05\n\
+         period = \"1s\"\nevaluation_periods = 2\naction = \"alert\"\n",
+        state = dir.path().join("state").display(),
+    );
+    let d = Daemon::start_in(dir, IDLE2, &config);
+    d.await_scrape(LIMIT, |s| {
+        counter(s, "gpuwatch_actions_total", ("result", "done")) >= 1.0
+    });
+    let audit = d.audit();
+    let warning = common::events(&audit, "warning")[0];
+    let attempt = common::events(&audit, "action_attempt")[0];
+    let due = gpuwatch::time::parse_rfc3339(warning["due_at"].as_str().unwrap()).unwrap();
+    let at = gpuwatch::time::parse_rfc3339(attempt["time"].as_str().unwrap()).unwrap();
+    // A post that hangs for its 10 s timeout inside the loop would push the action that far.
+    assert!(
+        at - due < 5.0,
+        "the action came {:.1} s after it was due",
+        at - due
+    );
+}

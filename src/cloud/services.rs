@@ -34,7 +34,17 @@ pub async fn shared_config(region: &str, endpoint_url: Option<&str>) -> aws_conf
     if let Some(url) = endpoint_url {
         loader = loader.endpoint_url(url);
     }
-    loader.load().await
+    // Every call is bounded: an AWS endpoint that hangs costs at most these.
+    loader
+        .timeout_config(
+            aws_config::timeout::TimeoutConfig::builder()
+                .connect_timeout(std::time::Duration::from_secs(5))
+                .operation_attempt_timeout(std::time::Duration::from_secs(10))
+                .operation_timeout(std::time::Duration::from_secs(30))
+                .build(),
+        )
+        .load()
+        .await
 }
 
 fn err(e: impl std::error::Error) -> String {

@@ -152,7 +152,10 @@ pub struct ActionsConfig {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct VetoesConfig {
     pub ssh_sessions: bool,
+    /// Absolute paths match the executable; bare names match `comm`.
     pub processes: Vec<String>,
+    /// Only processes of this user count.
+    pub process_uid: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -659,6 +662,7 @@ impl RawConfig {
                     vetoes: VetoesConfig {
                         ssh_sessions: self.vetoes.ssh_sessions,
                         processes: self.vetoes.processes,
+                        process_uid: self.vetoes.process_uid,
                     },
                     spot: SpotConfig {
                         interruption_hook: self.spot.interruption_hook,

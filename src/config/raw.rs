@@ -75,6 +75,8 @@ pub struct RawActions {
 pub struct RawVetoes {
     pub ssh_sessions: bool,
     pub processes: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process_uid: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
