@@ -143,9 +143,13 @@ const HOSTILE: &str = "x\\\"} 0\ngpu_utilization_ratio{uuid=\"SPOOFED\"} 0\n\\";
 fn hostile_label_values_are_escaped_and_prometheus_keeps_every_scrape() {
     let toml_str = |s: &str| format!("{s:?}");
     let scenario = format!(
-        "time = {{ speed = 0 }}\n[[gpu]]\nutilization = 50\nname = {name}\nprocesses = 1\nprocess_name = {proc}\n",
+        "time = {{ speed = 0 }}\n[[gpu]]\nutilization = 50\nname = {name}\nprocesses = 1\nprocess_name = {proc}\n\
+         [[gpu]]\nutilization = 50\nname = {bad_name}\nprocesses = 1\nprocess_name = {bad_proc}\n",
         name = toml_str(&format!("NVIDIA {HOSTILE}")),
         proc = toml_str(&format!("python3 {HOSTILE}")),
+        // Bytes that are not UTF-8, as a driver might answer them (the fake's \xHH).
+        bad_name = toml_str("NVIDIA \\xff\\xfe"),
+        bad_proc = toml_str("py\\xc3\\x28"),
     );
     let rule = format!("rule with \"quote\\ {}", "}");
     let dir = tempfile::tempdir().unwrap();
@@ -171,17 +175,33 @@ fn hostile_label_values_are_escaped_and_prometheus_keeps_every_scrape() {
 
     // A real Prometheus keeps every scrape, and reads each value back exactly.
     let prom = Prometheus::scraping(d.addr);
-    let info = prom.await_query("gpu_info", |r| r.len() == 1);
-    assert_eq!(info[0]["metric"]["name"], format!("NVIDIA {HOSTILE}"));
-    let procs = prom.await_query("gpu_process_memory_used_bytes", |r| !r.is_empty());
-    assert_eq!(procs[0]["metric"]["process"], format!("python3 {HOSTILE}"));
+    let info = prom.await_query("gpu_info", |r| r.len() == 2);
+    let on = |r: &[serde_json::Value], gpu: &str, label: &str| {
+        r.iter()
+            .find(|s| s["metric"]["gpu"] == gpu)
+            .map(|s| s["metric"][label].clone())
+            .unwrap()
+    };
+    assert_eq!(on(&info, "0", "name"), format!("NVIDIA {HOSTILE}"));
+    // A name that is not UTF-8 is a failed read (counted), not garbage in a label: the label is
+    // empty, which Prometheus stores as absent.
+    assert!(on(&info, "1", "name").is_null(), "{info:?}");
+    let procs = prom.await_query("gpu_process_memory_used_bytes", |r| r.len() == 2);
+    assert_eq!(on(&procs, "0", "process"), format!("python3 {HOSTILE}"));
+    assert!(on(&procs, "1", "process").is_null(), "{procs:?}");
+    let failed = prom.await_query("gpuwatch_sample_errors_total{kind=\"read_failed\"}", |r| {
+        r.first()
+            .and_then(|s| s["value"][1].as_str()?.parse::<f64>().ok())
+            .is_some_and(|v| v >= 1.0)
+    });
+    assert_eq!(failed.len(), 1);
     let rules = prom.await_query("gpuwatch_rule_breaching", |r| r.len() == 1);
     assert_eq!(rules[0]["metric"]["rule"], rule.as_str());
     let budgets = prom.await_query("gpuwatch_budget_limit_dollars", |r| r.len() == 1);
     assert_eq!(budgets[0]["metric"]["budget"], "team \"a\\b\"");
     let spoofed = prom.await_query("gpu_utilization_ratio", |r| !r.is_empty());
-    assert_eq!(spoofed.len(), 1, "{spoofed:?}");
-    assert_ne!(spoofed[0]["metric"]["uuid"], "SPOOFED");
+    assert_eq!(spoofed.len(), 2, "{spoofed:?}");
+    assert!(spoofed.iter().all(|s| s["metric"]["uuid"] != "SPOOFED"));
     prom.assert_up();
 }
 

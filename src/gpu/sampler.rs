@@ -219,4 +219,48 @@ mod tests {
         assert_eq!(metrics.error_count(ErrorKind::Timeout), 1);
         assert!(calls.load(Ordering::SeqCst) >= 3);
     }
+
+    /// Panics on its second call, as a bug in the NVML path would.
+    struct Dying(u32);
+
+    impl GpuSource for Dying {
+        fn sample(&mut self) -> Sample {
+            self.0 += 1;
+            assert!(
+                self.0 < 2,
+                "the NVML thread dies here (a deliberate test panic)"
+            );
+            Sample {
+                nvml: NvmlStatus {
+                    up: true,
+                    ..NvmlStatus::default()
+                },
+                gpus: vec![GpuSample {
+                    up: true,
+                    ..GpuSample::default()
+                }],
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_nvml_thread_is_published_and_then_nothing_is_awaited_in_a_loop() {
+        let metrics = Arc::new(SelfMetrics::default());
+        let snaps = spawn(
+            Dying(0),
+            Duration::from_millis(10),
+            Duration::from_secs(5),
+            metrics,
+        )
+        .unwrap();
+        let first = snaps.next_after(0).await;
+        assert!(first.nvml.up);
+        let dead = snaps.next_after(first.seq).await;
+        assert!(!dead.nvml.up && dead.gpus.is_empty(), "{dead:?}");
+        // No newer sample will come: awaiting one waits (it once returned at once, and the
+        // loops that await samples spun at full speed).
+        let waited =
+            tokio::time::timeout(Duration::from_millis(300), snaps.next_after(dead.seq)).await;
+        assert!(waited.is_err(), "next_after returned on a dead sampler");
+    }
 }

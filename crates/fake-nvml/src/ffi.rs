@@ -129,11 +129,12 @@ unsafe fn write_str(buf: *mut c_char, len: c_uint, s: &str) -> nvmlReturn_t {
     if buf.is_null() {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }
-    if s.len() + 1 > len as usize {
+    let bytes = crate::scenario::raw_bytes(s);
+    if bytes.len() + 1 > len as usize {
         return nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
     }
-    std::ptr::copy_nonoverlapping(s.as_ptr().cast::<c_char>(), buf, s.len());
-    buf.add(s.len()).write(0);
+    std::ptr::copy_nonoverlapping(bytes.as_ptr().cast::<c_char>(), buf, bytes.len());
+    buf.add(bytes.len()).write(0);
     nvmlReturn_enum_NVML_SUCCESS
 }
 

@@ -26,7 +26,7 @@
 //! power_watts = { kind = "trace", file = "power.csv" }  # "seconds,value" lines, relative to the scenario
 //! sm_clock_mhz = 1980                 # also memory_clock_mhz (2619)
 //! processes = 2                       # compute processes; pids are 10000 + 100 × gpu + n
-//! process_name = "python3"
+//! process_name = "python3"             # strings may carry raw bytes as \\xHH (not UTF-8: "\\xff")
 //! ecc_corrected = 0                   # also ecc_uncorrected
 //! throttle_supported = ["gpu_idle", "sw_power_cap", ...]  # default: every reason
 //! throttle_active = ["sw_power_cap"]

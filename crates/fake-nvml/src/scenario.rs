@@ -755,9 +755,47 @@ pub fn parse_trace(text: &str) -> Result<Vec<(f64, f64)>, String> {
     Ok(points)
 }
 
+/// The bytes a string answers through NVML: `\\xHH` (a backslash, `x` and two hex digits)
+/// stands for the raw byte, so that a scenario can play a driver whose strings are not UTF-8.
+pub fn raw_bytes(s: &str) -> std::borrow::Cow<'_, [u8]> {
+    if !s.contains("\\x") {
+        return std::borrow::Cow::Borrowed(s.as_bytes());
+    }
+    let mut out = Vec::with_capacity(s.len());
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b
+            .get(i + 2..i + 4)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (
+            b[i],
+            b.get(i + 1),
+            hex.and_then(|h| u8::from_str_radix(h, 16).ok()),
+        ) {
+            (b'\\', Some(b'x'), Some(byte)) => {
+                out.push(byte);
+                i += 4;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn raw_bytes_escapes() {
+        assert_eq!(&*raw_bytes("H100"), b"H100");
+        assert_eq!(&*raw_bytes("a\\xffb\\xFE"), b"a\xffb\xfe");
+        assert_eq!(&*raw_bytes("\\xg0"), b"\\xg0");
+    }
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9 * (1.0 + a.abs().max(b.abs()))
