@@ -115,6 +115,9 @@ struct RawRate {
     burst: u32,
 }
 
+/// The highest bcrypt cost accepted: cost 16 is about 5 s of CPU per check.
+const MAX_COST: u32 = 16;
+
 /// The headers the toolkit allows in `http_server_config.headers`.
 const HEADERS: [&str; 5] = [
     "Content-Security-Policy",
@@ -166,11 +169,15 @@ impl WebConfig {
                     &k,
                     format!("{user:?} is not a user name (no colon, no control characters)"),
                 );
-            } else if hash.parse::<bcrypt::HashParts>().is_err() {
+            } else if let Ok(parts) = hash.parse::<bcrypt::HashParts>() {
+                if parts.get_cost() > MAX_COST {
+                    bad(&k, format!("has cost {}; above {MAX_COST} one check takes seconds of CPU, which any client could make the daemon spend", parts.get_cost()));
+                } else {
+                    users.insert(user, hash);
+                }
+            } else {
                 // The hash is a secret: say what is wrong, not what it is.
                 bad(&k, "is not a bcrypt hash, such as the output of `htpasswd -nBC 10 \"\" | tr -d ':\\n'`".into());
-            } else {
-                users.insert(user, hash);
             }
         }
         let mut headers = Vec::new();
@@ -399,6 +406,7 @@ mod tests {
             ("tls_server_config:\n  cert_file: a\n  key_file: b\n  client_auth_type: RequireAndVerifyClientCert\n", "tls_server_config.client_ca_file: verifying client certificates needs the CA"),
             ("tls_server_config:\n  cert_file: a\n  key_file: b\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n", "tls_server_config.cipher_suites: is not supported"),
             ("basic_auth_users:\n  bob: hunter2\n", "basic_auth_users.bob: is not a bcrypt hash"),
+            ("basic_auth_users:\n  bob: $2y$20$mDwo.lAisC94iLAyP81MCesa29IzH37oigHC/42V2pdJlUprsJPze\n", "basic_auth_users.bob: has cost 20"),
             ("tls_server_config:\n  cert_fil: a\n", "tls_server_config: unknown field \"cert_fil\""),
             ("rate_limit:\n  interval: soon\n  burst: 1\n", "rate_limit.interval: \"soon\" is not a duration"),
         ];
