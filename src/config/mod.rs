@@ -1,7 +1,6 @@
 //! Configuration in two stages: a raw serde form that rejects unknown keys, then a validated
 //! form with typed addresses and durations. Every error names the key and quotes the value.
 
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -11,12 +10,14 @@ use serde::{Deserialize, Serialize};
 use crate::cost::calendar::Period;
 mod budgets;
 mod check;
+mod error;
 mod raw;
 mod rules;
 
 pub use budgets::*;
 use check::*;
 pub use check::{read_capped, MAX_FILE_BYTES};
+pub use error::{ConfigError, ConfigErrors};
 pub use raw::*;
 pub use rules::*;
 
@@ -197,48 +198,6 @@ impl Default for Config {
         RawConfig::default()
             .validate()
             .expect("the built-in defaults are valid")
-    }
-}
-
-/// One problem with a config file.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("config: {path}: cannot read: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("config: {path}: line {line}: {message}")]
-    Syntax {
-        path: PathBuf,
-        line: usize,
-        message: String,
-    },
-    #[error("config: {key}: {message}")]
-    Invalid { key: String, message: String },
-}
-
-/// Every problem found in one config file, in file order.
-#[derive(Debug)]
-pub struct ConfigErrors(pub Vec<ConfigError>);
-
-impl fmt::Display for ConfigErrors {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, e) in self.0.iter().enumerate() {
-            if i > 0 {
-                writeln!(f)?;
-            }
-            write!(f, "{e}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for ConfigErrors {}
-
-impl From<ConfigError> for ConfigErrors {
-    fn from(e: ConfigError) -> Self {
-        ConfigErrors(vec![e])
     }
 }
 
