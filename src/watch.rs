@@ -11,7 +11,7 @@ use crate::actions::{Executor, Outcome};
 use crate::config::Config;
 use crate::gpu::sampler::Snapshots;
 use crate::rules::engine::{self, Context, Event, Settings};
-use crate::rules::{Comparison, Lifecycle, Metric, Observation, Rule};
+use crate::rules::{Comparison, GpuReading, Lifecycle, Metric, Observation, Rule};
 use crate::state::{HoldStatus, LoadError, Persisted, StateDir};
 
 /// What the watch exports, swapped whole on each update and read by the collector.
@@ -88,6 +88,46 @@ fn idle_threshold(rules: &[Rule]) -> f64 {
         .unwrap_or(0.05)
 }
 
+/// What the engine sees of a snapshot: every GPU up, or the observation is incomplete.
+pub fn observation(s: &crate::gpu::Snapshot) -> Observation {
+    let gpus: Vec<GpuReading> = s
+        .gpus
+        .iter()
+        .map(|g| {
+            let mut r = GpuReading {
+                index: g.index,
+                ..GpuReading::default()
+            };
+            if g.up {
+                r.set(Metric::GpuUtilization, g.utilization_ratio);
+                r.set(Metric::MemoryUtilization, g.memory_utilization_ratio);
+                r.set(
+                    Metric::MemoryUsedRatio,
+                    match (g.memory_used_bytes, g.memory_total_bytes) {
+                        (Some(u), Some(t)) if t > 0 => Some(u as f64 / t as f64),
+                        _ => None,
+                    },
+                );
+                r.set(
+                    Metric::PowerRatio,
+                    match (g.power_watts, g.power_limit_watts) {
+                        (Some(p), Some(l)) if l > 0.0 => Some(p / l),
+                        _ => None,
+                    },
+                );
+                r.set(Metric::Processes, g.processes.map(f64::from));
+            }
+            r
+        })
+        .collect();
+    Observation {
+        t: s.timestamp,
+        complete: s.nvml.up && !s.gpus.is_empty() && s.gpus.iter().all(|g| g.up),
+        gpus,
+        veto: None,
+    }
+}
+
 /// Unix time the machine booted, from /proc/stat.
 fn boot_time() -> Option<f64> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
@@ -162,7 +202,7 @@ impl Watch {
             }
             seq = snap.seq;
             let now = snap.timestamp;
-            let mut obs = Observation::from_snapshot(&snap);
+            let mut obs = observation(&snap);
             // Scanning /proc and reading the hold file block: keep them off the async workers.
             let (veto, local) = crate::state::off_async(|| {
                 (

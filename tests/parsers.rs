@@ -128,13 +128,13 @@ proptest! {
         period in any::<i64>(),
         junk in "\\PC{0,200}",
     ) {
-        let _ = gpuwatch::rules::json::parse(&junk, "fuzz.json");
+        let _ = gpuwatch::config::json::parse(&junk, "fuzz.json");
         let text = format!(
             r#"{{"Rules": [{{"Description": "r", "Actions": [{{"Type": "Alert"}}],
                 "Trigger": {{"Metric": "GPUUtilization", "Comparison": "LessThan",
                              "Threshold": {threshold:?}, "Period": {period}, "EvaluationPeriods": {periods}}}}}]}}"#
         );
-        if let Ok(raw) = gpuwatch::rules::json::parse(&text, "fuzz.json") {
+        if let Ok(raw) = gpuwatch::config::json::parse(&text, "fuzz.json") {
             for r in raw {
                 if let Ok(rule) = r.validate("rules[0]") {
                     prop_assert!(rule.evaluation_periods <= MAX_EVALUATION_PERIODS);

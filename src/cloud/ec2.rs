@@ -78,12 +78,7 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + 'static>(
     }
 }
 
-/// The spot request behind this instance.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpotRequest {
-    pub id: String,
-    pub persistent: bool,
-}
+pub use gpuwatch_core::plan::SpotRequest;
 
 /// The EC2 API, for this one instance.
 #[derive(Clone)]

@@ -2,5 +2,5 @@
 
 pub mod ec2;
 pub mod imds;
-pub mod plan;
+pub use gpuwatch_core::plan;
 pub mod services;

@@ -168,6 +168,40 @@ impl Services {
         Ok(out
             .price_list()
             .iter()
-            .find_map(|entry| crate::cost::price::parse_price_list_entry(entry)))
+            .find_map(|entry| parse_price_list_entry(entry)))
+    }
+}
+
+/// Reads the on-demand hourly USD price out of one `GetProducts` PriceList entry (a JSON
+/// string): `terms.OnDemand.*.priceDimensions.*.pricePerUnit.USD`, for unit "Hrs".
+fn parse_price_list_entry(entry: &str) -> Option<f64> {
+    let v: serde_json::Value = serde_json::from_str(entry).ok()?;
+    let on_demand = v.get("terms")?.get("OnDemand")?.as_object()?;
+    on_demand.values().find_map(|term| {
+        term.get("priceDimensions")?
+            .as_object()?
+            .values()
+            .filter(|d| d.get("unit").and_then(|u| u.as_str()) == Some("Hrs"))
+            .find_map(|d| {
+                d.get("pricePerUnit")?
+                    .get("USD")?
+                    .as_str()
+                    .and_then(crate::cost::parse_hourly_usd)
+            })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn price_list_entry() {
+        let entry = r#"{"product":{"attributes":{"instanceType":"p4d.24xlarge"}},
+            "terms":{"OnDemand":{"X.JRTCKXETXF":{"priceDimensions":{"X.JRTCKXETXF.6YS6EN2CT7":
+            {"unit":"Hrs","pricePerUnit":{"USD":"32.7726000000"}}}}}}}"#;
+        assert_eq!(parse_price_list_entry(entry), Some(32.7726));
+        assert_eq!(parse_price_list_entry("{}"), None);
+        assert_eq!(parse_price_list_entry("not json"), None);
     }
 }

@@ -11,6 +11,7 @@ use crate::cost::calendar::Period;
 mod budgets;
 mod check;
 mod error;
+pub mod json;
 mod raw;
 mod rules;
 
@@ -127,12 +128,7 @@ impl Mode {
     }
 }
 
-/// What `stop` does on a one-time spot instance, which cannot be stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SpotStop {
-    Refuse,
-    Terminate,
-}
+pub use gpuwatch_core::plan::SpotStop;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ActionsConfig {

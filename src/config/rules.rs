@@ -1,4 +1,4 @@
-//! `[[rules]]`: the raw rule (TOML, or the JSON form through `rules::json`), rules files, and
+//! `[[rules]]`: the raw rule (TOML, or the JSON form through `json.rs`), rules files, and
 //! the validation that turns a raw rule into a `Rule`.
 
 use super::*;
@@ -52,7 +52,7 @@ pub(super) fn load_rules_file(path: &Path) -> Result<Vec<RawRule>, ConfigErrors>
     let text = read_capped(path)?;
     let source = path.display().to_string();
     if path.extension().is_some_and(|e| e == "json") {
-        Ok(crate::rules::json::parse(&text, &source)?)
+        Ok(json::parse(&text, &source)?)
     } else {
         let de = toml::Deserializer::new(&text);
         let file: RawRulesFile =

@@ -4,7 +4,6 @@
 //! rule can be table-tested and replayed from a trace (`gpuwatch simulate`).
 
 pub mod engine;
-pub mod json;
 pub mod window;
 
 use std::fmt;
@@ -106,15 +105,6 @@ impl Comparison {
             Comparison::GreaterThanOrEqual => d >= -EPS,
         }
     }
-
-    pub fn symbol(self) -> &'static str {
-        match self {
-            Comparison::LessThan => "<",
-            Comparison::LessThanOrEqual => "<=",
-            Comparison::GreaterThan => ">",
-            Comparison::GreaterThanOrEqual => ">=",
-        }
-    }
 }
 
 /// How the GPUs of a node combine into one datapoint.
@@ -163,11 +153,6 @@ impl Action {
             Action::Terminate => "terminate",
         }
     }
-
-    /// Whether the action changes the instance through the EC2 API.
-    pub fn is_instance_action(self) -> bool {
-        matches!(self, Action::Stop | Action::Hibernate | Action::Terminate)
-    }
 }
 
 impl fmt::Display for Action {
@@ -203,46 +188,4 @@ pub struct Observation {
     pub gpus: Vec<GpuReading>,
     /// An activity veto that keeps the node busy (an SSH session, a named process).
     pub veto: Option<String>,
-}
-
-impl Observation {
-    /// Builds an observation from a snapshot: every GPU up, or the observation is incomplete.
-    pub fn from_snapshot(s: &crate::gpu::Snapshot) -> Observation {
-        let gpus: Vec<GpuReading> = s
-            .gpus
-            .iter()
-            .map(|g| {
-                let mut r = GpuReading {
-                    index: g.index,
-                    ..GpuReading::default()
-                };
-                if g.up {
-                    r.set(Metric::GpuUtilization, g.utilization_ratio);
-                    r.set(Metric::MemoryUtilization, g.memory_utilization_ratio);
-                    r.set(
-                        Metric::MemoryUsedRatio,
-                        match (g.memory_used_bytes, g.memory_total_bytes) {
-                            (Some(u), Some(t)) if t > 0 => Some(u as f64 / t as f64),
-                            _ => None,
-                        },
-                    );
-                    r.set(
-                        Metric::PowerRatio,
-                        match (g.power_watts, g.power_limit_watts) {
-                            (Some(p), Some(l)) if l > 0.0 => Some(p / l),
-                            _ => None,
-                        },
-                    );
-                    r.set(Metric::Processes, g.processes.map(f64::from));
-                }
-                r
-            })
-            .collect();
-        Observation {
-            t: s.timestamp,
-            complete: s.nvml.up && !s.gpus.is_empty() && s.gpus.iter().all(|g| g.up),
-            gpus,
-            veto: None,
-        }
-    }
 }

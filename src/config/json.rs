@@ -12,7 +12,7 @@
 
 use serde::Deserialize;
 
-use crate::config::{ConfigError, RawRule};
+use super::{ConfigError, RawRule};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "PascalCase", deny_unknown_fields)]

@@ -1,9 +1,20 @@
 //! Spot-correct action planning: which EC2 calls an action means on this instance. Pure.
 
-use crate::config::SpotStop;
 use crate::rules::{Action, Lifecycle};
 
-use super::ec2::SpotRequest;
+/// What `stop` does on a one-time spot instance, which cannot be stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpotStop {
+    Refuse,
+    Terminate,
+}
+
+/// The spot request behind this instance, as EC2 describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpotRequest {
+    pub id: String,
+    pub persistent: bool,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
