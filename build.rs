@@ -23,8 +23,9 @@ fn main() {
     );
 
     // The bundled price table's date, for `gpuwatch --version`.
-    println!("cargo:rerun-if-changed=src/cost/prices.csv");
-    let prices = std::fs::read_to_string("src/cost/prices.csv").unwrap_or_default();
+    println!("cargo:rerun-if-changed=crates/gpuwatch-core/src/cost/prices.csv");
+    let prices =
+        std::fs::read_to_string("crates/gpuwatch-core/src/cost/prices.csv").unwrap_or_default();
     let as_of = prices
         .lines()
         .find_map(|l| l.strip_prefix("# prices as of "))

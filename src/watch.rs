@@ -74,6 +74,7 @@ pub struct Outside {
 fn idle_threshold(rules: &[Rule]) -> f64 {
     rules
         .iter()
+        .filter_map(Rule::condition)
         .filter(|r| r.metric == Metric::GpuUtilization)
         .filter(|r| {
             matches!(

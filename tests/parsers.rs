@@ -101,12 +101,13 @@ proptest! {
             text.push_str(&format!("budget = {{ name = \"b\", spent_at_least = {g} }}\n"));
         }
         if let Ok(c) = Config::parse(&text, Path::new("fuzz.toml")) {
-            for r in &c.rules {
+            for rule in &c.rules {
+                let r = rule.condition().expect("a [[rules]] rule has a GPU condition");
                 prop_assert!(r.threshold.is_finite());
                 prop_assert!(r.evaluation_periods >= 1 && r.evaluation_periods <= MAX_EVALUATION_PERIODS);
                 prop_assert!(r.datapoints_to_alarm >= 1 && r.datapoints_to_alarm <= r.evaluation_periods);
                 prop_assert!(r.period.as_secs() <= 86_400);
-                if let Some(g) = &r.budget {
+                if let Some(g) = &rule.budget {
                     prop_assert!(g.spent_at_least.is_finite());
                 }
             }
@@ -137,6 +138,7 @@ proptest! {
         if let Ok(raw) = gpuwatch::config::json::parse(&text, "fuzz.json") {
             for r in raw {
                 if let Ok(rule) = r.validate("rules[0]") {
+                    let rule = rule.condition().expect("a JSON rule has a GPU condition");
                     prop_assert!(rule.evaluation_periods <= MAX_EVALUATION_PERIODS);
                     prop_assert!(rule.threshold.is_finite());
                 }

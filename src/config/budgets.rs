@@ -41,24 +41,18 @@ pub(super) fn default_thresholds() -> Vec<f64> {
     vec![0.5, 0.8, 1.0]
 }
 
-/// The rule a budget's `on_exhausted` stands for. It goes through the same warning, hold, audit
-/// and spot-correct path as any other rule.
+/// The rule a budget's `on_exhausted` stands for: triggered by the budget's limit, it goes
+/// through the same warning, hold, audit and spot-correct path as any other rule.
 pub(super) fn exhausted_rule(b: &BudgetConfig, action: Action) -> Rule {
     Rule {
         name: format!("budget {} exhausted", b.name),
-        metric: Metric::GpuUtilization,
-        statistic: Statistic::Average,
-        comparison: Comparison::GreaterThanOrEqual,
-        threshold: 1.0,
-        period: Duration::from_secs(60),
-        evaluation_periods: 1,
-        datapoints_to_alarm: 1,
-        gpus: Aggregation::Every,
+        trigger: Trigger::BudgetExhausted {
+            budget: b.name.clone(),
+        },
         lifecycle: None,
         action,
         command: Vec::new(),
         budget: None,
-        exhausted: Some(b.name.clone()),
     }
 }
 

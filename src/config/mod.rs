@@ -23,7 +23,8 @@ pub use raw::*;
 pub use rules::*;
 
 use crate::rules::{
-    Action, Aggregation, BudgetGate, Comparison, Lifecycle, Metric, Rule, Statistic,
+    Action, Aggregation, BudgetGate, Comparison, Condition, Lifecycle, Metric, Rule, Statistic,
+    Trigger,
 };
 
 /// Where `gpuwatch run` looks for its config when `--config` is not given.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::window::{Assessment, Window};
-use super::{Action, Aggregation, Lifecycle, Observation, Rule};
+use super::{Action, Aggregation, Condition, Lifecycle, Observation, Rule, Trigger};
 
 /// Engine settings that are not per rule.
 #[derive(Debug, Clone, PartialEq)]
@@ -138,21 +138,21 @@ impl Event {
 pub fn ingest(rules: &[Rule], state: &mut State, obs: &Observation) {
     for rule in rules {
         let rs = state.rules.entry(rule.name.clone()).or_default();
-        if rule.exhausted.is_some() {
-            // A hard budget limit acts even when busy; GPU activity does not cancel it.
+        // A budget limit has no GPU window: it acts even when busy.
+        let Trigger::Idle(condition) = &rule.trigger else {
             continue;
-        }
-        rs.window.ingest(rule, obs);
+        };
+        rs.window.ingest(condition, obs);
         if let Some(p) = rs.pending.as_mut() {
             if p.activity.is_none() && obs.t >= p.warned_at {
-                p.activity = activity(rule, obs);
+                p.activity = activity(condition, obs);
             }
         }
     }
 }
 
-/// Why one observation shows the node active for `rule`, if it does.
-fn activity(rule: &Rule, obs: &Observation) -> Option<String> {
+/// Why one observation shows the node active for a condition, if it does.
+fn activity(rule: &Condition, obs: &Observation) -> Option<String> {
     if let Some(v) = &obs.veto {
         return Some(format!("activity veto: {v}"));
     }
@@ -200,11 +200,11 @@ pub fn evaluate(
         }
         // Whether the rule breaches at all (reported), and whether it breaches on periods
         // since it was last re-armed (acted on).
-        let mut raw = match &rule.exhausted {
-            Some(budget) => exhausted(budget, ctx),
-            None => rs
+        let mut raw = match &rule.trigger {
+            Trigger::BudgetExhausted { budget } => exhausted(budget, ctx),
+            Trigger::Idle(c) => rs
                 .window
-                .assess(rule, ctx.now, settings.slack, f64::NEG_INFINITY),
+                .assess(c, ctx.now, settings.slack, f64::NEG_INFINITY),
         };
         if let Some(gate) = &rule.budget {
             // Unknown spend keeps the gate shut: a budget rule never acts on a guess.
@@ -226,21 +226,21 @@ pub fn evaluate(
                 Event::Recovered { rule: name() }
             });
         }
-        let a = if rule.exhausted.is_some() {
-            // A budget limit has no windows to refresh: after an action or a cancellation it
-            // re-arms an hour later, so a failed stop is retried hourly, not in a loop.
-            let mut a = raw;
-            a.breaching &= rs.not_before <= 0.0 || ctx.now >= rs.not_before + EXHAUSTED_REARM;
-            a
-        } else if rs.not_before > 0.0 {
-            let mut a = rs
-                .window
-                .assess(rule, ctx.now, settings.slack, rs.not_before);
-            a.breaching &= raw.breaching;
-            a.budget = raw.budget.clone();
-            a
-        } else {
-            raw
+        let a = match &rule.trigger {
+            Trigger::BudgetExhausted { .. } => {
+                // A budget limit has no windows to refresh: after an action or a cancellation
+                // it re-arms an hour later, so a failed stop is retried hourly, not in a loop.
+                let mut a = raw;
+                a.breaching &= rs.not_before <= 0.0 || ctx.now >= rs.not_before + EXHAUSTED_REARM;
+                a
+            }
+            Trigger::Idle(c) if rs.not_before > 0.0 => {
+                let mut a = rs.window.assess(c, ctx.now, settings.slack, rs.not_before);
+                a.breaching &= raw.breaching;
+                a.budget = raw.budget.clone();
+                a
+            }
+            Trigger::Idle(_) => raw,
         };
         if rs.in_flight.is_some() {
             continue;
@@ -362,9 +362,8 @@ mod tests {
     use super::*;
     use crate::rules::{Comparison, GpuReading, Metric, Statistic};
 
-    fn rule(period: u64, n: u32, m: u32) -> Rule {
-        Rule {
-            name: "idle".into(),
+    fn condition(period: u64, n: u32, m: u32) -> Condition {
+        Condition {
             metric: Metric::GpuUtilization,
             statistic: Statistic::Average,
             comparison: Comparison::LessThan,
@@ -373,11 +372,17 @@ mod tests {
             evaluation_periods: n,
             datapoints_to_alarm: m,
             gpus: Aggregation::Every,
+        }
+    }
+
+    fn rule(period: u64, n: u32, m: u32) -> Rule {
+        Rule {
+            name: "idle".into(),
+            trigger: Trigger::Idle(condition(period, n, m)),
             lifecycle: None,
             action: Action::Stop,
             command: Vec::new(),
             budget: None,
-            exhausted: None,
         }
     }
 
@@ -444,7 +449,7 @@ mod tests {
             (&[0.05], 1, 1, false),
         ];
         for (values, n, m, want) in cases {
-            let r = rule(60, *n, *m);
+            let r = condition(60, *n, *m);
             let mut w = Window::default();
             for (p, v) in values.iter().enumerate() {
                 for s in 0..60 {
@@ -467,7 +472,10 @@ mod tests {
         assert!(events.is_empty(), "{events:?}");
 
         let mut any = r.clone();
-        any.gpus = Aggregation::Any;
+        any.trigger = Trigger::Idle(Condition {
+            gpus: Aggregation::Any,
+            ..condition(10, 1, 1)
+        });
         let mut state = State::default();
         let events = run(&any, &mut state, &Context::default(), 0, 12, |_| {
             vec![Some(0.0), Some(0.9)]
@@ -485,11 +493,12 @@ mod tests {
         });
         assert!(events.is_empty(), "{events:?}");
         // A gap in the samples longer than the slack: that period is unknown.
+        let c = condition(10, 1, 1);
         let mut w = Window::default();
         for t in (0..10).chain(15..20) {
-            w.ingest(&r, &obs(t as f64, &[Some(0.0)]));
+            w.ingest(&c, &obs(t as f64, &[Some(0.0)]));
         }
-        let a = w.assess(&r, 20.0, 2.5, 0.0);
+        let a = w.assess(&c, 20.0, 2.5, 0.0);
         assert!(!a.breaching, "{a:?}");
     }
 
@@ -655,7 +664,9 @@ mod tests {
     #[test]
     fn an_exhausted_budget_acts_even_when_busy_but_waits_for_holds() {
         let mut r = rule(10, 1, 1);
-        r.exhausted = Some("team".into());
+        r.trigger = Trigger::BudgetExhausted {
+            budget: "team".into(),
+        };
         let spent = |ratio: f64| Context {
             budgets: [("team".to_string(), ratio)].into_iter().collect(),
             ..Context::default()

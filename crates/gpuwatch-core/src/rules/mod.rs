@@ -11,10 +11,42 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// A validated rule, with CloudWatch-alarm semantics.
+/// A validated rule: what triggers it, and what it does then.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rule {
     pub name: String,
+    pub trigger: Trigger,
+    pub lifecycle: Option<Lifecycle>,
+    pub action: Action,
+    /// The command for `exec`.
+    pub command: Vec<String>,
+    /// Only act while a budget's spend is at least this share of its limit.
+    pub budget: Option<BudgetGate>,
+}
+
+/// What makes a rule breach.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Trigger {
+    /// The GPUs' readings meet a condition, with CloudWatch-alarm semantics.
+    Idle(Condition),
+    /// A budget's hard limit (`on_exhausted`): its spend reaches its limit, whatever the GPUs
+    /// do. GPU activity does not cancel it.
+    BudgetExhausted { budget: String },
+}
+
+impl Rule {
+    /// The GPU condition, for a rule triggered by one.
+    pub fn condition(&self) -> Option<&Condition> {
+        match &self.trigger {
+            Trigger::Idle(c) => Some(c),
+            Trigger::BudgetExhausted { .. } => None,
+        }
+    }
+}
+
+/// A condition on the GPUs' readings, judged as a CloudWatch alarm judges a metric.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Condition {
     pub metric: Metric,
     pub statistic: Statistic,
     pub comparison: Comparison,
@@ -24,15 +56,6 @@ pub struct Rule {
     pub evaluation_periods: u32,
     pub datapoints_to_alarm: u32,
     pub gpus: Aggregation,
-    pub lifecycle: Option<Lifecycle>,
-    pub action: Action,
-    /// The command for `exec`.
-    pub command: Vec<String>,
-    /// Only act while a budget's spend is at least this share of its limit.
-    pub budget: Option<BudgetGate>,
-    /// A budget's hard limit (`on_exhausted`): the rule breaches when that budget's spend
-    /// reaches its limit, whatever the GPUs do.
-    pub exhausted: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Aggregation, Observation, Rule, Statistic};
+use super::{Aggregation, Condition, Observation, Statistic};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Window {
@@ -70,7 +70,7 @@ pub struct Assessment {
 
 impl Window {
     /// Adds one observation. Observations older than the newest bucket are ignored.
-    pub fn ingest(&mut self, rule: &Rule, obs: &Observation) {
+    pub fn ingest(&mut self, rule: &Condition, obs: &Observation) {
         let period = rule.period.as_secs_f64();
         let idx = (obs.t / period).floor() as i64;
         if let Some(last) = self.buckets.back() {
@@ -152,7 +152,7 @@ impl Window {
     /// breaching only with complete data: samples cover it to within `slack` seconds at both
     /// ends and between samples, every sample was complete, and no veto was seen. Periods that
     /// start before `not_before` never count (they predate a cancellation or an action).
-    pub fn assess(&self, rule: &Rule, now: f64, slack: f64, not_before: f64) -> Assessment {
+    pub fn assess(&self, rule: &Condition, now: f64, slack: f64, not_before: f64) -> Assessment {
         let period = rule.period.as_secs_f64();
         let last = (now / period).floor() as i64 - 1;
         let first = last - rule.evaluation_periods as i64 + 1;
@@ -183,7 +183,7 @@ impl Window {
 }
 
 fn evaluate_period(
-    rule: &Rule,
+    rule: &Condition,
     bucket: Option<&Bucket>,
     start: f64,
     period: f64,
