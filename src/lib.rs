@@ -22,6 +22,7 @@ pub mod server;
 pub mod simulate;
 pub mod spend;
 pub mod state;
+pub use gpuwatch_core::step;
 pub mod time;
 pub mod vetoes;
 pub mod watch;

@@ -10,9 +10,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
+use gpuwatch_core::cost::price::Price;
+use gpuwatch_core::step::{crossing_text, step, Inputs, State};
+
 use crate::config::Config;
-use crate::rules::engine::{self, Context, Event, Settings};
-use crate::rules::{GpuReading, Lifecycle, Metric, Observation};
+use crate::rules::engine::{self, Event};
+use crate::rules::{Action, GpuReading, Lifecycle, Metric, Observation};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
@@ -201,109 +204,121 @@ pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Repo
     for at in grouped.values_mut() {
         at.sort_by_key(|r| r.gpu);
     }
-    let step = typical_step(&times);
-    let settings = Settings {
-        warning: config.actions.warning,
-        slack: (step * 2.5).max(1.0),
-    };
     let start = times.first().copied().unwrap_or(0.0);
-    let mut state = engine::State::default();
-    let mut out = Vec::new();
-    let mut ledger = crate::cost::ledger::Ledger {
-        period_start: config.cost.period.start(start),
-        spent: spend.map_or(0.0, |s| s.start_usd),
-        accrued_until: start,
-        last_price: None,
+    let interval = std::time::Duration::from_secs_f64(typical_step(&times));
+    // Boot grace counts from the first timestamp, as if the node booted then.
+    let grace_until = start + config.actions.boot_grace.as_secs_f64();
+    let settings = config.step_settings(interval, grace_until, start);
+    let mut state = State::default();
+    if let Some(sp) = spend {
+        state.ledger = crate::cost::ledger::Ledger {
+            period_start: config.cost.period.start(start),
+            spent: sp.start_usd,
+            accrued_until: start,
+            last_price: None,
+        };
+    }
+    let inputs = |now: f64| Inputs {
+        now,
+        lifecycle,
+        price: spend.map(|s| Price {
+            usd_per_hour: s.usd_per_hour,
+            source: crate::cost::price::Source::Config,
+        }),
+        ..Inputs::default()
     };
-    let mut alerted = crate::cost::budget::Alerted::default();
+    let mut out = Vec::new();
+    // The instance action that took the node down, once one has.
+    let mut down: Option<Action> = None;
     for (i, t) in times.iter().enumerate() {
         let at = grouped.get(&i).map(Vec::as_slice).unwrap_or(&[]);
-        let readings: Vec<GpuReading> = gpus
-            .iter()
-            .map(|&g| {
-                let mut r = GpuReading {
-                    index: g,
-                    ..GpuReading::default()
-                };
-                let row = at
-                    .binary_search_by_key(&g, |row| row.gpu)
-                    .ok()
-                    .map(|i| at[i]);
-                r.set(Metric::GpuUtilization, row.and_then(|row| row.utilization));
-                let ratio = |v: Option<f64>, total: Option<f64>| match (v, total) {
-                    (Some(v), Some(t)) if t > 0.0 => Some(v / t),
-                    _ => None,
-                };
-                r.set(
-                    Metric::MemoryUsedRatio,
-                    ratio(row.and_then(|r| r.memory_used_bytes), memory_total_bytes),
-                );
-                r.set(
-                    Metric::PowerRatio,
-                    ratio(row.and_then(|r| r.power_watts), power_limit_watts),
-                );
-                r
-            })
-            .collect();
-        let obs = Observation {
-            t: *t,
-            complete: readings
-                .iter()
-                .all(|r| r.get(Metric::GpuUtilization).is_some()),
-            gpus: readings,
-            veto: None,
-        };
-        engine::ingest(&config.rules, &mut state, &obs);
-        let mut budgets = std::collections::BTreeMap::new();
-        if let Some(sp) = spend {
-            ledger.accrue(*t, Some(sp.usd_per_hour), config.cost.period, 0.0);
-            for b in &config.budgets {
-                let (crate::config::BudgetSource::Local, Some(limit)) = (&b.source, b.limit_usd)
-                else {
-                    continue;
-                };
-                let reading = crate::cost::budget::Reading {
-                    spent: ledger.spent,
-                    forecast: ledger.forecast(*t, config.cost.period),
-                    limit,
-                    period_start: ledger.period_start,
-                };
-                for c in alerted.crossings(&b.name, &b.thresholds, &reading) {
+        let obs = observation(*t, &gpus, at, memory_total_bytes, power_limit_watts);
+        let outcome = step(&settings, &mut state, &obs, &inputs(*t));
+        for c in &outcome.crossings {
+            out.push(Report {
+                time: crate::time::rfc3339(*t),
+                rule: c.budget.clone(),
+                kind: "budget_alert",
+                action: None,
+                detail: crossing_text(c),
+                evidence: None,
+            });
+        }
+        for event in &outcome.events {
+            if let Event::Action { rule, .. } = event {
+                // The daemon completes an action once it has run; a replay runs none.
+                engine::complete(&mut state.engine, rule);
+            }
+            let rule = settings.rules.iter().find(|r| r.name == event.rule());
+            if down.is_some() && rule.is_some_and(|r| r.action.is_instance_action()) {
+                // The node is gone: no instance action can happen to it again.
+                continue;
+            }
+            out.push(report(*t, event));
+            if let Event::Action { rule, action, .. } = event {
+                if action.is_instance_action() {
+                    down = Some(*action);
                     out.push(Report {
                         time: crate::time::rfc3339(*t),
-                        rule: b.name.clone(),
-                        kind: "budget_alert",
-                        action: None,
+                        rule: rule.clone(),
+                        kind: "node_down",
+                        action: Some(action.to_string()),
                         detail: format!(
-                            "{} spend at {:.1}% of ${limit:.2} (threshold {:.0}%)",
-                            c.basis.as_str(),
-                            c.ratio * 100.0,
-                            c.threshold * 100.0
+                            "after this {action} the node is down: the rest of the trace comes after it, and no further instance action is reported (alerts and exec re-arm as in the daemon)"
                         ),
                         evidence: None,
                     });
                 }
-                if let Some(r) = reading.spent_ratio() {
-                    budgets.insert(b.name.clone(), r);
-                }
             }
-        }
-        let ctx = Context {
-            now: *t,
-            grace_until: start + config.actions.boot_grace.as_secs_f64(),
-            hold_until: None,
-            lifecycle,
-            interruption: false,
-            budgets,
-        };
-        for event in engine::evaluate(&config.rules, &settings, &mut state, &ctx) {
-            if let Event::Action { rule, .. } = &event {
-                engine::complete(&mut state, rule);
-            }
-            out.push(report(*t, &event));
         }
     }
     out
+}
+
+/// The observation of one timestamp: a reading for every GPU of the trace, unknown where the
+/// timestamp has no row for it. `at` is sorted by GPU.
+fn observation(
+    t: f64,
+    gpus: &BTreeSet<u32>,
+    at: &[&Row],
+    memory_total_bytes: Option<f64>,
+    power_limit_watts: Option<f64>,
+) -> Observation {
+    let ratio = |v: Option<f64>, total: Option<f64>| match (v, total) {
+        (Some(v), Some(t)) if t > 0.0 => Some(v / t),
+        _ => None,
+    };
+    let readings: Vec<GpuReading> = gpus
+        .iter()
+        .map(|&g| {
+            let mut r = GpuReading {
+                index: g,
+                ..GpuReading::default()
+            };
+            let row = at
+                .binary_search_by_key(&g, |row| row.gpu)
+                .ok()
+                .map(|i| at[i]);
+            r.set(Metric::GpuUtilization, row.and_then(|row| row.utilization));
+            r.set(
+                Metric::MemoryUsedRatio,
+                ratio(row.and_then(|r| r.memory_used_bytes), memory_total_bytes),
+            );
+            r.set(
+                Metric::PowerRatio,
+                ratio(row.and_then(|r| r.power_watts), power_limit_watts),
+            );
+            r
+        })
+        .collect();
+    Observation {
+        t,
+        complete: readings
+            .iter()
+            .all(|r| r.get(Metric::GpuUtilization).is_some()),
+        gpus: readings,
+        veto: None,
+    }
 }
 
 fn typical_step(times: &[f64]) -> f64 {

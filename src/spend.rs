@@ -5,19 +5,19 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::Serialize;
 use serde_json::json;
 
 use crate::cloud::ec2::Ec2;
 use crate::cloud::services::Services;
 use crate::config::{BudgetConfig, BudgetSource, Config};
+use gpuwatch_core::step::Inputs;
+
 use crate::cost::budget::{Crossing, Reading};
-use crate::cost::ledger::Closed;
 use crate::cost::price::{self, Price};
 use crate::rules::Lifecycle;
 use crate::state::Persisted;
 
-/// Prices learnt by the pollers.
+/// Prices and budget readings learnt by the pollers.
 #[derive(Debug, Default)]
 pub struct Known {
     pub spot: Mutex<Option<f64>>,
@@ -33,28 +33,6 @@ pub struct Node {
     pub instance_type: Option<String>,
     pub availability_zone: Option<String>,
     pub lifecycle: Option<Lifecycle>,
-}
-
-/// What one accrual produced, for the watch loop to log, audit, alert and export.
-#[derive(Debug, Default)]
-pub struct Update {
-    pub price: Option<Price>,
-    pub closed: Vec<Closed>,
-    pub readings: BTreeMap<String, Reading>,
-    pub crossings: Vec<Crossing>,
-    pub spent: Option<f64>,
-    pub forecast: Option<f64>,
-}
-
-#[derive(Debug, Clone, Serialize, Default)]
-pub struct CostView {
-    pub price: Option<(f64, &'static str)>,
-    pub spent: Option<f64>,
-    pub forecast: Option<f64>,
-    /// (budget, limit, spent ratio, forecast ratio).
-    pub budgets: Vec<(String, f64, Option<f64>, Option<f64>)>,
-    /// (budget, threshold) → alerts.
-    pub alerts: BTreeMap<(String, String), u64>,
 }
 
 pub struct Tracker {
@@ -96,8 +74,9 @@ impl Tracker {
         )
     }
 
-    /// Accrues spend to `now` and checks every budget. `running_since` is the machine's boot.
-    pub fn update(&mut self, persisted: &mut Persisted, now: f64, running_since: f64) -> Update {
+    /// Fills in the step's price and its external budget readings. Logs once when no price
+    /// is known.
+    pub fn fill(&mut self, persisted: &Persisted, inputs: &mut Inputs) {
         let price = self.price(persisted);
         if price.is_none() && !self.no_price_logged {
             self.no_price_logged = true;
@@ -112,68 +91,14 @@ impl Tracker {
         } else if price.is_some() && self.no_price_logged {
             self.no_price_logged = false;
         }
-        if let (Some(p), Some(lc)) = (price, self.node.lifecycle) {
-            if p.source == price::Source::Spot && lc == Lifecycle::Spot {
-                persisted.spot_price = Some(p.usd_per_hour);
-            }
-        }
-        let period = self.config.cost.period;
-        let closed =
-            persisted
-                .ledger
-                .accrue(now, price.map(|p| p.usd_per_hour), period, running_since);
-        let spent = price.map(|_| persisted.ledger.spent);
-        let forecast = persisted.ledger.forecast(now, period);
-
-        let mut readings = BTreeMap::new();
-        let mut crossings = Vec::new();
-        for b in &self.config.budgets {
-            let reading = match &b.source {
-                BudgetSource::Local => spent.map(|s| Reading {
-                    spent: s,
-                    forecast,
-                    limit: b.limit_usd.unwrap_or(0.0),
-                    period_start: persisted.ledger.period_start,
-                }),
-                BudgetSource::AwsBudgets { .. } => self
-                    .known
-                    .aws_budgets
-                    .lock()
-                    .ok()
-                    .and_then(|m| m.get(&b.name).cloned())
-                    .map(|mut r| {
-                        if let Some(l) = b.limit_usd {
-                            r.limit = l;
-                        }
-                        r
-                    }),
-            };
-            if let Some(r) = reading {
-                persisted.alerted.prune(&b.name, r.period_start);
-                crossings.extend(persisted.alerted.crossings(&b.name, &b.thresholds, &r));
-                readings.insert(b.name.clone(), r);
-            }
-        }
-        Update {
-            price,
-            closed,
-            readings,
-            crossings,
-            spent,
-            forecast,
-        }
+        inputs.price = price;
+        inputs.external = self
+            .known
+            .aws_budgets
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_default();
     }
-}
-
-/// The text of a budget alert.
-pub fn alert_text(c: &Crossing, limit: f64) -> String {
-    format!(
-        "gpuwatch: budget \"{}\" {} spend is at {:.0}% of ${limit:.2} (threshold {:.0}%)",
-        c.budget,
-        c.basis.as_str(),
-        c.ratio * 100.0,
-        c.threshold * 100.0
-    )
 }
 
 /// Refreshes the spot price of this instance type and zone, hourly by default.
@@ -270,16 +195,15 @@ pub async fn poll_budget(services: Services, budget: BudgetConfig, known: Arc<Kn
 /// AWS call never holds up the decision loop.
 pub fn send_alert(
     c: &Crossing,
-    limit: f64,
     budget: Option<&BudgetConfig>,
     executor: &std::sync::Arc<crate::actions::Executor>,
     services: Option<&Services>,
 ) {
-    let text = alert_text(c, limit);
+    let text = format!("gpuwatch: {}", gpuwatch_core::step::alert_text(c));
     tracing::warn!("{text}");
     executor.audit(
         json!({"event": "budget_alert", "budget": c.budget, "threshold": c.threshold,
-        "basis": c.basis, "ratio": c.ratio, "limit": limit}),
+        "basis": c.basis, "ratio": c.ratio, "limit": c.limit}),
     );
     executor.notify(&text, false);
     if let (Some(topic), Some(s)) = (budget.and_then(|b| b.sns_topic_arn.clone()), services) {

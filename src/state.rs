@@ -14,8 +14,6 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::rules::engine;
-
 const STATE_FILE: &str = "state.json";
 const HOLD_FILE: &str = "hold.json";
 const AUDIT_FILE: &str = "audit.jsonl";
@@ -25,18 +23,8 @@ const AUDIT_FILE: &str = "audit.jsonl";
 const MAX_STATE_BYTES: u64 = 64 << 20;
 const MAX_HOLD_BYTES: u64 = 64 << 10;
 
-/// Everything that must survive a restart.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Persisted {
-    pub engine: engine::State,
-    #[serde(default)]
-    pub ledger: crate::cost::ledger::Ledger,
-    #[serde(default)]
-    pub alerted: crate::cost::budget::Alerted,
-    /// The last known spot price, kept across restarts.
-    #[serde(default)]
-    pub spot_price: Option<f64>,
-}
+/// Everything that must survive a restart: the decision step's state.
+pub type Persisted = gpuwatch_core::step::State;
 
 /// A hold written by `gpuwatch hold`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -470,6 +458,7 @@ impl AuditLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rules::engine;
 
     #[test]
     fn round_trip_corrupt_and_missing() {

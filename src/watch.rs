@@ -10,19 +10,22 @@ use serde_json::json;
 use crate::actions::{Executor, Outcome};
 use crate::config::Config;
 use crate::gpu::sampler::Snapshots;
-use crate::rules::engine::{self, Context, Event, Settings};
-use crate::rules::{Comparison, GpuReading, Lifecycle, Metric, Observation, Rule};
+use gpuwatch_core::step::{step, Inputs, Settings, View};
+
+use crate::rules::engine::{self, Event};
+use crate::rules::{GpuReading, Lifecycle, Metric, Observation, Rule};
 use crate::state::{HoldStatus, LoadError, Persisted, StateDir};
 
 /// What the watch exports, swapped whole on each update and read by the collector.
 #[derive(Debug, Clone, Default)]
 pub struct WatchView {
-    /// (gpu, uuid, seconds idle).
-    pub gpu_idle: Vec<(u32, String, f64)>,
-    pub breaching: Vec<(String, bool)>,
-    /// (rule, action, due time).
-    pub pending: Vec<(String, String, f64)>,
-    pub actions: BTreeMap<(String, String), u64>,
+    /// What the last decision step showed.
+    pub decision: View,
+    /// The idle time of every GPU that is up.
+    pub gpu_idle: Vec<IdleGpu>,
+    pub actions: BTreeMap<ActionResult, u64>,
+    /// Budget alerts sent, by budget and threshold.
+    pub alerts: BTreeMap<AlertKey, u64>,
     pub hold_until: Option<f64>,
     pub interruption: Option<f64>,
     /// When the current spot rebalance recommendation was issued.
@@ -30,7 +33,25 @@ pub struct WatchView {
     /// Instance metadata reads that failed.
     pub imds_errors: u64,
     pub node: Option<NodeInfo>,
-    pub cost: crate::spend::CostView,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct IdleGpu {
+    pub gpu: u32,
+    pub uuid: String,
+    pub seconds: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ActionResult {
+    pub action: String,
+    pub result: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct AlertKey {
+    pub budget: String,
+    pub threshold: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -67,26 +88,6 @@ pub struct Outside {
     pub tag_hold: Mutex<HoldStatus>,
     /// A spot interruption notice is in effect (a rebalance recommendation is not).
     pub interruption: Mutex<Option<f64>>,
-}
-
-/// The utilization below which a GPU counts as idle for `gpuwatch_gpu_idle_seconds`: the
-/// lowest threshold of the `gpu_utilization < x` rules, or 5%.
-fn idle_threshold(rules: &[Rule]) -> f64 {
-    rules
-        .iter()
-        .filter_map(Rule::condition)
-        .filter(|r| r.metric == Metric::GpuUtilization)
-        .filter(|r| {
-            matches!(
-                r.comparison,
-                Comparison::LessThan | Comparison::LessThanOrEqual
-            )
-        })
-        .map(|r| r.threshold)
-        .fold(None, |acc: Option<f64>, t| {
-            Some(acc.map_or(t, |a| a.min(t)))
-        })
-        .unwrap_or(0.05)
 }
 
 /// What the engine sees of a snapshot: every GPU up, or the observation is incomplete.
@@ -151,45 +152,17 @@ impl Watch {
     /// Runs until `stop` turns true (or its sender is gone). A cycle in progress finishes
     /// first, so an action handed out is carried out or durably marked in flight.
     pub async fn run(mut self, snapshots: Snapshots, mut stop: tokio::sync::watch::Receiver<bool>) {
-        let rules = self.config.rules.clone();
         let started = crate::time::now();
         // The machine's boot does not move while gpuwatch runs: read it once.
         let booted = boot_time();
-        let grace_from = booted.map_or(started, |b| b.max(started));
-        let grace_until = grace_from + self.config.actions.boot_grace.as_secs_f64();
-        let settings = Settings {
-            warning: self.config.actions.warning,
-            slack: (self.config.sampling.interval.as_secs_f64() * 2.5)
-                .max(self.config.sampling.timeout.as_secs_f64()),
-        };
-        crate::state::off_async(|| self.state_dir.remove_stale_temps());
-        let mut persisted = self.load(&snapshots).await;
-        // Rules that left the config leave the state.
-        persisted
-            .engine
-            .rules
-            .retain(|name, _| rules.iter().any(|r| &r.name == name));
-        self.resume_in_flight(&mut persisted).await;
-        let spoofable = crate::vetoes::spoofable(&self.config.vetoes);
-        if !spoofable.is_empty() {
-            tracing::warn!(
-                names = ?spoofable,
-                "[vetoes] processes names processes by name, which any local user can imitate to hold the node busy; name the executable's absolute path instead"
-            );
-        }
-        tracing::info!(
-            rules = rules.len(),
-            mode = self.config.actions.mode.as_str(),
-            grace_until = %crate::time::rfc3339(grace_until),
-            "cost watch started"
+        let grace_until = booted.map_or(started, |b| b.max(started))
+            + self.config.actions.boot_grace.as_secs_f64();
+        let settings = self.config.step_settings(
+            self.config.sampling.interval,
+            grace_until,
+            booted.unwrap_or(0.0),
         );
-        self.executor.audit(
-            json!({"event": "started", "rules": rules.iter().map(|r| &r.name).collect::<Vec<_>>(),
-            "grace_until": crate::time::rfc3339(grace_until)}),
-        );
-
-        let threshold = idle_threshold(&rules);
-        let mut idle_since: BTreeMap<u32, f64> = BTreeMap::new();
+        let mut persisted = self.start(&snapshots, &settings).await;
         let mut last_durable = started;
         let mut warned_hold: Option<String> = None;
         let mut seq = 0;
@@ -212,46 +185,12 @@ impl Watch {
                 )
             });
             obs.veto = veto;
-            engine::ingest(&rules, &mut persisted.engine, &obs);
-            let cost = self
-                .tracker
-                .update(&mut persisted, now, booted.unwrap_or(0.0));
-            for c in &cost.closed {
-                tracing::info!(total = c.total, "budget period closed");
-                self.executor.audit(json!({"event": "period_closed", "period_start": crate::time::rfc3339(c.period_start),
-                    "period_end": crate::time::rfc3339(c.period_end), "spent_usd": c.total}));
-            }
-            if !cost.crossings.is_empty() {
-                // Recorded before sending: a restart never sends an alert twice.
-                self.save(&persisted, true);
-            }
-            for c in &cost.crossings {
-                let limit = cost.readings.get(&c.budget).map_or(0.0, |r| r.limit);
-                let budget = self.config.budgets.iter().find(|b| b.name == c.budget);
-                crate::spend::send_alert(c, limit, budget, &self.executor, self.services.as_ref());
-                self.metrics.update(|v| {
-                    *v.cost
-                        .alerts
-                        .entry((c.budget.clone(), c.threshold.to_string()))
-                        .or_default() += 1;
-                });
-            }
-            let ratios: BTreeMap<String, f64> = cost
-                .readings
-                .iter()
-                .filter_map(|(name, r)| Some((name.clone(), r.spent_ratio()?)))
-                .collect();
-
             let tag = self
                 .outside
                 .tag_hold
                 .lock()
                 .map(|h| h.clone())
                 .unwrap_or_default();
-            let hold_until = [local.until(), tag.until()]
-                .into_iter()
-                .flatten()
-                .fold(None, |a: Option<f64>, t| Some(a.map_or(t, |a| a.max(t))));
             let unreadable = [&local, &tag].into_iter().find_map(|h| match h {
                 HoldStatus::Unreadable(why) => Some(why.clone()),
                 _ => None,
@@ -264,92 +203,106 @@ impl Watch {
             }
             warned_hold = unreadable;
             let interruption = self.outside.interruption.lock().map(|i| *i).unwrap_or(None);
-            let ctx = Context {
+            let mut inputs = Inputs {
                 now,
-                grace_until,
-                hold_until,
+                hold_until: [local.until(), tag.until()]
+                    .into_iter()
+                    .flatten()
+                    .reduce(f64::max),
                 lifecycle: self.outside.lifecycle,
                 interruption: interruption.is_some(),
-                budgets: ratios,
+                ..Inputs::default()
             };
-            let events = engine::evaluate(&rules, &settings, &mut persisted.engine, &ctx);
-            let durable = !events.is_empty() || now - last_durable > 60.0;
+            self.tracker.fill(&persisted, &mut inputs);
+
+            let outcome = step(&settings, &mut persisted, &obs, &inputs);
+
+            for c in &outcome.closed {
+                tracing::info!(total = c.total, "budget period closed");
+                self.executor.audit(json!({"event": "period_closed", "period_start": crate::time::rfc3339(c.period_start),
+                    "period_end": crate::time::rfc3339(c.period_end), "spent_usd": c.total}));
+            }
+            // Recorded before sending: a restart never sends an alert twice.
+            let durable = !outcome.events.is_empty()
+                || !outcome.crossings.is_empty()
+                || now - last_durable > 60.0;
             let saved = self.save(&persisted, durable);
             if saved && durable {
                 last_durable = now;
             }
-            for event in events {
+            for c in &outcome.crossings {
+                let budget = self.config.budgets.iter().find(|b| b.name == c.budget);
+                crate::spend::send_alert(c, budget, &self.executor, self.services.as_ref());
+            }
+            for event in outcome.events {
                 if let (Event::Action { rule, action, .. }, false) = (&event, saved) {
                     // No record, no action: a restart could not know it had run.
                     self.not_recorded(&mut persisted, rule, *action, "state.json");
                     continue;
                 }
-                self.handle(&rules, &mut persisted, event).await;
+                self.handle(&settings.rules, &mut persisted, event).await;
             }
 
-            // Metrics.
-            for g in &snap.gpus {
-                match g.utilization_ratio.filter(|_| g.up) {
-                    Some(u) if u < threshold => {
-                        idle_since.entry(g.index).or_insert(now);
-                    }
-                    _ => {
-                        idle_since.remove(&g.index);
-                    }
-                }
-            }
-            let breaching: Vec<(String, bool)> = rules
+            let gpu_idle = outcome
+                .view
+                .gpu_idle
                 .iter()
-                .map(|r| {
-                    (
-                        r.name.clone(),
-                        persisted
-                            .engine
-                            .rules
-                            .get(&r.name)
-                            .is_some_and(|s| s.breaching),
-                    )
+                .filter_map(|i| {
+                    let g = snap.gpus.iter().find(|g| g.index == i.index && g.up)?;
+                    Some(IdleGpu {
+                        gpu: i.index,
+                        uuid: g.uuid.clone(),
+                        seconds: i.seconds,
+                    })
                 })
-                .collect();
-            let pending: Vec<(String, String, f64)> = rules
-                .iter()
-                .filter_map(|r| {
-                    let p = persisted.engine.rules.get(&r.name)?.pending.as_ref()?;
-                    Some((r.name.clone(), p.action.to_string(), p.due_at))
-                })
-                .collect();
-            let gpu_idle: Vec<(u32, String, f64)> = snap
-                .gpus
-                .iter()
-                .filter(|g| g.up)
-                .map(|g| {
-                    (
-                        g.index,
-                        g.uuid.clone(),
-                        idle_since.get(&g.index).map_or(0.0, |s| now - s),
-                    )
-                })
-                .collect();
-            let budgets: Vec<(String, f64, Option<f64>, Option<f64>)> = cost
-                .readings
-                .iter()
-                .map(|(n, r)| (n.clone(), r.limit, r.spent_ratio(), r.forecast_ratio()))
                 .collect();
             self.metrics.update(|v| {
-                v.cost.price = cost.price.map(|p| (p.usd_per_hour, p.source.as_str()));
-                v.cost.spent = cost.spent;
-                v.cost.forecast = cost.forecast;
-                v.cost.budgets = budgets;
+                for c in &outcome.crossings {
+                    let key = AlertKey {
+                        budget: c.budget.clone(),
+                        threshold: c.threshold.to_string(),
+                    };
+                    *v.alerts.entry(key).or_default() += 1;
+                }
+                v.decision = outcome.view;
                 v.gpu_idle = gpu_idle;
-                v.breaching = breaching;
-                v.pending = pending;
-                v.hold_until = hold_until.filter(|h| h.is_finite() && *h > now);
+                v.hold_until = inputs.hold_until.filter(|h| h.is_finite() && *h > now);
                 v.interruption = interruption;
             });
         }
         self.save(&persisted, true);
         tracing::info!("cost watch stopped");
         self.executor.audit(json!({"event": "stopped"}));
+    }
+
+    /// Loads the state, drops the rules that left the config, settles actions that were in
+    /// flight at a restart, and records the start.
+    async fn start(&self, snapshots: &Snapshots, settings: &Settings) -> Persisted {
+        crate::state::off_async(|| self.state_dir.remove_stale_temps());
+        let mut persisted = self.load(snapshots).await;
+        let rules = &settings.rules;
+        persisted
+            .engine
+            .rules
+            .retain(|name, _| rules.iter().any(|r| &r.name == name));
+        self.resume_in_flight(&mut persisted).await;
+        let spoofable = crate::vetoes::spoofable(&self.config.vetoes);
+        if !spoofable.is_empty() {
+            tracing::warn!(
+                names = ?spoofable,
+                "[vetoes] processes names processes by name, which any local user can imitate to hold the node busy; name the executable's absolute path instead"
+            );
+        }
+        let grace_until = crate::time::rfc3339(settings.grace_until);
+        tracing::info!(
+            rules = rules.len(),
+            mode = self.config.actions.mode.as_str(),
+            grace_until = %grace_until,
+            "cost watch started"
+        );
+        self.executor.audit(json!({"event": "started",
+            "rules": rules.iter().map(|r| &r.name).collect::<Vec<_>>(), "grace_until": grace_until}));
+        persisted
     }
 
     /// An action that was handed out before a restart is never sent again. Its outcome is
@@ -506,11 +459,12 @@ impl Watch {
     }
 
     fn count(&self, action: crate::rules::Action, result: &str) {
-        self.metrics.update(|v| {
-            *v.actions
-                .entry((action.to_string(), result.to_string()))
-                .or_default() += 1;
-        });
+        let key = ActionResult {
+            action: action.to_string(),
+            result: result.to_string(),
+        };
+        self.metrics
+            .update(|v| *v.actions.entry(key).or_default() += 1);
     }
 }
 

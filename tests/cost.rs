@@ -108,8 +108,11 @@ fn month_start(t: f64) -> f64 {
 
 #[test]
 fn spend_over_a_simulated_day_at_moto_s_spot_price_survives_a_restart() {
+    use gpuwatch::rules::Observation;
     use gpuwatch::spend::{Known, Node, Tracker};
     use gpuwatch::state::Persisted;
+    use gpuwatch::step::Inputs;
+    use std::time::Duration;
 
     // The spot price, as the daemon reads it: DescribeSpotPriceHistory from moto.
     let ec2 = gpuwatch::cloud::ec2::Ec2::with_config(&shared(aws::moto().addr), "i-unused");
@@ -129,20 +132,32 @@ fn spend_over_a_simulated_day_at_moto_s_spot_price_survives_a_restart() {
     let known = Arc::new(Known::default());
     *known.spot.lock().unwrap() = Some(price);
     let mut tracker = Tracker::new(config.clone(), node.clone(), Arc::clone(&known));
+    let settings = config.step_settings(Duration::from_secs(1), 0.0, 0.0);
+    // One step of the daemon's decision loop, at `now`, with the price the tracker knows.
+    let step = |tracker: &mut Tracker, p: &mut Persisted, now: f64| {
+        let mut inputs = Inputs {
+            now,
+            lifecycle: node.lifecycle,
+            ..Inputs::default()
+        };
+        tracker.fill(p, &mut inputs);
+        gpuwatch::step::step(&settings, p, &Observation::default(), &inputs)
+    };
     let t0 = gpuwatch::time::parse_rfc3339("2026-11-10T00:00:00Z").unwrap();
     let mut p = Persisted::default();
     // An injected clock: one sample a second for 12 hours...
     for s in 0..=43_200u32 {
-        let u = tracker.update(&mut p, t0 + f64::from(s), 0.0);
-        assert_eq!(u.price.unwrap().source, gpuwatch::cost::price::Source::Spot);
+        let out = step(&mut tracker, &mut p, t0 + f64::from(s));
+        let price = out.view.price.unwrap();
+        assert_eq!(price.source, gpuwatch::cost::price::Source::Spot);
     }
     // ...a restart (state through JSON; the spot price is not known yet in the new process, the
     // last one is kept), two minutes down, then the rest of the day.
     let json = serde_json::to_string(&p).unwrap();
     let mut p: Persisted = serde_json::from_str(&json).unwrap();
-    let mut tracker = Tracker::new(config, node, Arc::new(Known::default()));
+    let mut tracker = Tracker::new(config.clone(), node.clone(), Arc::new(Known::default()));
     for s in (43_320..=86_400u32).step_by(5) {
-        tracker.update(&mut p, t0 + f64::from(s), 0.0);
+        step(&mut tracker, &mut p, t0 + f64::from(s));
     }
     let want = price * 24.0;
     assert!(

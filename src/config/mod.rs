@@ -646,6 +646,42 @@ impl RawConfig {
     }
 }
 
+impl Config {
+    /// The settings of the decision step, for samples taken every `interval` (the daemon's
+    /// sampling interval, or a trace's step). The daemon and `simulate` both build them here.
+    pub fn step_settings(
+        &self,
+        interval: Duration,
+        grace_until: f64,
+        running_since: f64,
+    ) -> gpuwatch_core::step::Settings {
+        use gpuwatch_core::step;
+        let budgets = self
+            .budgets
+            .iter()
+            .map(|b| step::Budget {
+                name: b.name.clone(),
+                source: match b.source {
+                    BudgetSource::Local => step::BudgetSource::Local,
+                    BudgetSource::AwsBudgets { .. } => step::BudgetSource::External,
+                },
+                limit_usd: b.limit_usd,
+                thresholds: b.thresholds.clone(),
+            })
+            .collect();
+        step::Settings::new(
+            self.rules.clone(),
+            budgets,
+            self.cost.period,
+            self.actions.warning,
+            interval,
+            self.sampling.timeout,
+            grace_until,
+            running_since,
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

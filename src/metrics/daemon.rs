@@ -35,7 +35,8 @@ impl Collector for WatchCollector {
                 )],
             )?;
         }
-        if let Some((usd, source)) = v.cost.price {
+        let d = &v.decision;
+        if let Some(price) = d.price {
             gauges(
                 e,
                 desc(
@@ -43,10 +44,10 @@ impl Collector for WatchCollector {
                     "The instance's price per hour, and where it came from",
                     None,
                 ),
-                [([("source", source)], usd)],
+                [([("source", price.source.as_str())], price.usd_per_hour)],
             )?;
         }
-        if let Some(s) = v.cost.spent {
+        if let Some(s) = d.spent {
             gauge(
                 e,
                 desc(
@@ -57,7 +58,7 @@ impl Collector for WatchCollector {
                 s,
             )?;
         }
-        if let Some(f) = v.cost.forecast {
+        if let Some(f) = d.forecast {
             gauge(
                 e,
                 desc(
@@ -71,10 +72,9 @@ impl Collector for WatchCollector {
         gauges(
             e,
             desc("gpuwatch_budget_limit_dollars", "The budget's limit", None),
-            v.cost
-                .budgets
+            d.budgets
                 .iter()
-                .map(|(b, l, _, _)| ([("budget", Text(b))], *l)),
+                .map(|b| ([("budget", Text(&b.name))], b.limit)),
         )?;
         gauges(
             e,
@@ -83,10 +83,9 @@ impl Collector for WatchCollector {
                 "Spend as a share of the budget's limit",
                 None,
             ),
-            v.cost
-                .budgets
+            d.budgets
                 .iter()
-                .filter_map(|(b, _, s, _)| Some(([("budget", Text(b))], (*s)?))),
+                .filter_map(|b| Some(([("budget", Text(&b.name))], b.spent_ratio?))),
         )?;
         gauges(
             e,
@@ -95,10 +94,9 @@ impl Collector for WatchCollector {
                 "Forecast spend as a share of the budget's limit",
                 None,
             ),
-            v.cost
-                .budgets
+            d.budgets
                 .iter()
-                .filter_map(|(b, _, _, f)| Some(([("budget", Text(b))], (*f)?))),
+                .filter_map(|b| Some(([("budget", Text(&b.name))], b.forecast_ratio?))),
         )?;
         counters(
             e,
@@ -107,10 +105,15 @@ impl Collector for WatchCollector {
                 "Budget threshold alerts sent",
                 None,
             ),
-            v.cost
-                .alerts
-                .iter()
-                .map(|((b, t), n)| ([("budget", Text(b)), ("threshold", Text(t))], *n)),
+            v.alerts.iter().map(|(k, n)| {
+                (
+                    [
+                        ("budget", Text(&k.budget)),
+                        ("threshold", Text(&k.threshold)),
+                    ],
+                    *n,
+                )
+            }),
         )?;
         gauges(
             e,
@@ -119,14 +122,14 @@ impl Collector for WatchCollector {
                 "How long the GPU has been idle without a break",
                 Some("seconds"),
             ),
-            v.gpu_idle.iter().map(|(gpu, uuid, s)| {
+            v.gpu_idle.iter().map(|g| {
                 (
                     GpuLabels {
-                        gpu: *gpu,
-                        uuid,
+                        gpu: g.gpu,
+                        uuid: &g.uuid,
                         extra: NO_LABELS,
                     },
-                    *s,
+                    g.seconds,
                 )
             }),
         )?;
@@ -137,9 +140,9 @@ impl Collector for WatchCollector {
                 "1 while the rule's condition holds",
                 None,
             ),
-            v.breaching
+            d.rules
                 .iter()
-                .map(|(r, b)| ([("rule", Text(r))], i64::from(*b))),
+                .map(|r| ([("rule", Text(&r.name))], i64::from(r.breaching))),
         )?;
         gauges(
             e,
@@ -148,9 +151,13 @@ impl Collector for WatchCollector {
                 "1 while an action is in its warning period",
                 None,
             ),
-            v.pending
-                .iter()
-                .map(|(r, a, _)| ([("rule", Text(r)), ("action", Text(a))], 1i64)),
+            d.rules.iter().filter_map(|r| {
+                let p = r.pending.as_ref()?;
+                Some((
+                    [("rule", Text(&r.name)), ("action", Text(p.action.as_str()))],
+                    1i64,
+                ))
+            }),
         )?;
         gauges(
             e,
@@ -159,9 +166,13 @@ impl Collector for WatchCollector {
                 "When the pending action is due unless the GPUs come back",
                 Some("seconds"),
             ),
-            v.pending
-                .iter()
-                .map(|(r, a, due)| ([("rule", Text(r)), ("action", Text(a))], *due)),
+            d.rules.iter().filter_map(|r| {
+                let p = r.pending.as_ref()?;
+                Some((
+                    [("rule", Text(&r.name)), ("action", Text(p.action.as_str()))],
+                    p.due_at,
+                ))
+            }),
         )?;
         counters(
             e,
@@ -170,9 +181,12 @@ impl Collector for WatchCollector {
                 "Actions by result: done, dry_run, failed, cancelled or refused",
                 None,
             ),
-            v.actions
-                .iter()
-                .map(|((a, r), n)| ([("action", Text(a)), ("result", Text(r))], *n)),
+            v.actions.iter().map(|(k, n)| {
+                (
+                    [("action", Text(&k.action)), ("result", Text(&k.result))],
+                    *n,
+                )
+            }),
         )?;
         if let Some(h) = v.hold_until {
             gauge(

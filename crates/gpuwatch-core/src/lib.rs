@@ -8,4 +8,5 @@
 pub mod cost;
 pub mod plan;
 pub mod rules;
+pub mod step;
 pub mod time;

@@ -47,6 +47,8 @@ pub struct Crossing {
     pub threshold: f64,
     pub basis: Basis,
     pub ratio: f64,
+    /// The budget's limit, in USD.
+    pub limit: f64,
 }
 
 /// The crossings already alerted, so each fires once per period, across restarts.
@@ -79,6 +81,7 @@ impl Alerted {
                         threshold: t,
                         basis,
                         ratio,
+                        limit: reading.limit,
                     });
                 }
             }

@@ -178,6 +178,13 @@ impl Action {
     }
 }
 
+impl Action {
+    /// Whether the action takes the instance down (stop, hibernate, terminate).
+    pub fn is_instance_action(self) -> bool {
+        matches!(self, Action::Stop | Action::Hibernate | Action::Terminate)
+    }
+}
+
 impl fmt::Display for Action {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

@@ -1,0 +1,476 @@
+//! The one decision step. The daemon runs it on every sample; `gpuwatch simulate` runs it on
+//! every timestamp of a trace. Both build their `Settings` with `Settings::new` and call `step`,
+//! so the slack between samples, spend accrual, budget crossings and alert text cannot differ.
+//!
+//! `step` takes the persisted state, one observation and the world at that moment (`Inputs`),
+//! and returns everything the edge has to log, record, send, carry out and export (`Outcome`).
+//! It does no I/O and reads no clock.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cost::budget::{Alerted, Crossing, Reading};
+use crate::cost::calendar::Period;
+use crate::cost::ledger::{Closed, Ledger};
+use crate::cost::price::{Price, Source};
+use crate::rules::engine::{self, Context, Event};
+use crate::rules::{Comparison, Lifecycle, Metric, Observation, Rule};
+
+/// Everything the step remembers between samples. The daemon keeps it in `state.json`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct State {
+    pub engine: engine::State,
+    #[serde(default)]
+    pub ledger: Ledger,
+    #[serde(default)]
+    pub alerted: Alerted,
+    /// The last known spot price, kept across restarts.
+    #[serde(default)]
+    pub spot_price: Option<f64>,
+    /// Since when each GPU has been idle, by index (for the idle-time view; not persisted).
+    #[serde(skip)]
+    pub idle_since: BTreeMap<u32, f64>,
+}
+
+/// Whose spend a budget counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetSource {
+    /// This node's own ledger.
+    Local,
+    /// A reading from outside (AWS Budgets), passed in through `Inputs::external`.
+    External,
+}
+
+/// A budget as the step judges it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Budget {
+    pub name: String,
+    pub source: BudgetSource,
+    /// The limit; an external reading's own limit is used when this is `None`.
+    pub limit_usd: Option<f64>,
+    pub thresholds: Vec<f64>,
+}
+
+/// What does not change from one step to the next.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub rules: Vec<Rule>,
+    pub budgets: Vec<Budget>,
+    pub period: Period,
+    /// How long a warning lasts before its action.
+    pub warning: Duration,
+    /// The longest gap between samples that still counts as complete data, in seconds.
+    pub slack: f64,
+    /// No warning and no action before this time (boot grace).
+    pub grace_until: f64,
+    /// When the machine started running: spend accrues from here at the earliest.
+    pub running_since: f64,
+    /// The utilization below which a GPU counts as idle in the view.
+    pub idle_threshold: f64,
+}
+
+impl Settings {
+    /// The settings for samples taken every `interval`, each allowed `timeout`. The slack is
+    /// two and a half intervals (one late sample is not a gap), and never less than the timeout.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        rules: Vec<Rule>,
+        budgets: Vec<Budget>,
+        period: Period,
+        warning: Duration,
+        interval: Duration,
+        timeout: Duration,
+        grace_until: f64,
+        running_since: f64,
+    ) -> Settings {
+        let idle_threshold = idle_threshold(&rules);
+        Settings {
+            rules,
+            budgets,
+            period,
+            warning,
+            slack: slack(interval, timeout),
+            grace_until,
+            running_since,
+            idle_threshold,
+        }
+    }
+}
+
+/// The longest gap between samples that still counts as complete data.
+pub fn slack(interval: Duration, timeout: Duration) -> f64 {
+    (interval.as_secs_f64() * 2.5).max(timeout.as_secs_f64())
+}
+
+/// The utilization below which a GPU counts as idle for the view: the lowest threshold of the
+/// `gpu_utilization < x` rules, or 5%.
+fn idle_threshold(rules: &[Rule]) -> f64 {
+    rules
+        .iter()
+        .filter_map(Rule::condition)
+        .filter(|c| c.metric == Metric::GpuUtilization)
+        .filter(|c| {
+            matches!(
+                c.comparison,
+                Comparison::LessThan | Comparison::LessThanOrEqual
+            )
+        })
+        .map(|c| c.threshold)
+        .fold(None, |acc: Option<f64>, t| {
+            Some(acc.map_or(t, |a| a.min(t)))
+        })
+        .unwrap_or(0.05)
+}
+
+/// The world at the moment of one step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Inputs {
+    /// Unix seconds: the observation's time.
+    pub now: f64,
+    /// The latest hold in force (local file or instance tag); infinite for one without a
+    /// readable expiry.
+    pub hold_until: Option<f64>,
+    pub lifecycle: Option<Lifecycle>,
+    /// A spot interruption notice is in effect.
+    pub interruption: bool,
+    /// The hourly price, as chosen from its sources; `None` is unknown.
+    pub price: Option<Price>,
+    /// Readings of external budgets, by budget name.
+    pub external: BTreeMap<String, Reading>,
+}
+
+/// What one step produced.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outcome {
+    /// Rule events, in rule order. An `Event::Action` is in flight in the state: the edge must
+    /// make that durable, then `complete` or `withdraw` it.
+    pub events: Vec<Event>,
+    /// Budget periods that ended, with their totals.
+    pub closed: Vec<Closed>,
+    /// Budget thresholds crossed for the first time this period (recorded in the state).
+    pub crossings: Vec<Crossing>,
+    pub view: View,
+}
+
+/// What the metrics show after a step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct View {
+    pub price: Option<Price>,
+    /// Spent this period; `None` while the price is unknown.
+    pub spent: Option<f64>,
+    pub forecast: Option<f64>,
+    /// Each budget with a reading.
+    pub budgets: Vec<BudgetView>,
+    pub rules: Vec<RuleView>,
+    /// Each GPU with a utilization reading: how long it has been idle.
+    pub gpu_idle: Vec<GpuIdle>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuIdle {
+    pub index: u32,
+    /// Seconds idle without a break; 0 while busy.
+    pub seconds: f64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetView {
+    pub name: String,
+    pub limit: f64,
+    pub spent_ratio: Option<f64>,
+    pub forecast_ratio: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuleView {
+    pub name: String,
+    pub breaching: bool,
+    /// The pending action: which, and when it is due.
+    pub pending: Option<engine::Pending>,
+}
+
+/// Runs one step: feeds the observation to the rules, accrues spend, checks budgets, and
+/// evaluates every rule at `inputs.now`.
+pub fn step(settings: &Settings, state: &mut State, obs: &Observation, inputs: &Inputs) -> Outcome {
+    let now = inputs.now;
+    engine::ingest(&settings.rules, &mut state.engine, obs);
+
+    if let (Some(p), Some(Lifecycle::Spot)) = (inputs.price, inputs.lifecycle) {
+        if p.source == Source::Spot {
+            state.spot_price = Some(p.usd_per_hour);
+        }
+    }
+    let closed = state.ledger.accrue(
+        now,
+        inputs.price.map(|p| p.usd_per_hour),
+        settings.period,
+        settings.running_since,
+    );
+    let spent = inputs.price.map(|_| state.ledger.spent);
+    let forecast = state.ledger.forecast(now, settings.period);
+
+    let mut crossings = Vec::new();
+    let mut ratios = BTreeMap::new();
+    let mut budgets = Vec::new();
+    for b in &settings.budgets {
+        let reading = match b.source {
+            BudgetSource::Local => spent.map(|spent| Reading {
+                spent,
+                forecast,
+                limit: b.limit_usd.unwrap_or(0.0),
+                period_start: state.ledger.period_start,
+            }),
+            BudgetSource::External => inputs.external.get(&b.name).map(|r| Reading {
+                limit: b.limit_usd.unwrap_or(r.limit),
+                ..r.clone()
+            }),
+        };
+        let Some(reading) = reading else { continue };
+        state.alerted.prune(&b.name, reading.period_start);
+        crossings.extend(state.alerted.crossings(&b.name, &b.thresholds, &reading));
+        if let Some(r) = reading.spent_ratio() {
+            ratios.insert(b.name.clone(), r);
+        }
+        budgets.push(BudgetView {
+            name: b.name.clone(),
+            limit: reading.limit,
+            spent_ratio: reading.spent_ratio(),
+            forecast_ratio: reading.forecast_ratio(),
+        });
+    }
+
+    let ctx = Context {
+        now,
+        grace_until: settings.grace_until,
+        hold_until: inputs.hold_until,
+        lifecycle: inputs.lifecycle,
+        interruption: inputs.interruption,
+        budgets: ratios,
+    };
+    let engine_settings = engine::Settings {
+        warning: settings.warning,
+        slack: settings.slack,
+    };
+    let events = engine::evaluate(&settings.rules, &engine_settings, &mut state.engine, &ctx);
+
+    let mut gpu_idle = Vec::with_capacity(obs.gpus.len());
+    for g in &obs.gpus {
+        match g.get(Metric::GpuUtilization) {
+            Some(u) if u < settings.idle_threshold => {
+                let since = *state.idle_since.entry(g.index).or_insert(now);
+                gpu_idle.push(GpuIdle {
+                    index: g.index,
+                    seconds: now - since,
+                });
+            }
+            Some(_) => {
+                state.idle_since.remove(&g.index);
+                gpu_idle.push(GpuIdle {
+                    index: g.index,
+                    seconds: 0.0,
+                });
+            }
+            None => {
+                state.idle_since.remove(&g.index);
+            }
+        }
+    }
+    let rules = settings
+        .rules
+        .iter()
+        .map(|r| {
+            let rs = state.engine.rules.get(&r.name);
+            RuleView {
+                name: r.name.clone(),
+                breaching: rs.is_some_and(|s| s.breaching),
+                pending: rs.and_then(|s| s.pending.clone()),
+            }
+        })
+        .collect();
+
+    Outcome {
+        events,
+        closed,
+        crossings,
+        view: View {
+            price: inputs.price,
+            spent,
+            forecast,
+            budgets,
+            rules,
+            gpu_idle,
+        },
+    }
+}
+
+/// The text of a budget alert, as logged and sent.
+pub fn alert_text(c: &Crossing) -> String {
+    format!("budget \"{}\" {}", c.budget, crossing_text(c))
+}
+
+/// What a crossing says, without the budget's name (as `simulate` reports it).
+pub fn crossing_text(c: &Crossing) -> String {
+    format!(
+        "{} spend is at {:.0}% of ${:.2} (threshold {:.0}%)",
+        c.basis.as_str(),
+        c.ratio * 100.0,
+        c.limit,
+        c.threshold * 100.0
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::{Action, Aggregation, Condition, GpuReading, Statistic, Trigger};
+
+    fn settings(budgets: Vec<Budget>) -> Settings {
+        let idle = Rule {
+            name: "idle".into(),
+            trigger: Trigger::Idle(Condition {
+                metric: Metric::GpuUtilization,
+                statistic: Statistic::Average,
+                comparison: Comparison::LessThan,
+                threshold: 0.05,
+                period: Duration::from_secs(10),
+                evaluation_periods: 1,
+                datapoints_to_alarm: 1,
+                gpus: Aggregation::Every,
+            }),
+            lifecycle: None,
+            action: Action::Stop,
+            command: Vec::new(),
+            budget: None,
+        };
+        Settings::new(
+            vec![idle],
+            budgets,
+            Period::Month,
+            Duration::from_secs(5),
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            0.0,
+            0.0,
+        )
+    }
+
+    fn obs(t: f64, u: f64) -> Observation {
+        let mut g = GpuReading {
+            index: 0,
+            ..GpuReading::default()
+        };
+        g.set(Metric::GpuUtilization, Some(u));
+        Observation {
+            t,
+            complete: true,
+            gpus: vec![g],
+            veto: None,
+        }
+    }
+
+    #[test]
+    fn the_slack_is_two_and_a_half_samples_or_the_timeout() {
+        let s = |i, t| slack(Duration::from_millis(i), Duration::from_millis(t));
+        assert_eq!(s(1000, 1000), 2.5);
+        assert_eq!(s(1000, 5000), 5.0);
+        assert_eq!(s(10, 10), 0.025);
+    }
+
+    #[test]
+    fn one_step_warns_acts_and_shows_its_view() {
+        let settings = settings(Vec::new());
+        let mut state = State::default();
+        let mut kinds = Vec::new();
+        for t in 0..20 {
+            let out = step(
+                &settings,
+                &mut state,
+                &obs(t as f64, 0.0),
+                &Inputs {
+                    now: t as f64,
+                    ..Inputs::default()
+                },
+            );
+            kinds.extend(out.events.iter().map(|e| (t, e.kind())));
+            if t == 12 {
+                assert_eq!(
+                    out.view.gpu_idle,
+                    vec![GpuIdle {
+                        index: 0,
+                        seconds: 12.0
+                    }]
+                );
+                let rule = &out.view.rules[0];
+                assert!(rule.breaching);
+                let pending = rule.pending.as_ref().unwrap();
+                assert_eq!((pending.action, pending.due_at), (Action::Stop, 15.0));
+                assert_eq!(out.view.spent, None, "no price, no spend");
+            }
+        }
+        assert_eq!(kinds, vec![(10, "breach"), (10, "warning"), (15, "action")]);
+    }
+
+    #[test]
+    fn budgets_cross_once_with_one_text_and_external_limits_apply() {
+        let local = Budget {
+            name: "team".into(),
+            source: BudgetSource::Local,
+            limit_usd: Some(10.0),
+            thresholds: vec![0.5, 1.0],
+        };
+        let aws = Budget {
+            name: "org".into(),
+            source: BudgetSource::External,
+            limit_usd: None,
+            thresholds: vec![0.8],
+        };
+        let settings = settings(vec![local, aws]);
+        let mut state = State::default();
+        let price = Some(Price {
+            usd_per_hour: 3600.0,
+            source: Source::Config,
+        });
+        let external: BTreeMap<String, Reading> = [(
+            "org".to_string(),
+            Reading {
+                spent: 90.0,
+                forecast: None,
+                limit: 100.0,
+                period_start: 0.0,
+            },
+        )]
+        .into();
+        let mut texts = Vec::new();
+        // $1 a second, from 2026-11-30 on.
+        for t in 0..12 {
+            let now = 1_796_000_000.0 + t as f64;
+            let out = step(
+                &settings,
+                &mut state,
+                &obs(now, 0.9),
+                &Inputs {
+                    now,
+                    price,
+                    external: external.clone(),
+                    ..Inputs::default()
+                },
+            );
+            texts.extend(
+                out.crossings
+                    .iter()
+                    .filter(|c| c.basis == crate::cost::budget::Basis::Actual)
+                    .map(alert_text),
+            );
+        }
+        assert_eq!(
+            texts,
+            vec![
+                "budget \"org\" actual spend is at 90% of $100.00 (threshold 80%)",
+                "budget \"team\" actual spend is at 50% of $10.00 (threshold 50%)",
+                "budget \"team\" actual spend is at 100% of $10.00 (threshold 100%)",
+            ]
+        );
+    }
+}
