@@ -109,15 +109,17 @@ impl Executor {
         self.notifier.send(text, to_terminals);
     }
 
-    /// Carries out `action` for `rule`, exactly once. Returns what happened.
+    /// Carries out `action` for `rule`, exactly once, as decided on the sample taken `at`.
+    /// Returns what happened.
     pub async fn execute(
         &self,
         rule: &Rule,
         action: Action,
         evidence: &serde_json::Value,
+        at: f64,
     ) -> Outcome {
         let recorded = self.audit(json!({
-            "event": "action_attempt", "rule": rule.name, "action": action, "evidence": evidence,
+            "event": "action_attempt", "rule": rule.name, "at": at, "action": action, "evidence": evidence,
         }));
         let mutates = action != Action::Alert && self.mode == Mode::Enforce;
         if mutates && !recorded {

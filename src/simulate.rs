@@ -140,6 +140,8 @@ pub fn parse_trace(text: &str) -> Result<Vec<Row>, TraceError> {
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Report {
     pub time: String,
+    /// The same time in Unix seconds, exactly (the trace's own timestamp).
+    pub at: f64,
     pub rule: String,
     pub kind: &'static str,
     pub action: Option<String>,
@@ -237,6 +239,7 @@ pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Repo
         for c in &outcome.crossings {
             out.push(Report {
                 time: crate::time::rfc3339(*t),
+                at: *t,
                 rule: c.budget.clone(),
                 kind: "budget_alert",
                 action: None,
@@ -260,6 +263,7 @@ pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Repo
                     down = Some(*action);
                     out.push(Report {
                         time: crate::time::rfc3339(*t),
+                        at: *t,
                         rule: rule.clone(),
                         kind: "node_down",
                         action: Some(action.to_string()),
@@ -368,6 +372,7 @@ fn report(t: f64, e: &Event) -> Report {
     };
     Report {
         time: crate::time::rfc3339(t),
+        at: t,
         rule: e.rule().to_string(),
         kind: e.kind(),
         action: action.map(|a| a.to_string()),

@@ -240,7 +240,8 @@ impl Watch {
                     self.not_recorded(&mut persisted, rule, *action, "state.json");
                     continue;
                 }
-                self.handle(&settings.rules, &mut persisted, event).await;
+                self.handle(&settings.rules, &mut persisted, event, now)
+                    .await;
             }
 
             let gpu_idle = outcome
@@ -389,7 +390,9 @@ impl Watch {
         engine::withdraw(&mut persisted.engine, rule);
     }
 
-    async fn handle(&self, rules: &[Rule], persisted: &mut Persisted, event: Event) {
+    /// Logs, records and carries out one event of the step taken at `at` (the sample's time,
+    /// recorded as `at` in Unix seconds).
+    async fn handle(&self, rules: &[Rule], persisted: &mut Persisted, event: Event, at: f64) {
         let rule_name = event.rule().to_string();
         let Some(rule) = rules.iter().find(|r| r.name == rule_name) else {
             return;
@@ -403,13 +406,14 @@ impl Watch {
         match &event {
             Event::Breach { evidence: e, .. } => {
                 tracing::info!(rule = %rule.name, periods = e.breaching_periods, "rule breaching");
-                self.executor
-                    .audit(json!({"event": "breach", "rule": rule.name, "evidence": evidence}));
+                self.executor.audit(
+                    json!({"event": "breach", "rule": rule.name, "at": at, "evidence": evidence}),
+                );
             }
             Event::Recovered { .. } => {
                 tracing::info!(rule = %rule.name, "rule no longer breaching");
                 self.executor
-                    .audit(json!({"event": "recovered", "rule": rule.name}));
+                    .audit(json!({"event": "recovered", "rule": rule.name, "at": at}));
             }
             Event::Warning { action, due_at, .. } => {
                 let text = format!(
@@ -420,7 +424,7 @@ impl Watch {
                 );
                 tracing::warn!("{text}");
                 self.executor.audit(
-                    json!({"event": "warning", "rule": rule.name, "action": action,
+                    json!({"event": "warning", "rule": rule.name, "at": at, "action": action,
                     "due_at": crate::time::rfc3339(*due_at), "evidence": evidence}),
                 );
                 self.executor.notify(&text, true);
@@ -431,18 +435,18 @@ impl Watch {
                     rule.name
                 );
                 tracing::info!("{text}");
-                self.executor.audit(json!({"event": "cancelled", "rule": rule.name, "action": action, "reason": reason}));
+                self.executor.audit(json!({"event": "cancelled", "rule": rule.name, "at": at, "action": action, "reason": reason}));
                 self.count(*action, "cancelled");
                 self.executor.notify(&text, true);
             }
             Event::Postponed { action, reason, .. } => {
                 tracing::info!(rule = %rule.name, action = %action, "action postponed: {reason}");
-                self.executor.audit(json!({"event": "postponed", "rule": rule.name, "action": action, "reason": reason}));
+                self.executor.audit(json!({"event": "postponed", "rule": rule.name, "at": at, "action": action, "reason": reason}));
             }
             Event::Action { action, .. } => {
                 // The state already says "in flight" durably: a restart from here on never
                 // repeats the action.
-                let outcome = self.executor.execute(rule, *action, &evidence).await;
+                let outcome = self.executor.execute(rule, *action, &evidence, at).await;
                 if let Outcome::NotRecorded(_) = outcome {
                     self.not_recorded(persisted, &rule.name, *action, "audit.jsonl");
                     self.save(persisted, true);

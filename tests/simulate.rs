@@ -160,3 +160,123 @@ fn power_rules_replay_with_the_power_limit() {
     let without = run(&[]);
     assert_eq!(without, "no rule breached: no warning, no action\n");
 }
+
+/// The daemon and `gpuwatch simulate` run one decision step. One trace, played through the
+/// daemon by the fake NVML and through `simulate` from the samples the daemon took, gives the
+/// same events: kind, rule, and time within one sample.
+#[test]
+fn the_daemon_and_simulate_decide_the_same() {
+    const INTERVAL: f64 = 0.2;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    // GPU 0 idles, works for a second and a half from 7 s, then idles again; GPU 1 idles.
+    std::fs::write(
+        dir.path().join("u.csv"),
+        "0,2\n7,2\n7.01,60\n8.5,60\n8.51,2\n120,2\n",
+    )
+    .unwrap();
+    let scenario = format!(
+        "[[gpu]]\nutilization = {{ kind = \"trace\", file = \"{}\" }}\n[[gpu]]\nutilization = 1\n",
+        dir.path().join("u.csv").display()
+    );
+    let config = format!(
+        "[sampling]\ninterval = \"200ms\"\ntimeout = \"1s\"\n\
+         [actions]\nboot_grace = \"0s\"\nwarning = \"2s\"\nwall = false\nstate_dir = \"{}\"\n\
+         [[rules]]\nname = \"idle-alert\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
+         threshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 2\naction = \"alert\"\n\
+         [[rules]]\nname = \"idle-stop\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
+         threshold = 0.05\nperiod = \"2s\"\nevaluation_periods = 2\naction = \"stop\"\n",
+        state.display()
+    );
+    let d = common::Daemon::start_in(dir, &scenario, &config);
+
+    // Record every sample the daemon takes, for 18 seconds of its time.
+    let mut trace = String::new();
+    let (mut seq, mut first, mut last) = (0, None, 0.0);
+    while last - first.unwrap_or(last) < 18.0 {
+        let snap = d.snapshot_after(seq);
+        seq = snap["seq"].as_u64().unwrap();
+        last = snap["timestamp"].as_f64().unwrap();
+        first.get_or_insert(last);
+        for g in snap["gpus"].as_array().unwrap() {
+            let u = g["utilization_ratio"]
+                .as_f64()
+                .map_or(String::new(), |u| u.to_string());
+            trace.push_str(&format!("{last},{},{u}\n", g["index"]));
+        }
+    }
+    let trace_path = d.dir.path().join("trace.csv");
+    std::fs::write(&trace_path, &trace).unwrap();
+    let config_path = d.dir.path().join("gpuwatch.toml");
+    let replay = common::gpuwatch(&[
+        &"simulate",
+        &"--config",
+        &config_path,
+        &"--trace",
+        &trace_path,
+        &"--json",
+    ]);
+    let simulated: Vec<(String, String, f64)> = replay
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["kind"] != "node_down")
+        .map(|v| {
+            let kind = v["kind"].as_str().unwrap().to_string();
+            (
+                kind,
+                v["rule"].as_str().unwrap().to_string(),
+                v["at"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+
+    // The daemon's decisions on the recorded samples, in dry-run. The replay takes the node
+    // down at the first stop: the daemon's later decisions for that rule are not in it.
+    let stopped_at = simulated
+        .iter()
+        .find(|(kind, rule, _)| kind == "action" && rule == "idle-stop")
+        .map(|e| e.2)
+        .expect("the replay stops the node");
+    let decided: Vec<(String, String, f64)> = d
+        .audit()
+        .iter()
+        .filter_map(|r| {
+            let kind = match r["event"].as_str()? {
+                "action_attempt" => "action",
+                k @ ("breach" | "recovered" | "warning" | "cancelled" | "postponed") => k,
+                _ => return None,
+            };
+            let (rule, at) = (r["rule"].as_str()?.to_string(), r["at"].as_f64()?);
+            (at <= last && (rule != "idle-stop" || at <= stopped_at))
+                .then(|| (kind.to_string(), rule, at))
+        })
+        .collect();
+
+    let kinds = |events: &[(String, String, f64)]| {
+        events
+            .iter()
+            .map(|(k, r, _)| format!("{r} {k}"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        kinds(&decided),
+        kinds(&simulated),
+        "daemon {decided:?}\nsimulate {simulated:?}"
+    );
+    for (daemon, replay) in decided.iter().zip(&simulated) {
+        assert!(
+            (daemon.2 - replay.2).abs() <= INTERVAL + 1e-3,
+            "{daemon:?} vs {replay:?}"
+        );
+    }
+    // The trace exercised warnings, a cancellation by the busy second and both rules' actions.
+    let all = kinds(&decided).join("\n");
+    for want in [
+        "idle-alert warning",
+        "idle-alert cancelled",
+        "idle-alert action",
+        "idle-stop action",
+    ] {
+        assert!(all.contains(want), "{want} missing:\n{all}");
+    }
+}
