@@ -370,7 +370,13 @@ kind = "lost"
         .gpu(1)
         .absent()
         .assert_in(&s);
-    metric("gpu_info").gpu(1).absent().assert_in(&s);
+    // Its identity was read before the loss: it keeps `gpu_info`.
+    metric("gpu_info")
+        .gpu(1)
+        .label("uuid", "GPU-00000000-0000-4000-8000-000000000002")
+        .label("pci_bus_id", "00000000:28:00.0")
+        .value(1.0)
+        .assert_in(&s);
     metric("gpu_utilization_ratio")
         .gpu(0)
         .value(0.5)
@@ -592,4 +598,57 @@ fn endpoints_and_content_type() {
     assert!(landing.body.contains("href=\"/metrics\""));
     assert_eq!(d.get("/nope").status, 404);
     assert_eq!(d.get("/api/v1/snapshot?after=0&timeout=soon").status, 400);
+}
+
+/// Each identity field is kept the moment it is read: a GPU that falls off the bus after its
+/// identity calls, in its very first cycle, keeps its UUID and `gpu_info`. A GPU whose identity
+/// was never read carries `gpu` only, never an empty `uuid=""`.
+#[test]
+fn a_gpu_lost_in_its_first_cycle_keeps_the_identity_it_had_read() {
+    let scenario = r#"
+[[gpu]]
+utilization = 50
+[[gpu]]
+name = "NVIDIA H200"
+[[gpu]]
+[[fault]]
+at = "0s"
+gpu = 1
+kind = "lost"
+fields = ["utilization", "memory", "temperature", "power", "power_limit", "energy", "clocks", "throttle", "ecc", "processes"]
+[[fault]]
+at = "0s"
+gpu = 2
+kind = "lost"
+"#;
+    let d = Daemon::start(scenario, "[sampling]\ninterval = \"100ms\"\n");
+    let first = d.await_sample(Duration::from_secs(20), |s| s["seq"].as_u64() >= Some(1));
+    assert_eq!(first["gpus"][1]["up"], false, "{first}");
+    assert_eq!(first["gpus"][2]["up"], false, "{first}");
+    let s = d.scrape();
+    let uuid = "GPU-00000000-0000-4000-8000-000000000002";
+    metric("gpu_up")
+        .gpu(1)
+        .label("uuid", uuid)
+        .value(0.0)
+        .assert_in(&s);
+    metric("gpu_info")
+        .gpu(1)
+        .label("uuid", uuid)
+        .label("name", "NVIDIA H200")
+        .value(1.0)
+        .assert_in(&s);
+    let never_read: Vec<_> = s
+        .series
+        .iter()
+        .filter(|x| x.labels.get("gpu").map(String::as_str) == Some("2"))
+        .collect();
+    assert!(!never_read.is_empty(), "{}", s.text);
+    for x in &never_read {
+        assert!(!x.labels.contains_key("uuid"), "{}: {:?}", x.name, x.labels);
+        assert_ne!(x.name, "gpu_info");
+    }
+    metric("gpu_up").gpu(2).value(0.0).assert_in(&s);
+    assert!(!s.text.contains("uuid=\"\""), "{}", s.text);
+    common::assert_promtool_accepts(&s.text);
 }

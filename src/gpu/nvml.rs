@@ -61,10 +61,19 @@ pub struct NvmlSource {
     backoff: Duration,
     last_init_error: Option<String>,
     xids: Arc<XidCounts>,
-    /// UUIDs seen per index, so that a lost GPU keeps its identity.
-    uuids: HashMap<u32, String>,
+    /// Identity fields seen per index, each kept the moment it is read, so that a GPU lost
+    /// later (even later in its first cycle) keeps its identity.
+    identities: HashMap<u32, Identity>,
     /// (GPU, field) pairs already logged as bad, so that a broken sensor logs once.
     logged: HashSet<(u32, &'static str)>,
+}
+
+/// What identifies a GPU; each field is kept once read.
+#[derive(Default, Clone)]
+struct Identity {
+    uuid: Option<String>,
+    name: Option<String>,
+    pci_bus_id: Option<String>,
 }
 
 #[derive(Default, Clone)]
@@ -87,7 +96,7 @@ impl NvmlSource {
             backoff: INIT_BACKOFF_FIRST,
             last_init_error: None,
             xids: Arc::new(XidCounts::default()),
-            uuids: HashMap::new(),
+            identities: HashMap::new(),
             logged: HashSet::new(),
         }
     }
@@ -199,15 +208,12 @@ impl NvmlSource {
         let sample = r.read_all(nvml, &device);
         match r.lost {
             Some(e) => self.unreachable(index, &e),
-            None => {
-                self.uuids.insert(index, sample.uuid.clone());
-                sample
-            }
+            None => sample,
         }
     }
 
     /// The sample of a GPU that answered `GPU_IS_LOST` (or could not be opened): `up` is false
-    /// and it carries nothing but its identity.
+    /// and it carries nothing but its identity, as far as it was ever read.
     fn unreachable(&mut self, index: u32, e: &NvmlError) -> GpuSample {
         let kind = if matches!(e, NvmlError::GpuLost) {
             ErrorKind::GpuLost
@@ -218,9 +224,12 @@ impl NvmlSource {
         if self.logged.insert((index, "device")) {
             tracing::error!(gpu = index, error = %e, "GPU unreachable; gpu_up is 0 until it answers again");
         }
+        let id = self.identities.get(&index).cloned().unwrap_or_default();
         GpuSample {
             index,
-            uuid: self.uuids.get(&index).cloned().unwrap_or_default(),
+            uuid: id.uuid.unwrap_or_default(),
+            name: id.name,
+            pci_bus_id: id.pci_bus_id,
             up: false,
             xid_errors: self.xids.for_gpu(index),
             ..GpuSample::default()
@@ -308,9 +317,27 @@ impl GpuReader<'_> {
 
     fn read_all(&mut self, nvml: &'static Nvml, d: &Device<'static>) -> GpuSample {
         let index = self.index;
-        let uuid = self.get("uuid", || d.uuid()).unwrap_or_default();
+        // Each identity field is kept as soon as it is read: a GPU that falls off the bus a
+        // few calls later still has its UUID, name and bus id.
+        let uuid = self.get("uuid", || d.uuid());
         let name = self.get("name", || d.name());
         let pci_bus_id = self.get("pci_info", || d.pci_info()).map(|p| p.bus_id);
+        let known = self.src.identities.entry(index).or_default();
+        for (field, read) in [
+            (&mut known.uuid, uuid),
+            (&mut known.name, name),
+            (&mut known.pci_bus_id, pci_bus_id),
+        ] {
+            if read.is_some() {
+                *field = read;
+            }
+        }
+        // A field that failed this once keeps the value it was last read with.
+        let (uuid, name, pci_bus_id) = (
+            known.uuid.clone().unwrap_or_default(),
+            known.name.clone(),
+            known.pci_bus_id.clone(),
+        );
 
         let util = self.get("utilization", || d.utilization_rates());
         let gpu_util = self.check("utilization", util.as_ref().map(|u| u.gpu), |v| v <= 100);

@@ -159,7 +159,8 @@ impl Collector for SnapshotCollector {
         gauges(
             e,
             desc("gpu_info", "GPU identity; value 1", None),
-            gpus.iter().filter(|g| g.up).map(|g| {
+            // A lost GPU keeps its identity, as far as it was ever read.
+            gpus.iter().filter(|g| g.up || !g.uuid.is_empty()).map(|g| {
                 let extra = [
                     ("name", Text(g.name.as_deref().unwrap_or(""))),
                     ("pci_bus_id", Text(g.pci_bus_id.as_deref().unwrap_or(""))),

@@ -22,7 +22,10 @@ pub(super) struct GpuLabels<'a, X> {
 impl<X: EncodeLabelSet> EncodeLabelSet for GpuLabels<'_, X> {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), fmt::Error> {
         ("gpu", self.gpu).encode(encoder.encode_label())?;
-        ("uuid", Text(self.uuid)).encode(encoder.encode_label())?;
+        // A GPU whose UUID was never read has no `uuid` label, rather than an empty one.
+        if !self.uuid.is_empty() {
+            ("uuid", Text(self.uuid)).encode(encoder.encode_label())?;
+        }
         self.extra.encode(encoder)
     }
 }

@@ -36,6 +36,7 @@
 //! until = "2m"                        # optional end; omitted means forever
 //! gpu = 1                             # optional; omitted means every GPU
 //! kind = "lost"                       # every call answers NVML_ERROR_GPU_IS_LOST
+//! # kind = "lost", fields = ["utilization"]  only those calls: lost partway through a cycle
 //! # kind = "not_supported", fields = ["power", "ecc"]  answers NVML_ERROR_NOT_SUPPORTED
 //! #   fields: identity, events, utilization, memory, temperature, power, power_limit,
 //! #           energy, clocks, throttle, ecc, processes

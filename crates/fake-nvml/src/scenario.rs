@@ -74,6 +74,9 @@ pub enum Field {
 pub enum FaultKind {
     /// Every call for the GPU answers `NVML_ERROR_GPU_IS_LOST`.
     Lost,
+    /// Calls for the named fields answer `NVML_ERROR_GPU_IS_LOST`: a GPU that falls off the bus
+    /// partway through a cycle, after its identity was read.
+    LostFor(BTreeSet<Field>),
     /// The named fields answer `NVML_ERROR_NOT_SUPPORTED`.
     NotSupported(BTreeSet<Field>),
     /// Every device call sleeps this long (wall clock) before answering.
@@ -295,6 +298,15 @@ impl Scenario {
             .any(|f| f.kind == FaultKind::Lost && f.applies_to(gpu) && f.active(t))
     }
 
+    fn lost_for(&self, gpu: u32, field: Field, t: f64) -> bool {
+        self.faults.iter().any(|f| match &f.kind {
+            FaultKind::LostFor(fields) => {
+                fields.contains(&field) && f.applies_to(gpu) && f.active(t)
+            }
+            _ => false,
+        })
+    }
+
     fn unsupported(&self, gpu: u32, field: Field, t: f64) -> bool {
         self.faults.iter().any(|f| match &f.kind {
             FaultKind::NotSupported(fields) => {
@@ -326,7 +338,7 @@ impl Scenario {
         let Some(g) = self.gpus.get(gpu as usize) else {
             return Answer::InvalidArgument;
         };
-        if self.is_lost(gpu, t) {
+        if self.is_lost(gpu, t) || self.lost_for(gpu, field, t) {
             Answer::Lost
         } else if self.unsupported(gpu, field, t) {
             Answer::NotSupported
@@ -569,7 +581,8 @@ impl RawScenario {
                 }
             }
             let kind = match f.kind.as_str() {
-                "lost" => FaultKind::Lost,
+                "lost" if f.fields.is_empty() => FaultKind::Lost,
+                "lost" => FaultKind::LostFor(f.fields.into_iter().collect()),
                 "not_supported" => {
                     if f.fields.is_empty() {
                         return Err(format!("{key}.fields: a not_supported fault names fields"));
