@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::cloud::ec2::{CloudError, Ec2, ErrorKind};
+use crate::cloud::imds::Node;
 use crate::cloud::plan::{plan, Plan, Step};
-use crate::config::{Mode, SpotStop};
+use crate::config::{ActionsConfig, Mode, SpotStop};
 use crate::rules::{Action, Lifecycle, Rule};
 use crate::state::AuditLog;
 
@@ -36,11 +37,11 @@ impl Outcome {
     }
 }
 
-/// The instance, when gpuwatch runs on EC2 with `provider = "aws"`.
+/// This instance and the EC2 API for it, when gpuwatch runs on EC2 with `provider = "aws"`.
 #[derive(Clone)]
-pub struct Instance {
+pub struct Cloud {
+    pub node: Node,
     pub ec2: Ec2,
-    pub lifecycle: Option<Lifecycle>,
 }
 
 pub struct Executor {
@@ -50,31 +51,32 @@ pub struct Executor {
     /// How long EC2 calls are retried through throttling, 5xx and outages.
     pub retry_for: Duration,
     pub audit: Arc<AuditLog>,
-    pub instance: Option<Instance>,
+    pub cloud: Option<Cloud>,
     pub notifier: crate::notify::Notifier,
     denied_reported: AtomicBool,
 }
 
 impl Executor {
-    #[allow(clippy::too_many_arguments)]
+    /// An executor with the `[actions]` settings, writing to `audit`, acting on `cloud` when
+    /// there is one. Starts the notification task in `tasks`.
     pub fn new(
-        mode: Mode,
-        spot_stop: SpotStop,
-        webhook_url: Option<String>,
-        wall: bool,
-        exec_timeout: Duration,
-        retry_for: Duration,
+        actions: &ActionsConfig,
         audit: Arc<AuditLog>,
-        instance: Option<Instance>,
+        cloud: Option<Cloud>,
+        tasks: &mut tokio::task::JoinSet<()>,
     ) -> Executor {
         Executor {
-            mode,
-            spot_stop,
-            exec_timeout,
-            retry_for,
+            mode: actions.mode,
+            spot_stop: actions.spot_stop,
+            exec_timeout: actions.exec_timeout,
+            retry_for: actions.retry_for,
             audit,
-            instance,
-            notifier: crate::notify::Notifier::start(webhook_url, wall),
+            cloud,
+            notifier: crate::notify::Notifier::start(
+                actions.webhook_url.clone(),
+                actions.wall,
+                tasks,
+            ),
             denied_reported: AtomicBool::new(false),
         }
     }
@@ -88,8 +90,8 @@ impl Executor {
                 json!(crate::time::rfc3339(crate::time::now())),
             );
             obj.insert("mode".into(), json!(self.mode.as_str()));
-            if let Some(i) = &self.instance {
-                obj.insert("instance_id".into(), json!(i.ec2.instance_id));
+            if let Some(c) = &self.cloud {
+                obj.insert("instance_id".into(), json!(c.node.instance_id));
             }
         }
         // Each record is fsynced.
@@ -190,7 +192,7 @@ impl Executor {
     }
 
     async fn instance_action(&self, rule: &Rule, action: Action) -> Outcome {
-        let Some(instance) = &self.instance else {
+        let Some(Cloud { node, ec2 }) = &self.cloud else {
             return match self.mode {
                 Mode::DryRun => Outcome::DryRun(format!(
                     "would {action} this instance (no cloud provider is configured)"
@@ -200,15 +202,15 @@ impl Executor {
                 ),
             };
         };
-        let spot = if instance.lifecycle == Some(Lifecycle::Spot) {
-            match self.retry(|| instance.ec2.spot_request()).await {
+        let spot = if node.lifecycle == Some(Lifecycle::Spot) {
+            match self.retry(|| ec2.spot_request()).await {
                 Ok(s) => s,
                 Err(e) => return Outcome::Failed(format!("cannot tell the spot request: {e}")),
             }
         } else {
             None
         };
-        let steps = match plan(action, instance.lifecycle, spot.as_ref(), self.spot_stop) {
+        let steps = match plan(action, node.lifecycle, spot.as_ref(), self.spot_stop) {
             Plan::Refuse(why) => return Outcome::Refused(why),
             Plan::Steps(s) => s,
         };
@@ -217,7 +219,7 @@ impl Executor {
             return Outcome::DryRun(format!("would {}", described.join(", then ")));
         }
         match self
-            .retry(|| instance.ec2.tag_action(action.as_str(), &rule.name))
+            .retry(|| ec2.tag_action(action.as_str(), &rule.name))
             .await
         {
             Ok(id) => {
@@ -227,11 +229,9 @@ impl Executor {
         }
         for step in &steps {
             let result = match step {
-                Step::CancelSpotRequest(id) => {
-                    self.retry(|| instance.ec2.cancel_spot_request(id)).await
-                }
-                Step::Stop { hibernate } => self.retry(|| instance.ec2.stop(*hibernate)).await,
-                Step::Terminate => self.retry(|| instance.ec2.terminate()).await,
+                Step::CancelSpotRequest(id) => self.retry(|| ec2.cancel_spot_request(id)).await,
+                Step::Stop { hibernate } => self.retry(|| ec2.stop(*hibernate)).await,
+                Step::Terminate => self.retry(|| ec2.terminate()).await,
             };
             match result {
                 Ok(id) => {

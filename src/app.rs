@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use prometheus_client::registry::Registry;
+use tokio::task::JoinSet;
 
-use crate::actions::{Executor, Instance};
+use crate::actions::{Cloud, Executor};
 use crate::cloud::ec2::Ec2;
 use crate::cloud::imds::Imds;
 use crate::config::{Config, Provider};
@@ -18,105 +19,160 @@ use crate::metrics::{
 };
 use crate::server::{router, ServerState};
 use crate::state::{AuditLog, DirError, StateDir};
-use crate::watch::{NodeInfo, Outside, Watch, WatchMetrics};
+use crate::watch::{Outside, Watch, WatchMetrics};
 
-/// Runs the daemon until SIGINT or SIGTERM. On the signal it stops taking decisions first
-/// (an action already handed out has its durable in-flight mark), then closes connections within
-/// a short grace period, then returns.
+/// Runs the daemon until SIGINT or SIGTERM.
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    raise_fd_limit();
-    let metrics = Arc::new(SelfMetrics::default());
-    let source = NvmlSource::new(
-        config.nvml.library.clone(),
-        config.sampling.per_process_memory,
-        Arc::clone(&metrics),
-    );
-    let snapshots = sampler::spawn(
-        source,
-        config.sampling.interval,
-        config.sampling.timeout,
-        Arc::clone(&metrics),
-    )
-    .context("cannot start the sampler thread")?;
+    App::build(config).await?.run(shutdown_signal()).await
+}
 
-    let mut registry = Registry::default();
-    metrics.register(&mut registry);
-    registry.register_collector(Box::new(SnapshotCollector::new(
-        snapshots.clone(),
-        BuildInfo::current(),
-    )));
-    let watch_metrics = Arc::new(WatchMetrics::default());
-    registry.register_collector(Box::new(WatchCollector(Arc::clone(&watch_metrics))));
-    let cloudwatch = Arc::new(crate::cloudwatch::Counters::default());
-    if config.cloudwatch.enabled {
-        registry.register_collector(Box::new(crate::metrics::CloudWatchCollector(Arc::clone(
-            &cloudwatch,
-        ))));
-    }
-    let http = Arc::new(crate::serve::Stats::default());
-    registry.register_collector(Box::new(HttpCollector(Arc::clone(&http))));
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let watch_task = start_watch(
-        &config,
-        snapshots.clone(),
-        watch_metrics,
-        cloudwatch,
-        &mut registry,
-        stop_rx,
-    )
-    .await?;
+/// The daemon, built and listening: every task it started is owned here, and `run` stops and
+/// drains all of them.
+pub struct App {
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    limits: crate::serve::Limits,
+    http: Arc<crate::serve::Stats>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    /// Tells the cost watch to stop deciding.
+    stop: tokio::sync::watch::Sender<bool>,
+    /// The cost watch, stopped first at shutdown.
+    watch: Option<WatchTask>,
+    /// Every other task: the sampler's driver, pollers, notification delivery, CloudWatch.
+    tasks: JoinSet<()>,
+}
 
-    let listener = tokio::net::TcpListener::bind(config.server.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.server.listen))?;
-    let addr = listener.local_addr()?;
-    let web = config.server.web.as_ref();
-    let tls = match web.and_then(|w| w.tls.as_ref()) {
-        None => None,
-        Some(t) => Some(tokio_rustls::TlsAcceptor::from(
-            crate::web::tls::server_config(t)
-                .map_err(|e| anyhow::anyhow!("server.web_config_file: tls_server_config: {e}"))?,
-        )),
-    };
-    tracing::info!(
-        interval = ?config.sampling.interval,
-        library = %config.nvml.library.display(),
-        basic_auth = web.is_some_and(|w| !w.users.is_empty()),
-        "listening on {}://{}/",
-        if tls.is_some() { "https" } else { "http" },
-        display_addr(addr)
-    );
-    let mut app = router(ServerState {
-        registry: Arc::new(registry),
-        snapshots,
-        long_polls: Arc::new(tokio::sync::Semaphore::new(config.server.max_long_polls)),
-    });
-    if let Some(w) = web {
-        app = app.layer(axum::middleware::from_fn_with_state(
-            crate::web::auth::Guard::new(w),
-            crate::web::auth::layer,
-        ));
-    }
-    let limits = crate::serve::Limits {
-        max_connections: config.server.max_connections,
-        header_read_timeout: config.server.header_read_timeout,
-        ..crate::serve::Limits::default()
-    };
-    let grace = limits.shutdown_grace;
-    let shutdown = async move {
-        shutdown_signal().await;
-        tracing::info!("shutting down: no new decisions");
-        // Decisions stop first; then the listener drains.
-        let _ = stop_tx.send(true);
-        if let Some(task) = watch_task {
-            if tokio::time::timeout(grace, task).await.is_err() {
-                tracing::warn!("the cost watch did not stop within {grace:?}; an action in flight keeps its durable mark and is not repeated after a restart");
-            }
+impl App {
+    /// Starts the sampler and the cost watch, builds the registry and binds the listener.
+    pub async fn build(config: Config) -> anyhow::Result<App> {
+        raise_fd_limit();
+        let mut tasks = JoinSet::new();
+        let metrics = Arc::new(SelfMetrics::default());
+        let source = NvmlSource::new(
+            config.nvml.library.clone(),
+            config.sampling.per_process_memory,
+            Arc::clone(&metrics),
+        );
+        let snapshots = sampler::spawn(
+            source,
+            config.sampling.interval,
+            config.sampling.timeout,
+            Arc::clone(&metrics),
+            &mut tasks,
+        )
+        .context("cannot start the sampler thread")?;
+
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        registry.register_collector(Box::new(SnapshotCollector::new(
+            snapshots.clone(),
+            BuildInfo::current(),
+        )));
+        let watch_metrics = Arc::new(WatchMetrics::default());
+        registry.register_collector(Box::new(WatchCollector(Arc::clone(&watch_metrics))));
+        let cloudwatch = Arc::new(crate::cloudwatch::Counters::default());
+        if config.cloudwatch.enabled {
+            registry.register_collector(Box::new(crate::metrics::CloudWatchCollector(Arc::clone(
+                &cloudwatch,
+            ))));
         }
-    };
-    crate::serve::serve(listener, app, limits, http, tls, shutdown).await;
-    tracing::info!("stopped");
-    Ok(())
+        let http = Arc::new(crate::serve::Stats::default());
+        registry.register_collector(Box::new(HttpCollector(Arc::clone(&http))));
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let watch = start_watch(
+            &config,
+            snapshots.clone(),
+            watch_metrics,
+            cloudwatch,
+            &mut registry,
+            stop_rx,
+            &mut tasks,
+        )
+        .await?;
+
+        let listener = tokio::net::TcpListener::bind(config.server.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.server.listen))?;
+        let addr = listener.local_addr()?;
+        let web = config.server.web.as_ref();
+        let tls = match web.and_then(|w| w.tls.as_ref()) {
+            None => None,
+            Some(t) => Some(tokio_rustls::TlsAcceptor::from(
+                crate::web::tls::server_config(t).map_err(|e| {
+                    anyhow::anyhow!("server.web_config_file: tls_server_config: {e}")
+                })?,
+            )),
+        };
+        tracing::info!(
+            interval = ?config.sampling.interval,
+            library = %config.nvml.library.display(),
+            basic_auth = web.is_some_and(|w| !w.users.is_empty()),
+            "listening on {}://{}/",
+            if tls.is_some() { "https" } else { "http" },
+            display_addr(addr)
+        );
+        let mut router = router(ServerState {
+            registry: Arc::new(registry),
+            snapshots,
+            long_polls: Arc::new(tokio::sync::Semaphore::new(config.server.max_long_polls)),
+        });
+        if let Some(w) = web {
+            router = router.layer(axum::middleware::from_fn_with_state(
+                crate::web::auth::Guard::new(w),
+                crate::web::auth::layer,
+            ));
+        }
+        let limits = crate::serve::Limits {
+            max_connections: config.server.max_connections,
+            header_read_timeout: config.server.header_read_timeout,
+            ..crate::serve::Limits::default()
+        };
+        Ok(App {
+            listener,
+            router,
+            limits,
+            http,
+            tls,
+            stop,
+            watch,
+            tasks,
+        })
+    }
+
+    /// Serves until `shutdown` completes. Then it stops taking decisions first (an action
+    /// already handed out has its durable in-flight mark), closes connections within a short
+    /// grace period, and cancels and drains every other task before it returns.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+        let App {
+            listener,
+            router,
+            limits,
+            http,
+            tls,
+            stop,
+            watch,
+            mut tasks,
+        } = self;
+        let grace = limits.shutdown_grace;
+        let shutdown = async move {
+            shutdown.await;
+            tracing::info!("shutting down: no new decisions");
+            // Decisions stop first; then the listener drains.
+            let _ = stop.send(true);
+            if let Some(mut task) = watch {
+                if tokio::time::timeout(grace, &mut task.handle).await.is_err() {
+                    tracing::warn!("the cost watch did not stop within {grace:?}; an action in flight keeps its durable mark and is not repeated after a restart");
+                    task.abort.abort();
+                    let _ = task.handle.await;
+                }
+            }
+        };
+        crate::serve::serve(listener, router, limits, http, tls, shutdown).await;
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+        tracing::info!("stopped");
+        Ok(())
+    }
 }
 
 /// Raises the soft limit on open files to the hard limit, as servers do: systemd's default
@@ -154,7 +210,8 @@ async fn start_watch(
     cloudwatch: Arc<crate::cloudwatch::Counters>,
     registry: &mut Registry,
     stop: tokio::sync::watch::Receiver<bool>,
-) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    tasks: &mut JoinSet<()>,
+) -> anyhow::Result<Option<WatchTask>> {
     if config.rules.is_empty()
         && config.budgets.is_empty()
         && config.cloud.provider == Provider::None
@@ -181,47 +238,38 @@ async fn start_watch(
     ));
     registry.register_collector(Box::new(StateCollector(Arc::clone(&audit))));
     let mut outside = Outside::default();
-    let mut instance = None;
+    let mut cloud = None;
     let mut imds = None;
-    let mut node = crate::spend::Node::default();
     let mut services = None;
     let known = Arc::new(crate::spend::Known::default());
     if config.cloud.provider == Provider::Aws {
         let client = Arc::new(Imds::new(&config.cloud.imds_endpoint));
         match client.identity().await {
-            Ok(id) => {
+            Ok(mut node) => {
                 tracing::info!(
-                    instance = %id.instance_id,
-                    instance_type = %id.instance_type,
-                    zone = %id.availability_zone,
-                    lifecycle = id.lifecycle.map_or("unknown", |l| l.as_str()),
+                    instance = %node.instance_id,
+                    instance_type = %node.instance_type,
+                    zone = %node.availability_zone,
+                    lifecycle = node.lifecycle_label(),
                     "running on EC2"
                 );
-                let region = config
-                    .cloud
-                    .region
-                    .clone()
-                    .unwrap_or_else(|| id.region.clone());
+                if let Some(region) = &config.cloud.region {
+                    node.region.clone_from(region);
+                }
                 let shared = crate::cloud::services::shared_config(
-                    &region,
+                    &node.region,
                     config.cloud.endpoint_url.as_deref(),
                 )
                 .await;
-                let ec2 = Ec2::with_config(&shared, &id.instance_id);
+                let ec2 = Ec2::with_config(&shared, &node.instance_id);
                 let svc = crate::cloud::services::Services::new(
                     &shared,
                     config.cost.pricing_endpoint_url.as_deref(),
                 );
-                node = crate::spend::Node {
-                    region: Some(region.clone()),
-                    instance_type: Some(id.instance_type.clone()),
-                    availability_zone: Some(id.availability_zone.clone()),
-                    lifecycle: id.lifecycle,
-                };
                 if config.cost.hourly_price_usd.is_none() {
-                    match id.lifecycle {
+                    match node.lifecycle {
                         Some(crate::rules::Lifecycle::Spot) => {
-                            tokio::spawn(crate::spend::poll_spot_price(
+                            tasks.spawn(crate::spend::poll_spot_price(
                                 ec2.clone(),
                                 node.clone(),
                                 Arc::clone(&known),
@@ -229,7 +277,7 @@ async fn start_watch(
                             ));
                         }
                         _ if config.cost.pricing_api => {
-                            tokio::spawn(crate::spend::poll_pricing_api(
+                            tasks.spawn(crate::spend::poll_pricing_api(
                                 svc.clone(),
                                 node.clone(),
                                 Arc::clone(&known),
@@ -240,7 +288,7 @@ async fn start_watch(
                 }
                 for b in &config.budgets {
                     if matches!(b.source, crate::config::BudgetSource::AwsBudgets { .. }) {
-                        tokio::spawn(crate::spend::poll_budget(
+                        tasks.spawn(crate::spend::poll_budget(
                             svc.clone(),
                             b.clone(),
                             Arc::clone(&known),
@@ -248,31 +296,18 @@ async fn start_watch(
                     }
                 }
                 if config.cloudwatch.enabled {
-                    tokio::spawn(crate::cloudwatch::run(
+                    tasks.spawn(crate::cloudwatch::run(
                         config.cloudwatch.clone(),
                         svc.clone(),
-                        crate::cloudwatch::Instance {
-                            id: id.instance_id.clone(),
-                            instance_type: id.instance_type.clone(),
-                        },
+                        node.clone(),
                         snapshots.clone(),
                         Arc::clone(&cloudwatch),
                     ));
                 }
                 services = Some(svc);
-                outside.lifecycle = id.lifecycle;
-                metrics.update(|v| {
-                    v.node = Some(NodeInfo {
-                        instance_id: id.instance_id.clone(),
-                        instance_type: id.instance_type.clone(),
-                        availability_zone: id.availability_zone.clone(),
-                        lifecycle: id.lifecycle.map_or("unknown", |l| l.as_str()).to_string(),
-                    })
-                });
-                instance = Some(Instance {
-                    ec2,
-                    lifecycle: id.lifecycle,
-                });
+                outside.lifecycle = node.lifecycle;
+                metrics.update(|v| v.node = Some(node.clone()));
+                cloud = Some(Cloud { node, ec2 });
                 imds = Some(client);
             }
             Err(e) => tracing::warn!(
@@ -281,21 +316,13 @@ async fn start_watch(
             ),
         }
     }
-    let executor = Arc::new(Executor::new(
-        config.actions.mode,
-        config.actions.spot_stop,
-        config.actions.webhook_url.clone(),
-        config.actions.wall,
-        config.actions.exec_timeout,
-        config.actions.retry_for,
-        audit,
-        instance.clone(),
-    ));
+    let node = cloud.as_ref().map(|c| c.node.clone());
+    let executor = Arc::new(Executor::new(&config.actions, audit, cloud.clone(), tasks));
     let outside = Arc::new(outside);
     if let Some(imds) = imds {
-        tokio::spawn(crate::watch::poll_cloud(crate::watch::CloudPoller {
+        tasks.spawn(crate::watch::poll_cloud(crate::watch::CloudPoller {
             imds,
-            ec2: instance.map(|i| i.ec2),
+            ec2: cloud.map(|c| c.ec2),
             outside: Arc::clone(&outside),
             executor: Arc::clone(&executor),
             metrics: Arc::clone(&metrics),
@@ -317,6 +344,7 @@ async fn start_watch(
     let watch = Watch {
         tracker: crate::spend::Tracker::new(config.clone(), node, known),
         services,
+        publishes: JoinSet::new(),
         config: config.clone(),
         state_dir,
         executor,
@@ -324,13 +352,23 @@ async fn start_watch(
         outside,
     };
     let task = tokio::spawn(watch.run(snapshots, stop));
-    Ok(Some(tokio::spawn(async move {
+    let abort = task.abort_handle();
+    let handle = tokio::spawn(async move {
         // The watch returns only on shutdown; if it panics, no action is taken from then on
         // (the safe side), and this says so loudly.
         if let Err(e) = task.await {
-            tracing::error!(error = %e, "the cost watch stopped: no rule is evaluated and no action taken until gpuwatch restarts");
+            if e.is_panic() {
+                tracing::error!(error = %e, "the cost watch stopped: no rule is evaluated and no action taken until gpuwatch restarts");
+            }
         }
-    })))
+    });
+    Ok(Some(WatchTask { handle, abort }))
+}
+
+/// The running cost watch: awaited at shutdown, and cancelled if it does not stop in time.
+struct WatchTask {
+    handle: tokio::task::JoinHandle<()>,
+    abort: tokio::task::AbortHandle,
 }
 
 /// An address a browser can open: the wildcard address is shown as localhost.

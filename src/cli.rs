@@ -1,13 +1,13 @@
 //! The command line: its arguments (clap), and the dispatch from a subcommand to its
-//! implementation in `commands`. A bad config exits 64, naming each bad key.
+//! implementation in `cmd`. A bad config exits 64, naming each bad key.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::commands::{daemon, demo, hold, release, simulate, snapshot};
-use crate::config::{Config, ConfigErrors, DEFAULT_PATH, EXIT_CONFIG};
+use crate::cmd::{self, config_failure};
+use crate::config::{Config, DEFAULT_PATH};
 
 #[derive(Parser)]
 #[command(name = "gpuwatch", version = VERSION, about = "NVIDIA GPU exporter for Prometheus, with idle and cost watch")]
@@ -108,7 +108,7 @@ const VERSION: &str = concat!(
 /// Runs the subcommand; the exit status follows sysexits (64: bad config or usage).
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
-        Command::Run { config, rules } => with_config(&config, rules.as_deref(), daemon),
+        Command::Run { config, rules } => with_config(&config, rules.as_deref(), cmd::run::run),
         Command::Simulate {
             config,
             trace,
@@ -133,23 +133,19 @@ pub fn run(cli: Cli) -> ExitCode {
                 memory_total_bytes,
                 power_limit_watts,
             };
-            simulate(&c, &trace, json, &options)
+            cmd::simulate::run(&c, &trace, json, &options)
         }),
         Command::Hold {
             duration,
             reason,
             config,
-        } => with_config(&config, None, |c| hold(&c, &duration, &reason)),
-        Command::Release { config } => with_config(&config, None, |c| release(&c)),
-        Command::Demo { listen } => demo(&listen),
-        Command::Snapshot { json, config } => with_config(&config, None, |c| snapshot(&c, json)),
-        Command::CheckConfig { path } => match Config::load(&path) {
-            Ok(_) => {
-                println!("config: {}: ok", path.display());
-                ExitCode::SUCCESS
-            }
-            Err(e) => config_failure(&e),
-        },
+        } => with_config(&config, None, |c| cmd::hold::hold(&c, &duration, &reason)),
+        Command::Release { config } => with_config(&config, None, |c| cmd::hold::release(&c)),
+        Command::Demo { listen } => cmd::demo::run(&listen),
+        Command::Snapshot { json, config } => {
+            with_config(&config, None, |c| cmd::snapshot::run(&c, json))
+        }
+        Command::CheckConfig { path } => cmd::check_config::run(&path),
     }
 }
 
@@ -173,9 +169,4 @@ fn with_config(path: &Path, rules: Option<&Path>, f: impl FnOnce(Config) -> Exit
         Ok(c) => f(c),
         Err(e) => config_failure(&e),
     }
-}
-
-pub(crate) fn config_failure(e: &ConfigErrors) -> ExitCode {
-    eprintln!("{e}");
-    ExitCode::from(EXIT_CONFIG as u8)
 }

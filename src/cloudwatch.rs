@@ -3,6 +3,7 @@
 //! CloudWatch then sees the true minute average and peak at a sixtieth of the calls. During an
 //! outage the queue keeps at most `max_queue` worth of data and drops the oldest, counted.
 
+use gpuwatch_core::node::Node;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -115,17 +116,10 @@ impl Aggregator {
     }
 }
 
-/// The instance the datums describe.
-#[derive(Debug, Clone)]
-pub struct Instance {
-    pub id: String,
-    pub instance_type: String,
-}
-
 /// Turns statistic sets into datums stamped with `at` (Unix seconds).
 pub fn datums(
     sets: BTreeMap<Series, Stat>,
-    instance: &Instance,
+    instance: &Node,
     at: f64,
     resolution: i32,
 ) -> Vec<MetricDatum> {
@@ -138,7 +132,7 @@ pub fn datums(
                     m,
                     METRICS[m].0.to_string(),
                     vec![
-                        dim("InstanceId", &instance.id),
+                        dim("InstanceId", &instance.instance_id),
                         dim("InstanceType", &instance.instance_type),
                         dim("GPU", &gpu.to_string()),
                     ],
@@ -146,12 +140,12 @@ pub fn datums(
                 Series::Average(m) => (
                     m,
                     METRICS[m].0.to_string(),
-                    vec![dim("InstanceId", &instance.id)],
+                    vec![dim("InstanceId", &instance.instance_id)],
                 ),
                 Series::Max(m) => (
                     m,
                     format!("{}Max", METRICS[m].0),
-                    vec![dim("InstanceId", &instance.id)],
+                    vec![dim("InstanceId", &instance.instance_id)],
                 ),
             };
             MetricDatum::builder()
@@ -209,7 +203,7 @@ impl Queue {
 pub async fn run(
     cfg: CloudWatchConfig,
     services: Services,
-    instance: Instance,
+    instance: Node,
     snapshots: Snapshots,
     counters: Arc<Counters>,
 ) {
@@ -341,9 +335,12 @@ mod tests {
         assert!(a.take().is_empty());
         let d = datums(
             sets,
-            &Instance {
-                id: "i-1".into(),
+            &Node {
+                instance_id: "i-1".into(),
                 instance_type: "p5.48xlarge".into(),
+                availability_zone: "us-east-1a".into(),
+                region: "us-east-1".into(),
+                lifecycle: None,
             },
             60.0,
             60,

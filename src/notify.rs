@@ -25,16 +25,16 @@ pub struct Notifier {
 
 impl Notifier {
     /// Starts the delivery task on the current runtime, when there is anything to deliver to.
-    pub fn start(webhook_url: Option<String>, wall: bool) -> Notifier {
-        let runtime = tokio::runtime::Handle::try_current().ok();
-        let tx = match runtime {
-            Some(rt) if webhook_url.is_some() || wall => {
-                let (tx, rx) = mpsc::channel(QUEUE);
-                rt.spawn(deliver(rx, webhook_url, wall));
-                Some(tx)
-            }
-            _ => None,
-        };
+    pub fn start(
+        webhook_url: Option<String>,
+        wall: bool,
+        tasks: &mut tokio::task::JoinSet<()>,
+    ) -> Notifier {
+        let tx = (webhook_url.is_some() || wall).then(|| {
+            let (tx, rx) = mpsc::channel(QUEUE);
+            tasks.spawn(deliver(rx, webhook_url, wall));
+            tx
+        });
         Notifier {
             tx,
             dropped: AtomicU64::new(0),

@@ -12,9 +12,9 @@ use crate::cloud::services::Services;
 use crate::config::{BudgetConfig, BudgetSource, Config};
 use gpuwatch_core::step::Inputs;
 
+use crate::cloud::imds::Node;
 use crate::cost::budget::{Crossing, Reading};
 use crate::cost::price::{self, Price};
-use crate::rules::Lifecycle;
 use crate::state::Persisted;
 
 /// Prices and budget readings learnt by the pollers.
@@ -26,24 +26,16 @@ pub struct Known {
     pub aws_budgets: Mutex<BTreeMap<String, Reading>>,
 }
 
-/// The instance, as the price lookup needs it.
-#[derive(Debug, Clone, Default)]
-pub struct Node {
-    pub region: Option<String>,
-    pub instance_type: Option<String>,
-    pub availability_zone: Option<String>,
-    pub lifecycle: Option<Lifecycle>,
-}
-
 pub struct Tracker {
     pub config: Config,
-    pub node: Node,
+    /// This instance, when gpuwatch runs on EC2 with `provider = "aws"`.
+    pub node: Option<Node>,
     pub known: Arc<Known>,
     no_price_logged: bool,
 }
 
 impl Tracker {
-    pub fn new(config: Config, node: Node, known: Arc<Known>) -> Tracker {
+    pub fn new(config: Config, node: Option<Node>, known: Arc<Known>) -> Tracker {
         Tracker {
             config,
             node,
@@ -53,10 +45,10 @@ impl Tracker {
     }
 
     pub fn price(&self, persisted: &Persisted) -> Option<Price> {
-        let table = match (&self.node.region, &self.node.instance_type) {
-            (Some(r), Some(t)) => price::table().price(r, t),
-            _ => None,
-        };
+        let table = self
+            .node
+            .as_ref()
+            .and_then(|n| price::table().price(&n.region, &n.instance_type));
         let spot = self
             .known
             .spot
@@ -67,7 +59,7 @@ impl Tracker {
         let api = self.known.pricing_api.lock().ok().and_then(|p| *p);
         price::choose(
             self.config.cost.hourly_price_usd,
-            self.node.lifecycle,
+            self.node.as_ref().and_then(|n| n.lifecycle),
             spot,
             api,
             table,
@@ -103,9 +95,7 @@ impl Tracker {
 
 /// Refreshes the spot price of this instance type and zone, hourly by default.
 pub async fn poll_spot_price(ec2: Ec2, node: Node, known: Arc<Known>, every: Duration) {
-    let (Some(t), Some(z)) = (node.instance_type, node.availability_zone) else {
-        return;
-    };
+    let (t, z) = (node.instance_type, node.availability_zone);
     loop {
         match ec2.spot_price(&t, &z).await {
             Ok(Some(p)) => {
@@ -127,9 +117,7 @@ pub async fn poll_spot_price(ec2: Ec2, node: Node, known: Arc<Known>, every: Dur
 
 /// Asks the Pricing API for the on-demand price, retrying hourly until it answers.
 pub async fn poll_pricing_api(services: Services, node: Node, known: Arc<Known>) {
-    let (Some(r), Some(t)) = (node.region, node.instance_type) else {
-        return;
-    };
+    let (r, t) = (node.region, node.instance_type);
     let mut logged = false;
     loop {
         match services.on_demand_price(&r, &t).await {
@@ -191,13 +179,14 @@ pub async fn poll_budget(services: Services, budget: BudgetConfig, known: Arc<Kn
 }
 
 /// Sends one budget alert everywhere it goes: log, audit, webhook, SNS.
-/// The alert is recorded and queued here; the SNS publish runs in a task of its own, so an
-/// AWS call never holds up the decision loop.
+/// The alert is recorded and queued here; the SNS publish runs as a task in `publishes`, so an
+/// AWS call never holds up the decision loop (and none outlives the watch).
 pub fn send_alert(
     c: &Crossing,
     budget: Option<&BudgetConfig>,
     executor: &std::sync::Arc<crate::actions::Executor>,
     services: Option<&Services>,
+    publishes: &mut tokio::task::JoinSet<()>,
 ) {
     let text = format!("gpuwatch: {}", gpuwatch_core::step::alert_text(c));
     tracing::warn!("{text}");
@@ -208,7 +197,7 @@ pub fn send_alert(
     executor.notify(&text, false);
     if let (Some(topic), Some(s)) = (budget.and_then(|b| b.sns_topic_arn.clone()), services) {
         let (s, executor, name) = (s.clone(), std::sync::Arc::clone(executor), c.budget.clone());
-        tokio::spawn(async move {
+        publishes.spawn(async move {
             match s.publish(&topic, "gpuwatch budget alert", &text).await {
                 Ok(id) => {
                     executor

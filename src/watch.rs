@@ -32,7 +32,7 @@ pub struct WatchView {
     pub rebalance: Option<f64>,
     /// Instance metadata reads that failed.
     pub imds_errors: u64,
-    pub node: Option<NodeInfo>,
+    pub node: Option<crate::cloud::imds::Node>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -52,14 +52,6 @@ pub struct ActionResult {
 pub struct AlertKey {
     pub budget: String,
     pub threshold: String,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct NodeInfo {
-    pub instance_id: String,
-    pub instance_type: String,
-    pub availability_zone: String,
-    pub lifecycle: String,
 }
 
 /// Shared between the loops that write it and the collector that reads it.
@@ -146,6 +138,8 @@ pub struct Watch {
     pub outside: Arc<Outside>,
     pub tracker: crate::spend::Tracker,
     pub services: Option<crate::cloud::services::Services>,
+    /// Budget alerts being published to SNS.
+    pub publishes: tokio::task::JoinSet<()>,
 }
 
 impl Watch {
@@ -230,9 +224,17 @@ impl Watch {
             if saved && durable {
                 last_durable = now;
             }
+            // SNS publishes that finished are reaped; the rest end with the watch.
+            while self.publishes.try_join_next().is_some() {}
             for c in &outcome.crossings {
                 let budget = self.config.budgets.iter().find(|b| b.name == c.budget);
-                crate::spend::send_alert(c, budget, &self.executor, self.services.as_ref());
+                crate::spend::send_alert(
+                    c,
+                    budget,
+                    &self.executor,
+                    self.services.as_ref(),
+                    &mut self.publishes,
+                );
             }
             for event in outcome.events {
                 if let (Event::Action { rule, action, .. }, false) = (&event, saved) {
@@ -313,8 +315,8 @@ impl Watch {
             let Some(f) = rs.in_flight.take() else {
                 continue;
             };
-            let state = match &self.executor.instance {
-                Some(i) => i.ec2.state().await.ok().flatten(),
+            let state = match &self.executor.cloud {
+                Some(c) => c.ec2.state().await.ok().flatten(),
                 None => None,
             };
             tracing::warn!(

@@ -108,8 +108,9 @@ fn month_start(t: f64) -> f64 {
 
 #[test]
 fn spend_over_a_simulated_day_at_moto_s_spot_price_survives_a_restart() {
+    use gpuwatch::cloud::imds::Node;
     use gpuwatch::rules::Observation;
-    use gpuwatch::spend::{Known, Node, Tracker};
+    use gpuwatch::spend::{Known, Tracker};
     use gpuwatch::state::Persisted;
     use gpuwatch::step::Inputs;
     use std::time::Duration;
@@ -124,14 +125,15 @@ fn spend_over_a_simulated_day_at_moto_s_spot_price_survives_a_restart() {
 
     let config = gpuwatch::config::Config::default();
     let node = Node {
-        region: Some(aws::REGION.into()),
-        instance_type: Some("p4d.24xlarge".into()),
-        availability_zone: Some("us-east-1a".into()),
+        instance_id: "i-unused".into(),
+        region: aws::REGION.into(),
+        instance_type: "p4d.24xlarge".into(),
+        availability_zone: "us-east-1a".into(),
         lifecycle: Some(gpuwatch::rules::Lifecycle::Spot),
     };
     let known = Arc::new(Known::default());
     *known.spot.lock().unwrap() = Some(price);
-    let mut tracker = Tracker::new(config.clone(), node.clone(), Arc::clone(&known));
+    let mut tracker = Tracker::new(config.clone(), Some(node.clone()), Arc::clone(&known));
     let settings = config.step_settings(Duration::from_secs(1), 0.0, 0.0);
     // One step of the daemon's decision loop, at `now`, with the price the tracker knows.
     let step = |tracker: &mut Tracker, p: &mut Persisted, now: f64| {
@@ -155,7 +157,11 @@ fn spend_over_a_simulated_day_at_moto_s_spot_price_survives_a_restart() {
     // last one is kept), two minutes down, then the rest of the day.
     let json = serde_json::to_string(&p).unwrap();
     let mut p: Persisted = serde_json::from_str(&json).unwrap();
-    let mut tracker = Tracker::new(config.clone(), node.clone(), Arc::new(Known::default()));
+    let mut tracker = Tracker::new(
+        config.clone(),
+        Some(node.clone()),
+        Arc::new(Known::default()),
+    );
     for s in (43_320..=86_400u32).step_by(5) {
         step(&mut tracker, &mut p, t0 + f64::from(s));
     }

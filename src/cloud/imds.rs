@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tokio::sync::Mutex;
 
 use crate::rules::Lifecycle;
@@ -25,18 +25,7 @@ pub enum ImdsError {
     Invalid { path: String, message: String },
 }
 
-/// What the instance is, from its metadata.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Identity {
-    pub instance_id: String,
-    pub instance_type: String,
-    pub availability_zone: String,
-    pub region: String,
-    /// `None` when the metadata does not say.
-    pub lifecycle: Option<Lifecycle>,
-    /// Empty unless instance metadata tags are enabled.
-    pub tags: BTreeMap<String, String>,
-}
+pub use gpuwatch_core::node::Node;
 
 /// A spot interruption notice or a rebalance recommendation.
 #[derive(Debug, Clone, PartialEq)]
@@ -200,7 +189,7 @@ impl Imds {
         })
     }
 
-    pub async fn identity(&self) -> Result<Identity, ImdsError> {
+    pub async fn identity(&self) -> Result<Node, ImdsError> {
         let instance_id = self.required("instance-id").await?;
         let instance_type = self.required("instance-type").await?;
         let availability_zone = self.required("placement/availability-zone").await?;
@@ -215,13 +204,12 @@ impl Imds {
             Some("on-demand") => Some(Lifecycle::OnDemand),
             _ => None,
         };
-        Ok(Identity {
+        Ok(Node {
             instance_id,
             instance_type,
             availability_zone,
             region,
             lifecycle,
-            tags: self.tags().await?,
         })
     }
 

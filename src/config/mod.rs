@@ -30,9 +30,6 @@ use crate::rules::{
 /// Where `gpuwatch run` looks for its config when `--config` is not given.
 pub const DEFAULT_PATH: &str = "/etc/gpuwatch/gpuwatch.toml";
 
-/// The exit status for bad configuration (EX_USAGE).
-pub const EXIT_CONFIG: i32 = 64;
-
 /// A validated configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {

@@ -49,16 +49,17 @@ impl Snapshots {
 
 type Reply = oneshot::Sender<(Sample, Duration)>;
 
-/// Starts the sampler thread and its driving task on the current runtime.
+/// Starts the sampler thread, and its driving task in `tasks`.
 pub fn spawn(
     source: impl GpuSource,
     interval: Duration,
     timeout: Duration,
     metrics: Arc<SelfMetrics>,
+    tasks: &mut tokio::task::JoinSet<()>,
 ) -> std::io::Result<Snapshots> {
     let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
     let requests = spawn_worker(source)?;
-    tokio::spawn(drive(requests, tx, interval, timeout, metrics));
+    tasks.spawn(drive(requests, tx, interval, timeout, metrics));
     Ok(Snapshots(rx))
 }
 
@@ -200,11 +201,13 @@ mod tests {
             calls: Arc::clone(&calls),
             hang: Duration::from_millis(400),
         };
+        let mut tasks = tokio::task::JoinSet::new();
         let snaps = spawn(
             source,
             Duration::from_millis(20),
             Duration::from_millis(100),
             Arc::clone(&metrics),
+            &mut tasks,
         )
         .unwrap();
         assert!(!snaps.latest().is_ready());
@@ -246,11 +249,13 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dead_nvml_thread_is_published_and_then_nothing_is_awaited_in_a_loop() {
         let metrics = Arc::new(SelfMetrics::default());
+        let mut tasks = tokio::task::JoinSet::new();
         let snaps = spawn(
             Dying(0),
             Duration::from_millis(10),
             Duration::from_secs(5),
             metrics,
+            &mut tasks,
         )
         .unwrap();
         let first = snaps.next_after(0).await;

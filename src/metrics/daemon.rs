@@ -29,7 +29,7 @@ impl Collector for WatchCollector {
                         ("instance_id", Text(&n.instance_id)),
                         ("instance_type", Text(&n.instance_type)),
                         ("availability_zone", Text(&n.availability_zone)),
-                        ("lifecycle", Text(&n.lifecycle)),
+                        ("lifecycle", Text(n.lifecycle_label())),
                     ],
                     1i64,
                 )],

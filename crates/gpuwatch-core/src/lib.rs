@@ -1,11 +1,12 @@
 //! The pure core of gpuwatch: what its rules say and how they are judged, what the node costs,
-//! which EC2 calls an action means, and the one `step` that the daemon and `gpuwatch simulate`
+//! this node, which EC2 calls an action means, and the one `step` that the daemon and `gpuwatch simulate`
 //! both run.
 //!
 //! Nothing in this crate does I/O or reads a clock: time arrives as Unix seconds, and the world
 //! as values. Its dependencies (serde, humantime) keep it so; the compiler holds the invariant.
 
 pub mod cost;
+pub mod node;
 pub mod plan;
 pub mod rules;
 pub mod step;

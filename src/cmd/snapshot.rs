@@ -1,0 +1,47 @@
+//! `gpuwatch snapshot`: one sample, printed as a table or as JSON.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use super::exit;
+use crate::config::Config;
+use crate::gpu::nvml::NvmlSource;
+use crate::gpu::GpuSource;
+use crate::metrics::SelfMetrics;
+
+pub fn run(config: &Config, json: bool) -> ExitCode {
+    let mut source = NvmlSource::new(
+        config.nvml.library.clone(),
+        config.sampling.per_process_memory,
+        Arc::new(SelfMetrics::default()),
+    )
+    .without_xid();
+    let sample = source.sample();
+    if !sample.nvml.up {
+        eprintln!(
+            "gpuwatch: NVML unavailable ({}): {}",
+            sample.nvml.library,
+            sample.nvml.error.as_deref().unwrap_or("unknown error")
+        );
+        return exit::UNAVAILABLE.into();
+    }
+    let snap = crate::gpu::Snapshot {
+        seq: 1,
+        timestamp: crate::time::now(),
+        duration_seconds: 0.0,
+        nvml: sample.nvml,
+        gpus: sample.gpus,
+    };
+    if json {
+        match serde_json::to_string_pretty(&snap) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("gpuwatch: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", crate::report::table(&snap));
+    }
+    ExitCode::SUCCESS
+}
