@@ -78,18 +78,7 @@ impl App {
         }
         let http = Arc::new(crate::serve::Stats::default());
         registry.register_collector(Box::new(HttpCollector(Arc::clone(&http))));
-        let (stop, stop_rx) = tokio::sync::watch::channel(false);
-        let watch = start_watch(
-            &config,
-            snapshots.clone(),
-            watch_metrics,
-            cloudwatch,
-            &mut registry,
-            stop_rx,
-            &mut tasks,
-        )
-        .await?;
-
+        // Bound first: a daemon that cannot serve never starts deciding.
         let listener = tokio::net::TcpListener::bind(config.server.listen)
             .await
             .with_context(|| format!("cannot listen on {}", config.server.listen))?;
@@ -103,6 +92,18 @@ impl App {
                 })?,
             )),
         };
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let watch = start_watch(
+            &config,
+            snapshots.clone(),
+            watch_metrics,
+            cloudwatch,
+            &mut registry,
+            stop_rx,
+            &mut tasks,
+        )
+        .await?;
+
         tracing::info!(
             interval = ?config.sampling.interval,
             library = %config.nvml.library.display(),

@@ -13,9 +13,10 @@ use std::fmt::Write as _;
 use gpuwatch_core::cost::price::Price;
 use gpuwatch_core::step::{crossing_text, step, Inputs, State};
 
+use crate::cloud::plan::{plan, Plan, Step};
 use crate::config::Config;
 use crate::rules::engine::{self, Event};
-use crate::rules::{Action, GpuReading, Lifecycle, Metric, Observation};
+use crate::rules::{GpuReading, Lifecycle, Metric, Observation};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
@@ -220,22 +221,23 @@ pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Repo
             last_price: None,
         };
     }
-    let inputs = |now: f64| Inputs {
+    // A node that is down costs nothing: spend stops accruing once it went down.
+    let inputs = |now: f64, down: bool| Inputs {
         now,
         lifecycle,
-        price: spend.map(|s| Price {
+        price: spend.filter(|_| !down).map(|s| Price {
             usd_per_hour: s.usd_per_hour,
             source: crate::cost::price::Source::Config,
         }),
         ..Inputs::default()
     };
     let mut out = Vec::new();
-    // The instance action that took the node down, once one has.
-    let mut down: Option<Action> = None;
+    // The EC2 call that took the node down, once one has.
+    let mut down: Option<Step> = None;
     for (i, t) in times.iter().enumerate() {
         let at = grouped.get(&i).map(Vec::as_slice).unwrap_or(&[]);
         let obs = observation(*t, &gpus, at, memory_total_bytes, power_limit_watts);
-        let outcome = step(&settings, &mut state, &obs, &inputs(*t));
+        let outcome = step(&settings, &mut state, &obs, &inputs(*t, down.is_some()));
         for c in &outcome.crossings {
             out.push(Report {
                 time: crate::time::rfc3339(*t),
@@ -258,22 +260,41 @@ pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Repo
                 continue;
             }
             out.push(report(*t, event));
-            if let Event::Action { rule, action, .. } = event {
-                if action.is_instance_action() {
-                    down = Some(*action);
-                    out.push(Report {
-                        time: crate::time::rfc3339(*t),
-                        at: *t,
-                        rule: rule.clone(),
-                        kind: "node_down",
-                        action: Some(action.to_string()),
-                        detail: format!(
-                            "after this {action} the node is down: the rest of the trace comes after it, and no further instance action is reported (alerts and exec re-arm as in the daemon)"
-                        ),
-                        evidence: None,
-                    });
-                }
+            let Event::Action { rule, action, .. } = event else {
+                continue;
+            };
+            if !action.is_instance_action() {
+                continue;
             }
+            // What the daemon would call on this instance, as it plans it (without the spot
+            // request, which only EC2 knows).
+            let (kind, detail) = match plan(*action, lifecycle, None, config.actions.spot_stop) {
+                Plan::Refuse(why) => ("refused", format!("{why}; the node stays up")),
+                Plan::Steps(steps) => {
+                    let last = steps.last().cloned();
+                    down = last.clone();
+                    let what = match last {
+                        Some(Step::Terminate) => "terminated",
+                        Some(Step::Stop { hibernate: true }) => "hibernated",
+                        _ => "stopped",
+                    };
+                    (
+                        "node_down",
+                        format!(
+                            "the node is {what} here: the rest of the trace comes after it, so no further instance action is reported and spend stops (alerts and exec go on as in the daemon)"
+                        ),
+                    )
+                }
+            };
+            out.push(Report {
+                time: crate::time::rfc3339(*t),
+                at: *t,
+                rule: rule.clone(),
+                kind,
+                action: Some(action.to_string()),
+                detail,
+                evidence: None,
+            });
         }
     }
     out

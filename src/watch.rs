@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::actions::{Executor, Outcome};
 use crate::config::Config;
 use crate::gpu::sampler::Snapshots;
-use gpuwatch_core::step::{step, Inputs, Settings, View};
+use gpuwatch_core::step::{rule_views, step, Inputs, Settings, View};
 
 use crate::rules::engine::{self, Event};
 use crate::rules::{GpuReading, Lifecycle, Metric, Observation, Rule};
@@ -209,7 +209,9 @@ impl Watch {
             };
             self.tracker.fill(&persisted, &mut inputs);
 
-            let outcome = step(&settings, &mut persisted, &obs, &inputs);
+            // Kept to take back this step's budget alerts if their record is not durable.
+            let alerted = persisted.alerted.clone();
+            let mut outcome = step(&settings, &mut persisted, &obs, &inputs);
 
             for c in &outcome.closed {
                 tracing::info!(total = c.total, "budget period closed");
@@ -226,6 +228,16 @@ impl Watch {
             }
             // SNS publishes that finished are reaped; the rest end with the watch.
             while self.publishes.try_join_next().is_some() {}
+            if !saved && !outcome.crossings.is_empty() {
+                // No record, no alert: a restart could not know it had been sent. The
+                // thresholds are taken back, so they cross again once the disk recovers.
+                tracing::error!(
+                    alerts = outcome.crossings.len(),
+                    "budget alerts withheld: state.json could not be made durable; they are sent once it can"
+                );
+                persisted.alerted = alerted;
+                outcome.crossings.clear();
+            }
             for c in &outcome.crossings {
                 let budget = self.config.budgets.iter().find(|b| b.name == c.budget);
                 crate::spend::send_alert(
@@ -245,6 +257,8 @@ impl Watch {
                 self.handle(&settings.rules, &mut persisted, event, now)
                     .await;
             }
+            // An action withdrawn or completed above shows in this cycle's metrics.
+            outcome.view.rules = rule_views(&settings, &persisted);
 
             let gpu_idle = outcome
                 .view

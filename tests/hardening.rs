@@ -244,6 +244,48 @@ fn with_a_full_disk_no_action_runs_until_its_record_is_durable() {
     assert_eq!(attempts.len(), 1, "{audit:?}");
 }
 
+/// A budget alert is recorded before it is sent: while `state.json` cannot be made durable the
+/// alert is withheld, and once the disk recovers it is sent, once.
+#[test]
+fn with_a_full_disk_no_budget_alert_is_sent_until_its_record_is_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    // $1 a second against a $4 budget: half of it is spent two seconds in.
+    let config = format!(
+        "[actions]\nboot_grace = \"0s\"\nwall = false\nstate_dir = \"{state}\"\n\
+         [cost]\nhourly_price_usd = 3600.0\n\
+         [[budgets]]\nname = \"b\"\nlimit_usd = 4.0\nthresholds = [0.5]\n",
+        state = dir.path().join("state").display(),
+    );
+    let mut d = Daemon::start_in(dir, IDLE2, &config);
+    set_file_size_limit(d.pid(), Some(0));
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_spend_dollars").get(s).unwrap_or(0.0) >= 3.0
+    });
+    assert!(counter(&s, "gpuwatch_state_errors_total", ("op", "save")) >= 1.0);
+    assert_eq!(
+        counter(&s, "gpuwatch_budget_alerts_total", ("budget", "b")),
+        0.0,
+        "an alert was sent without its record:\n{}",
+        s.text
+    );
+
+    // Space returns: the threshold alerts once on actual spend and once on the forecast.
+    set_file_size_limit(d.pid(), None);
+    let s = d.await_scrape(LIMIT, |s| {
+        counter(s, "gpuwatch_budget_alerts_total", ("budget", "b")) >= 2.0
+    });
+    let audit = d.audit();
+    let alerts = common::events(&audit, "budget_alert");
+    let mut bases: Vec<&str> = alerts.iter().filter_map(|a| a["basis"].as_str()).collect();
+    bases.sort_unstable();
+    assert_eq!(bases, ["actual", "forecast"], "{audit:?}");
+    assert_eq!(
+        counter(&s, "gpuwatch_budget_alerts_total", ("budget", "b")),
+        2.0
+    );
+    assert!(d.is_running());
+}
+
 #[test]
 fn a_webhook_url_never_reaches_the_log() {
     // A closed port: every post fails, and reqwest's error would carry the URL.

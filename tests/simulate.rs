@@ -280,3 +280,114 @@ fn the_daemon_and_simulate_decide_the_same() {
         assert!(all.contains(want), "{want} missing:\n{all}");
     }
 }
+
+/// A node is terminated once: after the first instance action the replay says the node is down,
+/// reports no further instance action, and stops its spend; an alert rule goes on. A stop that
+/// the daemon would refuse (a one-time spot instance) leaves the node up.
+#[test]
+fn an_instance_action_takes_the_node_down_once() {
+    let rules = |action: &str, spot_stop: &str| {
+        Config::parse(
+            &format!(
+                "[actions]\nboot_grace = \"10m\"\nwarning = \"10m\"\nspot_stop = \"{spot_stop}\"\n\
+                 [[rules]]\nname = \"idle-2h\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
+                 threshold = 0.05\nperiod = \"1h\"\nevaluation_periods = 2\naction = \"{action}\"\n\
+                 [[rules]]\nname = \"idle-alert\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
+                 threshold = 0.05\nperiod = \"30m\"\nevaluation_periods = 2\naction = \"alert\"\n"
+            ),
+            Path::new("t.toml"),
+        )
+        .unwrap()
+    };
+    // Six hours, idle throughout, one sample a minute, from 2026-11-30T00:00:00Z.
+    let rows: Vec<gpuwatch::simulate::Row> = (0..=360)
+        .map(|m| gpuwatch::simulate::Row {
+            t: 1_795_996_800.0 + f64::from(m) * 60.0,
+            gpu: 0,
+            utilization: Some(0.01),
+            memory_used_bytes: None,
+            power_watts: None,
+        })
+        .collect();
+    let options = |lifecycle| gpuwatch::simulate::Options {
+        lifecycle,
+        spend: Some(gpuwatch::simulate::Spend {
+            usd_per_hour: 10.0,
+            start_usd: 0.0,
+        }),
+        ..Default::default()
+    };
+    let kinds = |reports: &[gpuwatch::simulate::Report], rule: &str| {
+        reports
+            .iter()
+            .filter(|r| r.rule == rule)
+            .map(|r| r.kind)
+            .collect::<Vec<_>>()
+    };
+
+    let r = gpuwatch::simulate::replay_with(&rules("terminate", "refuse"), &rows, &options(None));
+    assert_eq!(
+        kinds(&r, "idle-2h"),
+        vec!["breach", "warning", "action", "node_down"],
+        "{r:#?}"
+    );
+    let down = r.iter().find(|r| r.kind == "node_down").unwrap();
+    assert_eq!(down.time, "2026-11-30T02:10:00Z");
+    assert!(down.detail.contains("terminated"), "{}", down.detail);
+    // The alert rule re-arms and alerts again after the node went down, as in the daemon.
+    let alerts = r
+        .iter()
+        .filter(|x| x.rule == "idle-alert" && x.kind == "action")
+        .count();
+    assert!(alerts >= 3, "{r:#?}");
+
+    // A stop on a one-time spot instance with spot_stop = "terminate" terminates it.
+    let r = gpuwatch::simulate::replay_with(
+        &rules("stop", "terminate"),
+        &rows,
+        &options(Some(gpuwatch::rules::Lifecycle::Spot)),
+    );
+    let down = r.iter().find(|r| r.kind == "node_down").unwrap();
+    assert!(down.detail.contains("terminated"), "{}", down.detail);
+
+    // With spot_stop = "refuse" the daemon refuses the stop: the node stays up, and the rule
+    // acts again on fresh periods.
+    let r = gpuwatch::simulate::replay_with(
+        &rules("stop", "refuse"),
+        &rows,
+        &options(Some(gpuwatch::rules::Lifecycle::Spot)),
+    );
+    let k = kinds(&r, "idle-2h");
+    assert!(!k.contains(&"node_down"), "{r:#?}");
+    assert_eq!(k.iter().filter(|k| **k == "refused").count(), 2, "{r:#?}");
+}
+
+/// A price or starting spend that is not a finite amount is refused (exit 64) before any replay:
+/// an infinite spend would make the forecast NaN.
+#[test]
+fn simulate_refuses_prices_that_are_not_amounts() {
+    let (config, trace) = (data("budget.toml"), data("trace.csv"));
+    for (price, spend) in [
+        ("inf", "0"),
+        ("10", "inf"),
+        ("NaN", "0"),
+        ("0", "0"),
+        ("20000", "0"),
+    ] {
+        let out = std::process::Command::new(common::BIN)
+            .args(["simulate", "--config"])
+            .arg(&config)
+            .arg("--trace")
+            .arg(&trace)
+            .args(["--price", price, "--spend", spend])
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(64),
+            "--price {price} --spend {spend}"
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--price must be above 0"), "{err}");
+    }
+}

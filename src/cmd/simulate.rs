@@ -31,11 +31,16 @@ pub fn run(
         eprintln!("simulate: no rules: add [[rules]] to the config or pass --rules PATH");
         return exit::USAGE.into();
     }
+    let price_ok = |usd: f64| usd > 0.0 && usd <= crate::cost::MAX_HOURLY_USD;
+    let spend_ok = |usd: f64| (0.0..1e12).contains(&usd);
     if options
         .spend
-        .is_some_and(|s| !(s.usd_per_hour > 0.0 && s.start_usd >= 0.0))
+        .is_some_and(|s| !price_ok(s.usd_per_hour) || !spend_ok(s.start_usd))
     {
-        eprintln!("simulate: --price must be above 0 and --spend at least 0");
+        eprintln!(
+            "simulate: --price must be above 0 and at most {} USD an hour, and --spend at least 0 and finite",
+            crate::cost::MAX_HOURLY_USD
+        );
         return exit::USAGE.into();
     }
     for (flag, v) in [

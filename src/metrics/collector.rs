@@ -160,13 +160,15 @@ impl Collector for SnapshotCollector {
             e,
             desc("gpu_info", "GPU identity; value 1", None),
             // A lost GPU keeps its identity, as far as it was ever read.
-            gpus.iter().filter(|g| g.up || !g.uuid.is_empty()).map(|g| {
-                let extra = [
-                    ("name", Text(g.name.as_deref().unwrap_or(""))),
-                    ("pci_bus_id", Text(g.pci_bus_id.as_deref().unwrap_or(""))),
-                ];
-                (with(g, extra), 1i64)
-            }),
+            gpus.iter()
+                .filter(|g| g.up || g.name.is_some() || g.pci_bus_id.is_some())
+                .map(|g| {
+                    let extra = [
+                        ("name", Text(g.name.as_deref().unwrap_or(""))),
+                        ("pci_bus_id", Text(g.pci_bus_id.as_deref().unwrap_or(""))),
+                    ];
+                    (with(g, extra), 1i64)
+                }),
         )?;
         gauges(
             e,

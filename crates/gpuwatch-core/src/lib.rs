@@ -1,9 +1,11 @@
-//! The pure core of gpuwatch: what its rules say and how they are judged, what the node costs,
-//! this node, which EC2 calls an action means, and the one `step` that the daemon and `gpuwatch simulate`
-//! both run.
+//! The pure core of gpuwatch: what its rules say and how they are judged, what the node is and
+//! what it costs, which EC2 calls an action means, and the one `step` that the daemon and
+//! `gpuwatch simulate` both run.
 //!
 //! Nothing in this crate does I/O or reads a clock: time arrives as Unix seconds, and the world
-//! as values. Its dependencies (serde, humantime) keep it so; the compiler holds the invariant.
+//! as values. Its dependencies (serde, humantime) cannot do I/O, and `clippy.toml` here forbids
+//! the standard library's files, sockets, processes, environment and clocks, so the build (with
+//! `clippy -D warnings`) holds the invariant.
 
 pub mod cost;
 pub mod node;

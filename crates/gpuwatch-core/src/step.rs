@@ -277,18 +277,7 @@ pub fn step(settings: &Settings, state: &mut State, obs: &Observation, inputs: &
             }
         }
     }
-    let rules = settings
-        .rules
-        .iter()
-        .map(|r| {
-            let rs = state.engine.rules.get(&r.name);
-            RuleView {
-                name: r.name.clone(),
-                breaching: rs.is_some_and(|s| s.breaching),
-                pending: rs.and_then(|s| s.pending.clone()),
-            }
-        })
-        .collect();
+    let rules = rule_views(settings, state);
 
     Outcome {
         events,
@@ -303,6 +292,23 @@ pub fn step(settings: &Settings, state: &mut State, obs: &Observation, inputs: &
             gpu_idle,
         },
     }
+}
+
+/// Each rule as the state has it now: breaching, and its pending action. The edge calls this
+/// again after it has carried out (or withdrawn) the step's actions.
+pub fn rule_views(settings: &Settings, state: &State) -> Vec<RuleView> {
+    settings
+        .rules
+        .iter()
+        .map(|r| {
+            let rs = state.engine.rules.get(&r.name);
+            RuleView {
+                name: r.name.clone(),
+                breaching: rs.is_some_and(|s| s.breaching),
+                pending: rs.and_then(|s| s.pending.clone()),
+            }
+        })
+        .collect()
 }
 
 /// The text of a budget alert, as logged and sent.
