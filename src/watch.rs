@@ -218,10 +218,21 @@ impl Watch {
                 self.executor.audit(json!({"event": "period_closed", "period_start": crate::time::rfc3339(c.period_start),
                     "period_end": crate::time::rfc3339(c.period_end), "spent_usd": c.total}));
             }
+            // Warnings (and the breaches, recoveries and postponements beside them) are on record
+            // and sent before the state that makes their action possible is saved: a crash in
+            // between means a repeated warning after the restart, never an action without one.
+            // Cancellations and actions follow the save: a cancellation must not be announced
+            // while the state still holds the pending action, nor an action run unrecorded.
+            let decided = !outcome.events.is_empty();
+            let (before, after): (Vec<Event>, Vec<Event>) = std::mem::take(&mut outcome.events)
+                .into_iter()
+                .partition(|e| !matches!(e, Event::Cancelled { .. } | Event::Action { .. }));
+            for event in before {
+                self.handle(&settings.rules, &mut persisted, event, now)
+                    .await;
+            }
             // Recorded before sending: a restart never sends an alert twice.
-            let durable = !outcome.events.is_empty()
-                || !outcome.crossings.is_empty()
-                || now - last_durable > 60.0;
+            let durable = decided || !outcome.crossings.is_empty() || now - last_durable > 60.0;
             let saved = self.save(&persisted, durable);
             if saved && durable {
                 last_durable = now;
@@ -248,7 +259,7 @@ impl Watch {
                     &mut self.publishes,
                 );
             }
-            for event in outcome.events {
+            for event in after {
                 if let (Event::Action { rule, action, .. }, false) = (&event, saved) {
                     // No record, no action: a restart could not know it had run.
                     self.not_recorded(&mut persisted, rule, *action, "state.json");
