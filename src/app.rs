@@ -11,15 +11,18 @@ use tokio::task::JoinSet;
 use crate::actions::{Cloud, Executor};
 use crate::cloud::ec2::Ec2;
 use crate::cloud::imds::Imds;
+use crate::cloudwatch::metrics::CloudWatchCollector;
 use crate::config::{Config, Provider};
+use crate::gpu::metrics::{BuildInfo, SamplerMetrics, SnapshotCollector};
 use crate::gpu::nvml::NvmlSource;
 use crate::gpu::sampler::{self, Snapshots};
-use crate::metrics::{
-    BuildInfo, HttpCollector, SelfMetrics, SnapshotCollector, StateCollector, WatchCollector,
-};
+use crate::serve::metrics::HttpCollector;
 use crate::server::{router, ServerState};
+use crate::spend::metrics::{CostCollector, CostMetrics};
+use crate::state::metrics::StateCollector;
 use crate::state::{AuditLog, DirError, StateDir};
-use crate::watch::{Outside, Watch, WatchMetrics};
+use crate::watch::metrics::{WatchCollector, WatchMetrics};
+use crate::watch::{Outside, Watch};
 
 /// Runs the daemon until SIGINT or SIGTERM.
 pub async fn run(config: Config) -> anyhow::Result<()> {
@@ -47,7 +50,7 @@ impl App {
     pub async fn build(config: Config) -> anyhow::Result<App> {
         raise_fd_limit();
         let mut tasks = JoinSet::new();
-        let metrics = Arc::new(SelfMetrics::default());
+        let metrics = Arc::new(SamplerMetrics::default());
         let source = NvmlSource::new(
             config.nvml.library.clone(),
             config.sampling.per_process_memory,
@@ -68,12 +71,12 @@ impl App {
             snapshots.clone(),
             BuildInfo::current(),
         )));
-        let watch_metrics = Arc::new(WatchMetrics::default());
-        registry.register_collector(Box::new(WatchCollector(Arc::clone(&watch_metrics))));
-        let cloudwatch = Arc::new(crate::cloudwatch::Counters::default());
+        let series = WatchSeries::default();
+        registry.register_collector(Box::new(WatchCollector(Arc::clone(&series.watch))));
+        registry.register_collector(Box::new(CostCollector(Arc::clone(&series.cost))));
         if config.cloudwatch.enabled {
-            registry.register_collector(Box::new(crate::metrics::CloudWatchCollector(Arc::clone(
-                &cloudwatch,
+            registry.register_collector(Box::new(CloudWatchCollector(Arc::clone(
+                &series.cloudwatch,
             ))));
         }
         let http = Arc::new(crate::serve::Stats::default());
@@ -96,8 +99,7 @@ impl App {
         let watch = start_watch(
             &config,
             snapshots.clone(),
-            watch_metrics,
-            cloudwatch,
+            series,
             &mut registry,
             stop_rx,
             &mut tasks,
@@ -202,17 +204,29 @@ fn raise_fd_limit() {
     }
 }
 
+/// The views the watch and CloudWatch publishing update, each read by its own collector.
+#[derive(Default)]
+struct WatchSeries {
+    watch: Arc<WatchMetrics>,
+    cost: Arc<CostMetrics>,
+    cloudwatch: Arc<crate::cloudwatch::Counters>,
+}
+
 /// Starts the cost watch: rules, actions, and (with `provider = "aws"`) instance metadata and the
 /// EC2 API. Off AWS, or when instance metadata does not answer, rules run with local actions only.
 async fn start_watch(
     config: &Config,
     snapshots: Snapshots,
-    metrics: Arc<WatchMetrics>,
-    cloudwatch: Arc<crate::cloudwatch::Counters>,
+    series: WatchSeries,
     registry: &mut Registry,
     stop: tokio::sync::watch::Receiver<bool>,
     tasks: &mut JoinSet<()>,
 ) -> anyhow::Result<Option<WatchTask>> {
+    let WatchSeries {
+        watch: metrics,
+        cost,
+        cloudwatch,
+    } = series;
     if config.rules.is_empty()
         && config.budgets.is_empty()
         && config.cloud.provider == Provider::None
@@ -350,6 +364,7 @@ async fn start_watch(
         state_dir,
         executor,
         metrics,
+        cost,
         outside,
     };
     let task = tokio::spawn(watch.run(snapshots, stop));

@@ -8,8 +8,9 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
+use gpuwatch::gpu::metrics::{BuildInfo, SampleError, SamplerMetrics, SnapshotCollector};
 use gpuwatch::gpu::{GpuSample, NvmlStatus, ProcessSample, Snapshot, ThrottleReason};
-use gpuwatch::metrics::{encode, BuildInfo, ErrorKind, SelfMetrics, SnapshotCollector};
+use gpuwatch::metrics::encode;
 use prometheus_client::registry::Registry;
 
 fn snapshot() -> Snapshot {
@@ -83,12 +84,12 @@ fn snapshot() -> Snapshot {
 }
 
 fn exposition() -> String {
-    let metrics = Arc::new(SelfMetrics::default());
+    let metrics = Arc::new(SamplerMetrics::default());
     let mut registry = Registry::default();
     metrics.register(&mut registry);
-    metrics.error(ErrorKind::GpuLost);
-    metrics.error(ErrorKind::OutOfRange);
-    metrics.error(ErrorKind::OutOfRange);
+    metrics.error(SampleError::GpuLost);
+    metrics.error(SampleError::OutOfRange);
+    metrics.error(SampleError::OutOfRange);
     let build = BuildInfo {
         version: "0.1.0".into(),
         revision: "0123456789ab".into(),

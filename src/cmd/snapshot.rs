@@ -5,15 +5,15 @@ use std::sync::Arc;
 
 use super::exit;
 use crate::config::Config;
+use crate::gpu::metrics::SamplerMetrics;
 use crate::gpu::nvml::NvmlSource;
 use crate::gpu::GpuSource;
-use crate::metrics::SelfMetrics;
 
 pub fn run(config: &Config, json: bool) -> ExitCode {
     let mut source = NvmlSource::new(
         config.nvml.library.clone(),
         config.sampling.per_process_memory,
-        Arc::new(SelfMetrics::default()),
+        Arc::new(SamplerMetrics::default()),
     )
     .without_xid();
     let sample = source.sample();

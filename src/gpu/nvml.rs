@@ -15,9 +15,9 @@ use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{cuda_driver_version_major, cuda_driver_version_minor, Device, Nvml};
 
+use super::metrics::{SampleError, SamplerMetrics};
 use super::xid::{self, XidCounts};
 use super::{GpuSample, GpuSource, NvmlStatus, ProcessSample, Sample, ThrottleReason};
-use crate::metrics::{ErrorKind, SelfMetrics};
 
 /// Retry delays for a library that will not load or initialise.
 const INIT_BACKOFF_FIRST: Duration = Duration::from_secs(1);
@@ -54,7 +54,7 @@ pub struct NvmlSource {
     library: OsString,
     per_process: bool,
     watch_xid: bool,
-    metrics: Arc<SelfMetrics>,
+    metrics: Arc<SamplerMetrics>,
     nvml: Option<&'static Nvml>,
     versions: Versions,
     next_init: Instant,
@@ -84,7 +84,11 @@ struct Versions {
 }
 
 impl NvmlSource {
-    pub fn new(library: impl Into<OsString>, per_process: bool, metrics: Arc<SelfMetrics>) -> Self {
+    pub fn new(
+        library: impl Into<OsString>,
+        per_process: bool,
+        metrics: Arc<SamplerMetrics>,
+    ) -> Self {
         NvmlSource {
             library: library.into(),
             per_process,
@@ -163,7 +167,7 @@ impl NvmlSource {
             }
             Err(e) => {
                 let msg = init_error_text(&e);
-                self.metrics.error(ErrorKind::NvmlInit);
+                self.metrics.error(SampleError::NvmlInit);
                 if self.last_init_error.as_deref() != Some(msg.as_str()) {
                     tracing::warn!(
                         "NVML unavailable: cannot initialise \"{}\": {msg}; serving gpuwatch_nvml_up 0 and retrying with backoff (up to {}s)",
@@ -182,14 +186,14 @@ impl NvmlSource {
     }
 
     fn bad_value(&mut self, gpu: u32, field: &'static str, value: impl std::fmt::Display) {
-        self.metrics.error(ErrorKind::OutOfRange);
+        self.metrics.error(SampleError::OutOfRange);
         if self.logged.insert((gpu, field)) {
             tracing::warn!(gpu, field, value = %value, "NVML returned an out-of-range value; the reading is left out");
         }
     }
 
     fn read_failed(&mut self, gpu: u32, field: &'static str, e: &NvmlError) {
-        self.metrics.error(ErrorKind::ReadFailed);
+        self.metrics.error(SampleError::ReadFailed);
         if self.logged.insert((gpu, field)) {
             tracing::warn!(gpu, field, error = %e, "NVML read failed; the reading is left out");
         }
@@ -216,9 +220,9 @@ impl NvmlSource {
     /// and it carries nothing but its identity, as far as it was ever read.
     fn unreachable(&mut self, index: u32, e: &NvmlError) -> GpuSample {
         let kind = if matches!(e, NvmlError::GpuLost) {
-            ErrorKind::GpuLost
+            SampleError::GpuLost
         } else {
-            ErrorKind::ReadFailed
+            SampleError::ReadFailed
         };
         self.metrics.error(kind);
         if self.logged.insert((index, "device")) {
@@ -251,7 +255,7 @@ impl GpuSource for NvmlSource {
         let count = match nvml.device_count() {
             Ok(c) => c,
             Err(e) => {
-                self.metrics.error(ErrorKind::ReadFailed);
+                self.metrics.error(SampleError::ReadFailed);
                 return Sample {
                     nvml: self.status(false, Some(format!("cannot count devices: {e}"))),
                     gpus: Vec::new(),

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{oneshot, watch};
 use tokio::time::MissedTickBehavior;
 
+use super::metrics::{SampleError, SamplerMetrics};
 use super::{GpuSource, Sample, Snapshot};
-use crate::metrics::{ErrorKind, SelfMetrics};
 
 /// A way to read the latest snapshot and to await the next one.
 #[derive(Clone, Debug)]
@@ -54,7 +54,7 @@ pub fn spawn(
     source: impl GpuSource,
     interval: Duration,
     timeout: Duration,
-    metrics: Arc<SelfMetrics>,
+    metrics: Arc<SamplerMetrics>,
     tasks: &mut tokio::task::JoinSet<()>,
 ) -> std::io::Result<Snapshots> {
     let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
@@ -83,7 +83,7 @@ async fn drive(
     tx: watch::Sender<Arc<Snapshot>>,
     interval: Duration,
     timeout: Duration,
-    metrics: Arc<SelfMetrics>,
+    metrics: Arc<SamplerMetrics>,
 ) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
@@ -123,7 +123,7 @@ async fn drive(
                 return;
             }
             Err(_) => {
-                metrics.error(ErrorKind::Timeout);
+                metrics.error(SampleError::Timeout);
                 tracing::warn!(
                     timeout = ?timeout,
                     "an NVML sampling cycle overran its timeout and was abandoned; serving the last snapshot"
@@ -196,7 +196,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn publishes_in_order_and_abandons_a_stuck_cycle() {
         let calls = Arc::new(AtomicU32::new(0));
-        let metrics = Arc::new(SelfMetrics::default());
+        let metrics = Arc::new(SamplerMetrics::default());
         let source = Counting {
             calls: Arc::clone(&calls),
             hang: Duration::from_millis(400),
@@ -219,7 +219,7 @@ mod tests {
         // next snapshot is call 3's.
         let next = snaps.next_after(1).await;
         assert_eq!((next.seq, next.gpus.len()), (2, 3));
-        assert_eq!(metrics.error_count(ErrorKind::Timeout), 1);
+        assert_eq!(metrics.error_count(SampleError::Timeout), 1);
         assert!(calls.load(Ordering::SeqCst) >= 3);
     }
 
@@ -248,7 +248,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dead_nvml_thread_is_published_and_then_nothing_is_awaited_in_a_loop() {
-        let metrics = Arc::new(SelfMetrics::default());
+        let metrics = Arc::new(SamplerMetrics::default());
         let mut tasks = tokio::task::JoinSet::new();
         let snaps = spawn(
             Dying(0),

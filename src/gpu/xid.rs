@@ -8,7 +8,7 @@ use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 
-use crate::metrics::{ErrorKind, SelfMetrics};
+use super::metrics::{SampleError, SamplerMetrics};
 
 /// XID counts per GPU index, then per XID code. Locked only to add one event or copy one GPU's
 /// counts.
@@ -35,7 +35,7 @@ const WAIT_MS: u32 = 1000;
 
 /// Starts the XID thread. GPUs that do not support XID events are skipped; with none, no thread
 /// is started.
-pub fn spawn(nvml: &'static Nvml, counts: Arc<XidCounts>, metrics: Arc<SelfMetrics>) {
+pub fn spawn(nvml: &'static Nvml, counts: Arc<XidCounts>, metrics: Arc<SamplerMetrics>) {
     let set = match register(nvml) {
         Ok(Some(set)) => set,
         Ok(None) => {
@@ -43,7 +43,7 @@ pub fn spawn(nvml: &'static Nvml, counts: Arc<XidCounts>, metrics: Arc<SelfMetri
             return;
         }
         Err(e) => {
-            metrics.error(ErrorKind::Xid);
+            metrics.error(SampleError::Xid);
             tracing::warn!(error = %e, "cannot watch XID events; gpu_xid_errors_total stays empty");
             return;
         }
@@ -62,14 +62,14 @@ pub fn spawn(nvml: &'static Nvml, counts: Arc<XidCounts>, metrics: Arc<SelfMetri
                             counts.record(gpu, xid);
                         }
                         Err(e) => {
-                            metrics.error(ErrorKind::Xid);
+                            metrics.error(SampleError::Xid);
                             tracing::warn!(xid, error = %e, "XID error on a GPU whose index cannot be read");
                         }
                     }
                 }
                 Err(NvmlError::Timeout) => {}
                 Err(e) => {
-                    metrics.error(ErrorKind::Xid);
+                    metrics.error(SampleError::Xid);
                     tracing::debug!(error = %e, "waiting for XID events failed");
                     std::thread::sleep(Duration::from_secs(1));
                 }

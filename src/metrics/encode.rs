@@ -1,4 +1,4 @@
-//! Encoding helpers shared by the collectors: GPU label sets that borrow from the snapshot,
+//! Encoding helpers shared by the collectors: the GPU label set (`gpu`, and `uuid` once known),
 //! family descriptors, and one-call encoders for gauge and counter families.
 
 use std::fmt;
@@ -11,12 +11,11 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Unit;
 
 use super::Text;
-use crate::gpu::GpuSample;
 /// `gpu` and `uuid`, which every GPU series carries, plus the series' own labels.
-pub(super) struct GpuLabels<'a, X> {
-    pub(super) gpu: u32,
-    pub(super) uuid: &'a str,
-    pub(super) extra: X,
+pub(crate) struct GpuLabels<'a, X> {
+    pub(crate) gpu: u32,
+    pub(crate) uuid: &'a str,
+    pub(crate) extra: X,
 }
 
 impl<X: EncodeLabelSet> EncodeLabelSet for GpuLabels<'_, X> {
@@ -31,29 +30,17 @@ impl<X: EncodeLabelSet> EncodeLabelSet for GpuLabels<'_, X> {
 }
 
 /// No labels of a series' own.
-pub(super) type NoLabels = [(&'static str, &'static str); 0];
-pub(super) const NO_LABELS: NoLabels = [];
-
-pub(super) fn labels(g: &GpuSample) -> GpuLabels<'_, NoLabels> {
-    with(g, NO_LABELS)
-}
-
-pub(super) fn with<X>(g: &GpuSample, extra: X) -> GpuLabels<'_, X> {
-    GpuLabels {
-        gpu: g.index,
-        uuid: &g.uuid,
-        extra,
-    }
-}
+pub(crate) type NoLabels = [(&'static str, &'static str); 0];
+pub(crate) const NO_LABELS: NoLabels = [];
 
 /// One metric family: its name (without unit or `_total`), help, unit and type.
-pub(super) struct Desc {
+pub(crate) struct Desc {
     name: &'static str,
     help: &'static str,
     unit: Option<Unit>,
 }
 
-pub(super) fn desc(name: &'static str, help: &'static str, unit: Option<&'static str>) -> Desc {
+pub(crate) fn desc(name: &'static str, help: &'static str, unit: Option<&'static str>) -> Desc {
     Desc {
         name,
         help,
@@ -62,7 +49,7 @@ pub(super) fn desc(name: &'static str, help: &'static str, unit: Option<&'static
 }
 
 /// Encodes one metric family; a family with no series is left out entirely.
-pub(super) fn family<L: EncodeLabelSet, V>(
+pub(crate) fn family<L: EncodeLabelSet, V>(
     enc: &mut DescriptorEncoder,
     d: Desc,
     ty: MetricType,
@@ -80,7 +67,7 @@ pub(super) fn family<L: EncodeLabelSet, V>(
     Ok(())
 }
 
-pub(super) fn gauges<L: EncodeLabelSet, V: EncodeGaugeValue>(
+pub(crate) fn gauges<L: EncodeLabelSet, V: EncodeGaugeValue>(
     enc: &mut DescriptorEncoder,
     d: Desc,
     series: impl IntoIterator<Item = (L, V)>,
@@ -89,7 +76,7 @@ pub(super) fn gauges<L: EncodeLabelSet, V: EncodeGaugeValue>(
 }
 
 /// Counters: the encoder appends `_total` to the name.
-pub(super) fn counters<L: EncodeLabelSet, V: EncodeCounterValue>(
+pub(crate) fn counters<L: EncodeLabelSet, V: EncodeCounterValue>(
     enc: &mut DescriptorEncoder,
     d: Desc,
     series: impl IntoIterator<Item = (L, V)>,
@@ -100,21 +87,11 @@ pub(super) fn counters<L: EncodeLabelSet, V: EncodeCounterValue>(
 }
 
 /// Encodes a gauge without labels.
-pub(super) fn gauge<V: EncodeGaugeValue>(
+pub(crate) fn gauge<V: EncodeGaugeValue>(
     enc: &mut DescriptorEncoder,
     d: Desc,
     v: V,
 ) -> Result<(), fmt::Error> {
     enc.encode_descriptor(d.name, d.help, d.unit.as_ref(), MetricType::Gauge)?
         .encode_gauge(&v)
-}
-
-/// Series of one optional reading of every GPU that is up.
-pub(super) fn per_gpu<'a, V: 'a>(
-    gpus: &'a [GpuSample],
-    read: impl Fn(&'a GpuSample) -> Option<V> + 'a,
-) -> impl Iterator<Item = (GpuLabels<'a, NoLabels>, V)> + 'a {
-    gpus.iter()
-        .filter(|g| g.up)
-        .filter_map(move |g| read(g).map(|v| (labels(g), v)))
 }

@@ -1,92 +1,37 @@
-//! The Prometheus exposition.
-//!
-//! Device metrics are built at scrape time from the latest snapshot by `SnapshotCollector`, so a
-//! GPU that disappears also disappears from the output. The daemon's own counters live in
-//! `SelfMetrics`. Nothing here calls NVML or waits on the sampler.
+//! What every subsystem's series share: label values from outside (`Text`), GPU label sets
+//! and family descriptors (`encode`), the view a subsystem swaps for its collector (`Shared`),
+//! and encoding a registry. Each subsystem registers its own series from its own `metrics.rs`
+//! (`gpu`, `watch`, `spend`, `cloudwatch`, `state`, `serve`); the wiring in `app.rs` puts them
+//! together. Nothing here knows another subsystem.
 
-mod collector;
-mod daemon;
-mod encode;
+pub mod encode;
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::registry::Registry;
 
-pub use collector::{BuildInfo, SnapshotCollector};
-pub use daemon::{CloudWatchCollector, HttpCollector, StateCollector, WatchCollector};
+/// A view that one subsystem writes and its collector reads at scrape time: swapped whole, so a
+/// scrape never sees half an update and never holds the lock while it encodes.
+#[derive(Debug, Default)]
+pub struct Shared<T>(std::sync::Mutex<Arc<T>>);
 
-/// The content type of `/metrics`.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+impl<T: Clone + Default> Shared<T> {
+    pub fn view(&self) -> Arc<T> {
+        self.0.lock().map(|v| Arc::clone(&v)).unwrap_or_default()
+    }
 
-/// Why a sample, or part of one, is missing.
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
-#[repr(usize)]
-pub enum ErrorKind {
-    /// The NVML library failed to load or initialise.
-    NvmlInit,
-    /// A GPU answered `GPU_IS_LOST`.
-    GpuLost,
-    /// An NVML call failed with something other than "not supported".
-    ReadFailed,
-    /// NVML answered a value outside its valid range.
-    OutOfRange,
-    /// A sampling cycle overran its timeout and was abandoned.
-    Timeout,
-    /// Watching XID events failed.
-    Xid,
-}
-
-impl ErrorKind {
-    pub const ALL: [ErrorKind; 6] = [
-        ErrorKind::NvmlInit,
-        ErrorKind::GpuLost,
-        ErrorKind::ReadFailed,
-        ErrorKind::OutOfRange,
-        ErrorKind::Timeout,
-        ErrorKind::Xid,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorKind::NvmlInit => "nvml_init",
-            ErrorKind::GpuLost => "gpu_lost",
-            ErrorKind::ReadFailed => "read_failed",
-            ErrorKind::OutOfRange => "out_of_range",
-            ErrorKind::Timeout => "timeout",
-            ErrorKind::Xid => "xid",
+    pub fn update(&self, f: impl FnOnce(&mut T)) {
+        if let Ok(mut v) = self.0.lock() {
+            let mut next = (**v).clone();
+            f(&mut next);
+            *v = Arc::new(next);
         }
     }
 }
 
-impl EncodeLabelValue for ErrorKind {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        encoder.write_str(self.as_str())
-    }
-}
-
-/// The daemon's own counters. Lock-free; cheap to update from any thread.
-#[derive(Debug, Default)]
-pub struct SelfMetrics {
-    errors: [AtomicU64; ErrorKind::ALL.len()],
-}
-
-impl SelfMetrics {
-    /// Registers the counters; every kind is present from the start, at 0, in a fixed order.
-    pub fn register(self: &Arc<Self>, registry: &mut Registry) {
-        registry.register_collector(Box::new(Arc::clone(self)));
-    }
-
-    pub fn error(&self, kind: ErrorKind) {
-        self.errors[kind as usize].fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn error_count(&self, kind: ErrorKind) -> u64 {
-        self.errors[kind as usize].load(Ordering::Relaxed)
-    }
-}
+/// The content type of `/metrics`.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// A label value that is not a constant of gpuwatch's own: a GPU or process name, a UUID, a rule
 /// or budget name, a tag. The encoder writes label values as they are, so this escapes them per

@@ -1,76 +1,23 @@
 //! The cost watch loop: feeds each new snapshot to the rule engine, persists the state, and hands
 //! decisions to the executor. This is the I/O edge around the pure `rules::engine`.
 
-use std::collections::BTreeMap;
+pub mod metrics;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
 
+use self::metrics::{ActionResult, IdleGpu, WatchMetrics};
 use crate::actions::{Executor, Outcome};
 use crate::config::Config;
 use crate::gpu::sampler::Snapshots;
-use gpuwatch_core::step::{rule_views, step, Inputs, Settings, View};
+use crate::spend::metrics::{AlertKey, CostMetrics};
+use gpuwatch_core::step::{rule_views, step, Inputs, Settings};
 
 use crate::rules::engine::{self, Event};
 use crate::rules::{GpuReading, Lifecycle, Metric, Observation, Rule};
 use crate::state::{HoldStatus, LoadError, Persisted, StateDir};
-
-/// What the watch exports, swapped whole on each update and read by the collector.
-#[derive(Debug, Clone, Default)]
-pub struct WatchView {
-    /// What the last decision step showed.
-    pub decision: View,
-    /// The idle time of every GPU that is up.
-    pub gpu_idle: Vec<IdleGpu>,
-    pub actions: BTreeMap<ActionResult, u64>,
-    /// Budget alerts sent, by budget and threshold.
-    pub alerts: BTreeMap<AlertKey, u64>,
-    pub hold_until: Option<f64>,
-    pub interruption: Option<f64>,
-    /// When the current spot rebalance recommendation was issued.
-    pub rebalance: Option<f64>,
-    /// Instance metadata reads that failed.
-    pub imds_errors: u64,
-    pub node: Option<crate::cloud::imds::Node>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct IdleGpu {
-    pub gpu: u32,
-    pub uuid: String,
-    pub seconds: f64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ActionResult {
-    pub action: String,
-    pub result: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct AlertKey {
-    pub budget: String,
-    pub threshold: String,
-}
-
-/// Shared between the loops that write it and the collector that reads it.
-#[derive(Debug, Default)]
-pub struct WatchMetrics(Mutex<Arc<WatchView>>);
-
-impl WatchMetrics {
-    pub fn view(&self) -> Arc<WatchView> {
-        self.0.lock().map(|v| Arc::clone(&v)).unwrap_or_default()
-    }
-
-    pub fn update(&self, f: impl FnOnce(&mut WatchView)) {
-        if let Ok(mut v) = self.0.lock() {
-            let mut next = (**v).clone();
-            f(&mut next);
-            *v = Arc::new(next);
-        }
-    }
-}
 
 /// The world outside the GPUs, as the watch loop reads it each cycle.
 #[derive(Debug, Default)]
@@ -135,6 +82,8 @@ pub struct Watch {
     pub state_dir: StateDir,
     pub executor: Arc<Executor>,
     pub metrics: Arc<WatchMetrics>,
+    /// The cost and budget series, which each step updates.
+    pub cost: Arc<CostMetrics>,
     pub outside: Arc<Outside>,
     pub tracker: crate::spend::Tracker,
     pub services: Option<crate::cloud::services::Services>,
@@ -269,7 +218,7 @@ impl Watch {
                     .await;
             }
             // An action withdrawn or completed above shows in this cycle's metrics.
-            outcome.view.rules = rule_views(&settings, &persisted);
+            let rules = rule_views(&settings, &persisted);
 
             let gpu_idle = outcome
                 .view
@@ -284,7 +233,8 @@ impl Watch {
                     })
                 })
                 .collect();
-            self.metrics.update(|v| {
+            let view = outcome.view;
+            self.cost.update(|v| {
                 for c in &outcome.crossings {
                     let key = AlertKey {
                         budget: c.budget.clone(),
@@ -292,7 +242,13 @@ impl Watch {
                     };
                     *v.alerts.entry(key).or_default() += 1;
                 }
-                v.decision = outcome.view;
+                v.price = view.price;
+                v.spent = view.spent;
+                v.forecast = view.forecast;
+                v.budgets = view.budgets;
+            });
+            self.metrics.update(|v| {
+                v.rules = rules;
                 v.gpu_idle = gpu_idle;
                 v.hold_until = inputs.hold_until.filter(|h| h.is_finite() && *h > now);
                 v.interruption = interruption;

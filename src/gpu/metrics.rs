@@ -1,14 +1,88 @@
-//! Device metrics, encoded from the latest snapshot at scrape time, and the sampler's own counters.
+//! GPU sampling's series: every `gpu_*` family and the snapshot-derived `gpuwatch_*` ones,
+//! encoded at scrape time from the latest snapshot (so a GPU that disappears also disappears
+//! from the output), and the sampler's error counters. Nothing here calls NVML or waits on the
+//! sampler.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::registry::Registry;
 
-use super::encode::*;
-use super::{ErrorKind, SelfMetrics, Text};
-use crate::gpu::sampler::Snapshots;
-use crate::gpu::Snapshot;
+use super::sampler::Snapshots;
+use super::{GpuSample, Snapshot};
+use crate::metrics::encode::*;
+use crate::metrics::Text;
+
+/// Why a sample, or part of one, is missing.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+#[repr(usize)]
+pub enum SampleError {
+    /// The NVML library failed to load or initialise.
+    NvmlInit,
+    /// A GPU answered `GPU_IS_LOST`.
+    GpuLost,
+    /// An NVML call failed with something other than "not supported".
+    ReadFailed,
+    /// NVML answered a value outside its valid range.
+    OutOfRange,
+    /// A sampling cycle overran its timeout and was abandoned.
+    Timeout,
+    /// Watching XID events failed.
+    Xid,
+}
+
+impl SampleError {
+    pub const ALL: [SampleError; 6] = [
+        SampleError::NvmlInit,
+        SampleError::GpuLost,
+        SampleError::ReadFailed,
+        SampleError::OutOfRange,
+        SampleError::Timeout,
+        SampleError::Xid,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SampleError::NvmlInit => "nvml_init",
+            SampleError::GpuLost => "gpu_lost",
+            SampleError::ReadFailed => "read_failed",
+            SampleError::OutOfRange => "out_of_range",
+            SampleError::Timeout => "timeout",
+            SampleError::Xid => "xid",
+        }
+    }
+}
+
+impl EncodeLabelValue for SampleError {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+/// The daemon's own counters. Lock-free; cheap to update from any thread.
+#[derive(Debug, Default)]
+pub struct SamplerMetrics {
+    errors: [AtomicU64; SampleError::ALL.len()],
+}
+
+impl SamplerMetrics {
+    /// Registers the counters; every kind is present from the start, at 0, in a fixed order.
+    pub fn register(self: &Arc<Self>, registry: &mut Registry) {
+        registry.register_collector(Box::new(Arc::clone(self)));
+    }
+
+    pub fn error(&self, kind: SampleError) {
+        self.errors[kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn error_count(&self, kind: SampleError) -> u64 {
+        self.errors[kind as usize].load(Ordering::Relaxed)
+    }
+}
+
 /// Version and source revision of this build, for `gpuwatch_build_info`.
 #[derive(Debug, Clone)]
 pub struct BuildInfo {
@@ -318,7 +392,7 @@ impl Collector for SnapshotCollector {
     }
 }
 
-impl Collector for SelfMetrics {
+impl Collector for SamplerMetrics {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
         counters(
             &mut enc,
@@ -327,9 +401,31 @@ impl Collector for SelfMetrics {
                 "Sampling errors by kind: failed or out-of-range readings, lost GPUs, NVML init failures, abandoned cycles",
                 None,
             ),
-            ErrorKind::ALL
+            SampleError::ALL
                 .iter()
                 .map(|k| ([("kind", k.as_str())], self.error_count(*k))),
         )
     }
+}
+
+fn labels(g: &GpuSample) -> GpuLabels<'_, NoLabels> {
+    with(g, NO_LABELS)
+}
+
+fn with<X>(g: &GpuSample, extra: X) -> GpuLabels<'_, X> {
+    GpuLabels {
+        gpu: g.index,
+        uuid: &g.uuid,
+        extra,
+    }
+}
+
+/// Series of one optional reading of every GPU that is up.
+fn per_gpu<'a, V: 'a>(
+    gpus: &'a [GpuSample],
+    read: impl Fn(&'a GpuSample) -> Option<V> + 'a,
+) -> impl Iterator<Item = (GpuLabels<'a, NoLabels>, V)> + 'a {
+    gpus.iter()
+        .filter(|g| g.up)
+        .filter_map(move |g| read(g).map(|v| (labels(g), v)))
 }

@@ -7,6 +7,8 @@
 //! again. A state file that exists but cannot be read (an I/O error) is not replaced: the caller
 //! waits until it reads, and takes no action meanwhile.
 
+pub mod metrics;
+
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};

@@ -3,6 +3,8 @@
 //! CloudWatch then sees the true minute average and peak at a sixtieth of the calls. During an
 //! outage the queue keeps at most `max_queue` worth of data and drops the oldest, counted.
 
+pub mod metrics;
+
 use gpuwatch_core::node::Node;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,6 +1,8 @@
 //! The edge around `cost/`: price pollers (spot price, Pricing API), AWS Budgets pollers, and
 //! the per-sample accrual and budget check the watch loop runs.
 
+pub mod metrics;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,0 +1,127 @@
+//! Cost and budgets: the price, spend and forecast, each budget's limit and ratios, and the
+//! alerts sent. The watch updates the view after every decision step.
+
+use std::collections::BTreeMap;
+
+use gpuwatch_core::cost::price::Price;
+use gpuwatch_core::step::BudgetView;
+use std::fmt;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+
+use crate::metrics::encode::*;
+use crate::metrics::Shared;
+use crate::metrics::Text;
+
+/// What the cost series show, swapped whole after each step.
+#[derive(Debug, Clone, Default)]
+pub struct CostView {
+    pub price: Option<Price>,
+    /// Spent this period; `None` while the price is unknown.
+    pub spent: Option<f64>,
+    pub forecast: Option<f64>,
+    pub budgets: Vec<BudgetView>,
+    /// Budget alerts sent, by budget and threshold.
+    pub alerts: BTreeMap<AlertKey, u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct AlertKey {
+    pub budget: String,
+    pub threshold: String,
+}
+
+/// Shared between the watch, which writes it, and the collector.
+pub type CostMetrics = Shared<CostView>;
+
+/// The cost and budget series.
+#[derive(Debug)]
+pub struct CostCollector(pub std::sync::Arc<CostMetrics>);
+
+impl Collector for CostCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let v = self.0.view();
+        let e = &mut enc;
+        if let Some(price) = v.price {
+            gauges(
+                e,
+                desc(
+                    "gpuwatch_instance_hourly_cost_dollars",
+                    "The instance's price per hour, and where it came from",
+                    None,
+                ),
+                [([("source", price.source.as_str())], price.usd_per_hour)],
+            )?;
+        }
+        if let Some(s) = v.spent {
+            gauge(
+                e,
+                desc(
+                    "gpuwatch_spend_dollars",
+                    "Spend in the current budget period",
+                    None,
+                ),
+                s,
+            )?;
+        }
+        if let Some(f) = v.forecast {
+            gauge(
+                e,
+                desc(
+                    "gpuwatch_spend_forecast_dollars",
+                    "Spend at the end of the period at the current price",
+                    None,
+                ),
+                f,
+            )?;
+        }
+        gauges(
+            e,
+            desc("gpuwatch_budget_limit_dollars", "The budget's limit", None),
+            v.budgets
+                .iter()
+                .map(|b| ([("budget", Text(&b.name))], b.limit)),
+        )?;
+        gauges(
+            e,
+            desc(
+                "gpuwatch_budget_spent_ratio",
+                "Spend as a share of the budget's limit",
+                None,
+            ),
+            v.budgets
+                .iter()
+                .filter_map(|b| Some(([("budget", Text(&b.name))], b.spent_ratio?))),
+        )?;
+        gauges(
+            e,
+            desc(
+                "gpuwatch_budget_forecast_ratio",
+                "Forecast spend as a share of the budget's limit",
+                None,
+            ),
+            v.budgets
+                .iter()
+                .filter_map(|b| Some(([("budget", Text(&b.name))], b.forecast_ratio?))),
+        )?;
+        counters(
+            e,
+            desc(
+                "gpuwatch_budget_alerts",
+                "Budget threshold alerts sent",
+                None,
+            ),
+            v.alerts.iter().map(|(k, n)| {
+                (
+                    [
+                        ("budget", Text(&k.budget)),
+                        ("threshold", Text(&k.threshold)),
+                    ],
+                    *n,
+                )
+            }),
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,200 @@
+//! The watch's series: the node, each GPU's idle time, each rule's state and pending action,
+//! actions by result, holds, and spot notices.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use gpuwatch_core::step::RuleView;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+
+use crate::metrics::encode::*;
+use crate::metrics::{Shared, Text};
+
+/// What the watch exports, swapped whole on each update and read by the collector.
+#[derive(Debug, Clone, Default)]
+pub struct WatchView {
+    /// Each rule after the last decision step and its actions.
+    pub rules: Vec<RuleView>,
+    /// The idle time of every GPU that is up.
+    pub gpu_idle: Vec<IdleGpu>,
+    pub actions: BTreeMap<ActionResult, u64>,
+    pub hold_until: Option<f64>,
+    pub interruption: Option<f64>,
+    /// When the current spot rebalance recommendation was issued.
+    pub rebalance: Option<f64>,
+    /// Instance metadata reads that failed.
+    pub imds_errors: u64,
+    pub node: Option<crate::cloud::imds::Node>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct IdleGpu {
+    pub gpu: u32,
+    pub uuid: String,
+    pub seconds: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ActionResult {
+    pub action: String,
+    pub result: String,
+}
+
+/// Shared between the loops that write it and the collector that reads it.
+pub type WatchMetrics = Shared<WatchView>;
+
+/// The cost watch's series, from its latest view.
+#[derive(Debug)]
+pub struct WatchCollector(pub std::sync::Arc<WatchMetrics>);
+
+impl Collector for WatchCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let v = self.0.view();
+        let e = &mut enc;
+        if let Some(n) = &v.node {
+            gauges(
+                e,
+                desc(
+                    "gpuwatch_node_info",
+                    "The instance gpuwatch runs on; value 1",
+                    None,
+                ),
+                [(
+                    [
+                        ("instance_id", Text(&n.instance_id)),
+                        ("instance_type", Text(&n.instance_type)),
+                        ("availability_zone", Text(&n.availability_zone)),
+                        ("lifecycle", Text(n.lifecycle_label())),
+                    ],
+                    1i64,
+                )],
+            )?;
+        }
+        gauges(
+            e,
+            desc(
+                "gpuwatch_gpu_idle",
+                "How long the GPU has been idle without a break",
+                Some("seconds"),
+            ),
+            v.gpu_idle.iter().map(|g| {
+                (
+                    GpuLabels {
+                        gpu: g.gpu,
+                        uuid: &g.uuid,
+                        extra: NO_LABELS,
+                    },
+                    g.seconds,
+                )
+            }),
+        )?;
+        gauges(
+            e,
+            desc(
+                "gpuwatch_rule_breaching",
+                "1 while the rule's condition holds",
+                None,
+            ),
+            v.rules
+                .iter()
+                .map(|r| ([("rule", Text(&r.name))], i64::from(r.breaching))),
+        )?;
+        gauges(
+            e,
+            desc(
+                "gpuwatch_action_pending",
+                "1 while an action is in its warning period",
+                None,
+            ),
+            v.rules.iter().filter_map(|r| {
+                let p = r.pending.as_ref()?;
+                Some((
+                    [("rule", Text(&r.name)), ("action", Text(p.action.as_str()))],
+                    1i64,
+                ))
+            }),
+        )?;
+        gauges(
+            e,
+            desc(
+                "gpuwatch_action_due_timestamp",
+                "When the pending action is due unless the GPUs come back",
+                Some("seconds"),
+            ),
+            v.rules.iter().filter_map(|r| {
+                let p = r.pending.as_ref()?;
+                Some((
+                    [("rule", Text(&r.name)), ("action", Text(p.action.as_str()))],
+                    p.due_at,
+                ))
+            }),
+        )?;
+        counters(
+            e,
+            desc(
+                "gpuwatch_actions",
+                "Actions by result: done, dry_run, failed, cancelled or refused",
+                None,
+            ),
+            v.actions.iter().map(|(k, n)| {
+                (
+                    [("action", Text(&k.action)), ("result", Text(&k.result))],
+                    *n,
+                )
+            }),
+        )?;
+        if let Some(h) = v.hold_until {
+            gauge(
+                e,
+                desc(
+                    "gpuwatch_hold_until_timestamp",
+                    "When the current hold expires",
+                    Some("seconds"),
+                ),
+                h,
+            )?;
+        }
+        gauge(
+            e,
+            desc(
+                "gpuwatch_spot_interruption_pending",
+                "1 while a spot interruption notice is in effect; actions wait",
+                None,
+            ),
+            i64::from(v.interruption.is_some()),
+        )?;
+        gauge(
+            e,
+            desc(
+                "gpuwatch_spot_rebalance_recommended",
+                "1 while a spot rebalance recommendation is in effect; it blocks nothing",
+                None,
+            ),
+            i64::from(v.rebalance.is_some()),
+        )?;
+        if v.node.is_some() {
+            counters(
+                e,
+                desc(
+                    "gpuwatch_imds_errors",
+                    "Instance metadata reads that failed (spot notices and tag holds go unseen meanwhile)",
+                    None,
+                ),
+                [(NO_LABELS, v.imds_errors)],
+            )?;
+        }
+        if let Some(t) = v.interruption {
+            gauge(
+                e,
+                desc(
+                    "gpuwatch_spot_interruption_timestamp",
+                    "When the announced spot interruption takes effect",
+                    Some("seconds"),
+                ),
+                t,
+            )?;
+        }
+        Ok(())
+    }
+}
