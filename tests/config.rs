@@ -173,3 +173,45 @@ fn unbounded_inputs_are_refused_with_the_key_named() {
         "{err}"
     );
 }
+
+/// A budget gate must name a `[[budgets]]` entry wherever its rule comes from: `[[rules]]`, a
+/// `rules_file`, or `--rules PATH`.
+#[test]
+fn a_budget_gate_names_a_budget_whichever_file_the_rule_is_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("more.toml");
+    std::fs::write(
+        &rules,
+        "[[rules]]\nname = \"gated\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
+         threshold = 0.05\nperiod = \"1h\"\nevaluation_periods = 2\naction = \"alert\"\n\
+         budget = { name = \"nowhere\", spent_at_least = 0.8 }\n",
+    )
+    .unwrap();
+    let config = dir.path().join("gpuwatch.toml");
+    std::fs::write(
+        &config,
+        "[[budgets]]\nname = \"team\"\nlimit_usd = 100.0\n",
+    )
+    .unwrap();
+    let want = "rules[0].budget.name: \"nowhere\" is not the name of a [[budgets]] entry";
+    // Through --rules.
+    let mut loaded = Config::load(&config).unwrap();
+    let err = loaded.add_rules_file(&rules).unwrap_err().to_string();
+    assert!(err.contains(want), "{err}");
+    // Through rules_file.
+    std::fs::write(
+        &config,
+        "rules_file = \"more.toml\"\n[[budgets]]\nname = \"team\"\nlimit_usd = 100.0\n",
+    )
+    .unwrap();
+    let err = Config::load(&config).unwrap_err().to_string();
+    assert!(err.contains(want), "{err}");
+    // And simulate refuses it with exit 64.
+    let out = Command::new(common::BIN)
+        .args(["simulate", "--trace", "/dev/null", "--config"])
+        .arg(dir.path().join("gpuwatch.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(want));
+}

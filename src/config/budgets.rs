@@ -37,6 +37,29 @@ pub(super) fn five_minutes() -> String {
     "5m".into()
 }
 
+#[derive(Debug, Clone, PartialEq)]
+pub enum BudgetSource {
+    /// This node's own spend ledger.
+    Local,
+    /// An AWS Budget, read with DescribeBudget.
+    AwsBudgets {
+        budget_name: String,
+        account_id: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetConfig {
+    pub name: String,
+    /// Required for local budgets; AWS Budgets report their own limit.
+    pub limit_usd: Option<f64>,
+    pub source: BudgetSource,
+    pub thresholds: Vec<f64>,
+    pub on_exhausted: Option<Action>,
+    pub sns_topic_arn: Option<String>,
+    pub poll_interval: Duration,
+}
+
 pub(super) fn default_thresholds() -> Vec<f64> {
     vec![0.5, 0.8, 1.0]
 }
@@ -119,16 +142,17 @@ impl RawBudget {
                 );
             }
         }
-        let on_exhausted = match self.on_exhausted.as_str() {
-            "none" => Some(None),
-            "stop" => Some(Some(Action::Stop)),
-            "hibernate" => Some(Some(Action::Hibernate)),
-            "terminate" => Some(Some(Action::Terminate)),
-            other => {
-                invalid("on_exhausted", format!("\"{other}\" is not one of \"none\", \"stop\", \"hibernate\", \"terminate\""));
-                None
-            }
-        };
+        let on_exhausted = pick(
+            &mut invalid,
+            "on_exhausted",
+            &self.on_exhausted,
+            &[
+                ("none", None),
+                ("stop", Some(Action::Stop)),
+                ("hibernate", Some(Action::Hibernate)),
+                ("terminate", Some(Action::Terminate)),
+            ],
+        );
         if let Some(arn) = &self.sns_topic_arn {
             if !arn.starts_with("arn:") {
                 invalid(

@@ -1,4 +1,6 @@
-//! Bounds and checks shared by every section: bounded durations, names, capped file reads.
+//! Bounds and checks shared by every section: one of a set of names (`pick`), bounded durations
+//! and counts, URLs, names, capped file reads. Each reports through `invalid(key, message)`,
+//! naming the key and quoting the value.
 
 use super::*;
 
@@ -44,6 +46,65 @@ pub(super) fn duration(
             None
         }
     }
+}
+
+/// The value among `options` that `value` names, or an error listing them.
+pub(super) fn pick<T: Copy>(
+    invalid: &mut impl FnMut(&str, String),
+    key: &str,
+    value: &str,
+    options: &[(&str, T)],
+) -> Option<T> {
+    let found = options.iter().find(|(n, _)| *n == value).map(|(_, v)| *v);
+    if found.is_none() {
+        let names: Vec<String> = options.iter().map(|(n, _)| format!("\"{n}\"")).collect();
+        invalid(
+            key,
+            format!("\"{value}\" is not one of {}", names.join(", ")),
+        );
+    }
+    found
+}
+
+/// A count within `range`; `what` says what it must be ("a count between 1 and 100").
+pub(super) fn count<T: PartialOrd + std::fmt::Display>(
+    invalid: &mut impl FnMut(&str, String),
+    key: &str,
+    value: T,
+    range: std::ops::RangeInclusive<T>,
+    what: &str,
+) -> Option<T> {
+    if range.contains(&value) {
+        Some(value)
+    } else {
+        invalid(key, format!("\"{value}\" is not {what}"));
+        None
+    }
+}
+
+/// An endpoint URL: `http://` or `https://` and a host. Empty means "not set" (`Some(None)`)
+/// unless the key is `required`. Every endpoint in the config goes through this one check.
+pub(super) fn url(
+    invalid: &mut impl FnMut(&str, String),
+    key: &str,
+    value: &str,
+    required: bool,
+) -> Option<Option<String>> {
+    if value.is_empty() && !required {
+        return Some(None);
+    }
+    let host = value
+        .strip_prefix("http://")
+        .or_else(|| value.strip_prefix("https://"))
+        .unwrap_or("");
+    if host.is_empty() || host.starts_with('/') || value.chars().any(char::is_whitespace) {
+        invalid(
+            key,
+            format!("\"{value}\" is not an http:// or https:// URL"),
+        );
+        return None;
+    }
+    Some(Some(value.to_string()))
 }
 
 /// The longest rule or budget name: names are label values and log fields.

@@ -88,19 +88,6 @@ impl RawRule {
                 message,
             })
         };
-        fn pick<T: Copy>(
-            invalid: &mut impl FnMut(&str, String),
-            k: &str,
-            value: &str,
-            options: &[(&str, T)],
-        ) -> Option<T> {
-            let found = options.iter().find(|(n, _)| *n == value).map(|(_, v)| *v);
-            if found.is_none() {
-                let names: Vec<String> = options.iter().map(|(n, _)| format!("\"{n}\"")).collect();
-                invalid(k, format!("\"{value}\" is not one of {}", names.join(", ")));
-            }
-            found
-        }
         check_name(&mut invalid, "rule", &self.name);
         let metric = pick(
             &mut invalid,

@@ -1,0 +1,159 @@
+//! `[cloud]`, `[cost]` and `[cloudwatch]`: the provider and its endpoints, the price and budget
+//! period, and CloudWatch publishing.
+
+use super::*;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provider {
+    None,
+    Aws,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CloudConfig {
+    pub provider: Provider,
+    pub imds_endpoint: String,
+    /// The EC2 API endpoint; `None` is the SDK's own.
+    pub endpoint_url: Option<String>,
+    /// The region; `None` means the one instance metadata reports.
+    pub region: Option<String>,
+    /// How often instance metadata (spot notices, and tags when metadata tags are on) is read.
+    pub poll_interval: Duration,
+    /// How often DescribeInstances reads the `gpuwatch:hold` tag when metadata tags are off.
+    pub tag_poll_interval: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CostConfig {
+    /// An explicit price, which wins over every other source.
+    pub hourly_price_usd: Option<f64>,
+    pub period: Period,
+    pub spot_price_refresh: Duration,
+    pub pricing_api: bool,
+    /// The Pricing API endpoint; `None` is the SDK's own (in us-east-1).
+    pub pricing_endpoint_url: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CloudWatchConfig {
+    pub enabled: bool,
+    pub namespace: String,
+    /// Samples are aggregated into statistic sets and published this often.
+    pub interval: Duration,
+    /// During an outage the queue keeps at most this much data, dropping the oldest.
+    pub max_queue: Duration,
+}
+
+impl RawCloud {
+    pub(super) fn validate(&self, invalid: &mut impl FnMut(&str, String)) -> Option<CloudConfig> {
+        let provider = pick(
+            invalid,
+            "cloud.provider",
+            &self.provider,
+            &[("none", Provider::None), ("aws", Provider::Aws)],
+        );
+        let imds_endpoint = url(invalid, "cloud.imds_endpoint", &self.imds_endpoint, true);
+        let endpoint_url = url(invalid, "cloud.endpoint_url", &self.endpoint_url, false);
+        let poll_interval = duration(
+            invalid,
+            "cloud.poll_interval",
+            &self.poll_interval,
+            Duration::from_millis(10)..=Duration::from_secs(3600),
+        );
+        let tag_poll_interval = duration(
+            invalid,
+            "cloud.tag_poll_interval",
+            &self.tag_poll_interval,
+            Duration::from_millis(10)..=DAY,
+        );
+        Some(CloudConfig {
+            provider: provider?,
+            imds_endpoint: imds_endpoint??.trim_end_matches('/').to_string(),
+            endpoint_url: endpoint_url?,
+            region: (!self.region.trim().is_empty()).then(|| self.region.clone()),
+            poll_interval: poll_interval?,
+            tag_poll_interval: tag_poll_interval?,
+        })
+    }
+}
+
+impl RawCost {
+    pub(super) fn validate(&self, invalid: &mut impl FnMut(&str, String)) -> Option<CostConfig> {
+        let hourly_price_usd = match self.hourly_price_usd {
+            0.0 => Some(None),
+            p if p > 0.0 && p <= crate::cost::MAX_HOURLY_USD => Some(Some(p)),
+            p => {
+                invalid(
+                    "cost.hourly_price_usd",
+                    format!("\"{p}\" is not a price in USD (0 means: look it up)"),
+                );
+                None
+            }
+        };
+        let period = pick(
+            invalid,
+            "cost.period",
+            &self.period,
+            &[
+                ("day", Period::Day),
+                ("week", Period::Week),
+                ("month", Period::Month),
+            ],
+        );
+        let spot_price_refresh = duration(
+            invalid,
+            "cost.spot_price_refresh",
+            &self.spot_price_refresh,
+            Duration::from_secs(1)..=DAY,
+        );
+        let pricing_endpoint_url = url(
+            invalid,
+            "cost.pricing_endpoint_url",
+            &self.pricing_endpoint_url,
+            false,
+        );
+        Some(CostConfig {
+            hourly_price_usd: hourly_price_usd?,
+            period: period?,
+            spot_price_refresh: spot_price_refresh?,
+            pricing_api: self.pricing_api,
+            pricing_endpoint_url: pricing_endpoint_url?,
+        })
+    }
+}
+
+impl RawCloudWatch {
+    pub(super) fn validate(
+        &self,
+        invalid: &mut impl FnMut(&str, String),
+    ) -> Option<CloudWatchConfig> {
+        let interval = duration(
+            invalid,
+            "cloudwatch.interval",
+            &self.interval,
+            Duration::from_secs(1)..=Duration::from_secs(3600),
+        );
+        let max_queue = duration(
+            invalid,
+            "cloudwatch.max_queue",
+            &self.max_queue,
+            Duration::from_secs(1)..=DAY,
+        );
+        if self.namespace.is_empty() || self.namespace.starts_with("AWS/") {
+            invalid(
+                "cloudwatch.namespace",
+                format!(
+                    "\"{}\" is not a namespace of your own, such as \"gpuwatch\"",
+                    self.namespace
+                ),
+            );
+            return None;
+        }
+        Some(CloudWatchConfig {
+            enabled: self.enabled,
+            namespace: self.namespace.clone(),
+            interval: interval?,
+            max_queue: max_queue?,
+        })
+    }
+}

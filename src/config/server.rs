@@ -1,0 +1,120 @@
+//! `[server]`, `[nvml]` and `[sampling]`: where gpuwatch listens, which library it loads, and
+//! how often it samples.
+
+use super::*;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    /// Open connections at most; see `serve/` for what happens to one more.
+    pub max_connections: usize,
+    /// `/api/v1/snapshot?after=` long-polls in progress at most; the excess gets 503.
+    pub max_long_polls: usize,
+    /// A request head must arrive within this, and an idle connection is closed after it.
+    pub header_read_timeout: Duration,
+    /// TLS and basic auth, from `web_config_file` (the exporter toolkit's format).
+    pub web: Option<crate::web::WebConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct NvmlConfig {
+    /// A file name (searched like any shared library) or a path.
+    pub library: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingConfig {
+    pub interval: Duration,
+    /// A cycle still running after this long is abandoned and counted.
+    pub timeout: Duration,
+    /// Export `gpu_process_memory_used_bytes{pid,process}`.
+    pub per_process_memory: bool,
+}
+
+impl RawServer {
+    pub(super) fn validate(&self, invalid: &mut impl FnMut(&str, String)) -> Option<ServerConfig> {
+        let listen = match self.listen.parse::<SocketAddr>() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                invalid(
+                    "server.listen",
+                    format!(
+                        "\"{}\" is not an IP address and port, such as \"0.0.0.0:9400\"",
+                        self.listen
+                    ),
+                );
+                None
+            }
+        };
+        count(
+            invalid,
+            "server.max_connections",
+            self.max_connections,
+            1..=65_536,
+            "a count between 1 and 65536",
+        );
+        // Fewer long-polls than connections, so that a scrape always finds one free.
+        if !(1..self.max_connections.max(2)).contains(&self.max_long_polls) {
+            invalid(
+                "server.max_long_polls",
+                format!(
+                    "\"{}\" is not a count from 1 to below server.max_connections ({}), which leaves room for scrapes",
+                    self.max_long_polls, self.max_connections
+                ),
+            );
+        }
+        let header_read_timeout = duration(
+            invalid,
+            "server.header_read_timeout",
+            &self.header_read_timeout,
+            Duration::from_millis(100)..=Duration::from_secs(300),
+        );
+        Some(ServerConfig {
+            listen: listen?,
+            max_connections: self.max_connections,
+            max_long_polls: self.max_long_polls,
+            header_read_timeout: header_read_timeout?,
+            web: None,
+        })
+    }
+}
+
+impl RawNvml {
+    pub(super) fn validate(&self, invalid: &mut impl FnMut(&str, String)) -> Option<NvmlConfig> {
+        if self.library.trim().is_empty() {
+            invalid(
+                "nvml.library",
+                "\"\" is empty; name the NVML library, such as \"libnvidia-ml.so.1\"".to_string(),
+            );
+            return None;
+        }
+        Some(NvmlConfig {
+            library: PathBuf::from(&self.library),
+        })
+    }
+}
+
+impl RawSampling {
+    pub(super) fn validate(
+        &self,
+        invalid: &mut impl FnMut(&str, String),
+    ) -> Option<SamplingConfig> {
+        let interval = duration(
+            invalid,
+            "sampling.interval",
+            &self.interval,
+            Duration::from_millis(10)..=Duration::from_secs(3600),
+        );
+        let timeout = duration(
+            invalid,
+            "sampling.timeout",
+            &self.timeout,
+            Duration::from_millis(10)..=Duration::from_secs(600),
+        );
+        Some(SamplingConfig {
+            interval: interval?,
+            timeout: timeout?,
+            per_process_memory: self.per_process_memory,
+        })
+    }
+}
