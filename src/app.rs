@@ -22,7 +22,7 @@ use crate::spend::metrics::{CostCollector, CostMetrics};
 use crate::state::metrics::StateCollector;
 use crate::state::{AuditLog, DirError, StateDir};
 use crate::watch::metrics::{WatchCollector, WatchMetrics};
-use crate::watch::{Outside, Watch};
+use crate::watch::{NodeSignals, Watch};
 
 /// Runs the daemon until SIGINT or SIGTERM.
 pub async fn run(config: Config) -> anyhow::Result<()> {
@@ -252,11 +252,11 @@ async fn start_watch(
         config.actions.audit_rotation,
     ));
     registry.register_collector(Box::new(StateCollector(Arc::clone(&audit))));
-    let mut outside = Outside::default();
+    let mut signals = NodeSignals::default();
     let mut cloud = None;
     let mut imds = None;
     let mut services = None;
-    let known = Arc::new(crate::spend::Known::default());
+    let readings = Arc::new(crate::spend::PollerReadings::default());
     if config.cloud.provider == Provider::Aws {
         let client = Arc::new(Imds::new(&config.cloud.imds_endpoint));
         match client.identity().await {
@@ -287,7 +287,7 @@ async fn start_watch(
                             tasks.spawn(crate::spend::poll_spot_price(
                                 ec2.clone(),
                                 node.clone(),
-                                Arc::clone(&known),
+                                Arc::clone(&readings),
                                 config.cost.spot_price_refresh,
                             ));
                         }
@@ -295,7 +295,7 @@ async fn start_watch(
                             tasks.spawn(crate::spend::poll_pricing_api(
                                 svc.clone(),
                                 node.clone(),
-                                Arc::clone(&known),
+                                Arc::clone(&readings),
                             ));
                         }
                         _ => {}
@@ -306,7 +306,7 @@ async fn start_watch(
                         tasks.spawn(crate::spend::poll_budget(
                             svc.clone(),
                             b.clone(),
-                            Arc::clone(&known),
+                            Arc::clone(&readings),
                         ));
                     }
                 }
@@ -320,7 +320,7 @@ async fn start_watch(
                     ));
                 }
                 services = Some(svc);
-                outside.lifecycle = node.lifecycle;
+                signals.lifecycle = node.lifecycle;
                 metrics.update(|v| v.node = Some(node.clone()));
                 cloud = Some(Cloud { node, ec2 });
                 imds = Some(client);
@@ -333,12 +333,12 @@ async fn start_watch(
     }
     let node = cloud.as_ref().map(|c| c.node.clone());
     let executor = Arc::new(Executor::new(&config.actions, audit, cloud.clone(), tasks));
-    let outside = Arc::new(outside);
+    let signals = Arc::new(signals);
     if let Some(imds) = imds {
         tasks.spawn(crate::watch::poll_cloud(crate::watch::CloudPoller {
             imds,
             ec2: cloud.map(|c| c.ec2),
-            outside: Arc::clone(&outside),
+            signals: Arc::clone(&signals),
             executor: Arc::clone(&executor),
             metrics: Arc::clone(&metrics),
             hook: config.spot.interruption_hook.clone(),
@@ -357,7 +357,7 @@ async fn start_watch(
         }
     }
     let watch = Watch {
-        tracker: crate::spend::Tracker::new(config.clone(), node, known),
+        tracker: crate::spend::Tracker::new(config.clone(), node, readings),
         services,
         publishes: JoinSet::new(),
         config: config.clone(),
@@ -365,7 +365,7 @@ async fn start_watch(
         executor,
         metrics,
         cost,
-        outside,
+        signals,
     };
     let task = tokio::spawn(watch.run(snapshots, stop));
     let abort = task.abort_handle();

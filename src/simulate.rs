@@ -172,19 +172,8 @@ pub struct Options {
     pub power_limit_watts: Option<f64>,
 }
 
-/// Replays the trace through the config's rules. Boot grace counts from the first timestamp.
-pub fn replay(config: &Config, rows: &[Row], lifecycle: Option<Lifecycle>) -> Vec<Report> {
-    replay_with(
-        config,
-        rows,
-        &Options {
-            lifecycle,
-            ..Options::default()
-        },
-    )
-}
-
-/// Like `replay`, with the given options.
+/// Replays the trace through the config's rules with the given options. Boot grace counts from
+/// the first timestamp.
 pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Report> {
     let Options {
         lifecycle,

@@ -188,11 +188,7 @@ fn a_budget_gate_names_a_budget_whichever_file_the_rule_is_in() {
     )
     .unwrap();
     let config = dir.path().join("gpuwatch.toml");
-    std::fs::write(
-        &config,
-        "[[budgets]]\nname = \"team\"\nlimit_usd = 100.0\n",
-    )
-    .unwrap();
+    std::fs::write(&config, "[[budgets]]\nname = \"team\"\nlimit_usd = 100.0\n").unwrap();
     let want = "rules[0].budget.name: \"nowhere\" is not the name of a [[budgets]] entry";
     // Through --rules.
     let mut loaded = Config::load(&config).unwrap();

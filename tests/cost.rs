@@ -110,7 +110,7 @@ fn month_start(t: f64) -> f64 {
 fn spend_over_a_simulated_day_at_moto_s_spot_price_survives_a_restart() {
     use gpuwatch::cloud::imds::Node;
     use gpuwatch::rules::Observation;
-    use gpuwatch::spend::{Known, Tracker};
+    use gpuwatch::spend::{PollerReadings, Tracker};
     use gpuwatch::state::Persisted;
     use gpuwatch::step::Inputs;
     use std::time::Duration;
@@ -131,7 +131,7 @@ fn spend_over_a_simulated_day_at_moto_s_spot_price_survives_a_restart() {
         availability_zone: "us-east-1a".into(),
         lifecycle: Some(gpuwatch::rules::Lifecycle::Spot),
     };
-    let known = Arc::new(Known::default());
+    let known = Arc::new(PollerReadings::default());
     *known.spot.lock().unwrap() = Some(price);
     let mut tracker = Tracker::new(config.clone(), Some(node.clone()), Arc::clone(&known));
     let settings = config.step_settings(Duration::from_secs(1), 0.0, 0.0);
@@ -160,7 +160,7 @@ fn spend_over_a_simulated_day_at_moto_s_spot_price_survives_a_restart() {
     let mut tracker = Tracker::new(
         config.clone(),
         Some(node.clone()),
-        Arc::new(Known::default()),
+        Arc::new(PollerReadings::default()),
     );
     for s in (43_320..=86_400u32).step_by(5) {
         step(&mut tracker, &mut p, t0 + f64::from(s));

@@ -94,7 +94,9 @@ fn exposition() -> String {
         version: "0.1.0".into(),
         revision: "0123456789ab".into(),
     };
-    registry.register_collector(Box::new(SnapshotCollector::fixed(snapshot(), build)));
+    // A channel of our own, holding the one snapshot, stands in for the sampler.
+    let (_publish, snapshots) = tokio::sync::watch::channel(Arc::new(snapshot()));
+    registry.register_collector(Box::new(SnapshotCollector::new(snapshots.into(), build)));
     encode(&registry)
 }
 

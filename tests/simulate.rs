@@ -101,8 +101,8 @@ action = "terminate"
     let rows =
         gpuwatch::simulate::parse_trace(&std::fs::read_to_string(data("trace.csv")).unwrap())
             .unwrap();
-    let a = gpuwatch::simulate::replay(&from_json, &rows, None);
-    let b = gpuwatch::simulate::replay(&from_toml, &rows, None);
+    let a = gpuwatch::simulate::replay_with(&from_json, &rows, &Default::default());
+    let b = gpuwatch::simulate::replay_with(&from_toml, &rows, &Default::default());
     assert_eq!(a, b);
 }
 

@@ -101,13 +101,8 @@ impl BuildInfo {
 
 /// Encodes every `gpu_*` series and the snapshot-derived `gpuwatch_*` series.
 pub struct SnapshotCollector {
-    source: Source,
+    snapshots: Snapshots,
     build: BuildInfo,
-}
-
-enum Source {
-    Live(Snapshots),
-    Fixed(std::sync::Arc<Snapshot>),
 }
 
 impl fmt::Debug for SnapshotCollector {
@@ -120,25 +115,11 @@ impl fmt::Debug for SnapshotCollector {
 
 impl SnapshotCollector {
     pub fn new(snapshots: Snapshots, build: BuildInfo) -> Self {
-        SnapshotCollector {
-            source: Source::Live(snapshots),
-            build,
-        }
-    }
-
-    /// A collector over one fixed snapshot, for `gpuwatch snapshot` and golden tests.
-    pub fn fixed(snapshot: Snapshot, build: BuildInfo) -> Self {
-        SnapshotCollector {
-            source: Source::Fixed(std::sync::Arc::new(snapshot)),
-            build,
-        }
+        SnapshotCollector { snapshots, build }
     }
 
     fn snapshot(&self) -> std::sync::Arc<Snapshot> {
-        match &self.source {
-            Source::Live(s) => s.latest(),
-            Source::Fixed(s) => std::sync::Arc::clone(s),
-        }
+        self.snapshots.latest()
     }
 }
 

@@ -19,6 +19,13 @@ use super::{GpuSource, Sample, Snapshot};
 #[derive(Clone, Debug)]
 pub struct Snapshots(watch::Receiver<Arc<Snapshot>>);
 
+/// Snapshots published through any channel (the sampler's, or one of a caller's own).
+impl From<watch::Receiver<Arc<Snapshot>>> for Snapshots {
+    fn from(rx: watch::Receiver<Arc<Snapshot>>) -> Self {
+        Snapshots(rx)
+    }
+}
+
 impl Snapshots {
     /// The latest snapshot. Cheap: clones an `Arc`, and never waits on the sampler.
     pub fn latest(&self) -> Arc<Snapshot> {

@@ -21,7 +21,7 @@ use crate::state::Persisted;
 
 /// Prices and budget readings learnt by the pollers.
 #[derive(Debug, Default)]
-pub struct Known {
+pub struct PollerReadings {
     pub spot: Mutex<Option<f64>>,
     pub pricing_api: Mutex<Option<f64>>,
     /// AWS Budgets readings, by gpuwatch budget name.
@@ -32,16 +32,16 @@ pub struct Tracker {
     pub config: Config,
     /// This instance, when gpuwatch runs on EC2 with `provider = "aws"`.
     pub node: Option<Node>,
-    pub known: Arc<Known>,
+    pub readings: Arc<PollerReadings>,
     no_price_logged: bool,
 }
 
 impl Tracker {
-    pub fn new(config: Config, node: Option<Node>, known: Arc<Known>) -> Tracker {
+    pub fn new(config: Config, node: Option<Node>, readings: Arc<PollerReadings>) -> Tracker {
         Tracker {
             config,
             node,
-            known,
+            readings,
             no_price_logged: false,
         }
     }
@@ -52,13 +52,13 @@ impl Tracker {
             .as_ref()
             .and_then(|n| price::table().price(&n.region, &n.instance_type));
         let spot = self
-            .known
+            .readings
             .spot
             .lock()
             .ok()
             .and_then(|s| *s)
             .or(persisted.spot_price);
-        let api = self.known.pricing_api.lock().ok().and_then(|p| *p);
+        let api = self.readings.pricing_api.lock().ok().and_then(|p| *p);
         price::choose(
             self.config.cost.hourly_price_usd,
             self.node.as_ref().and_then(|n| n.lifecycle),
@@ -87,7 +87,7 @@ impl Tracker {
         }
         inputs.price = price;
         inputs.external = self
-            .known
+            .readings
             .aws_budgets
             .lock()
             .map(|m| m.clone())
@@ -96,13 +96,13 @@ impl Tracker {
 }
 
 /// Refreshes the spot price of this instance type and zone, hourly by default.
-pub async fn poll_spot_price(ec2: Ec2, node: Node, known: Arc<Known>, every: Duration) {
+pub async fn poll_spot_price(ec2: Ec2, node: Node, readings: Arc<PollerReadings>, every: Duration) {
     let (t, z) = (node.instance_type, node.availability_zone);
     loop {
         match ec2.spot_price(&t, &z).await {
             Ok(Some(p)) => {
                 tracing::info!(usd_per_hour = p, "spot price");
-                if let Ok(mut s) = known.spot.lock() {
+                if let Ok(mut s) = readings.spot.lock() {
                     *s = Some(p);
                 }
             }
@@ -118,14 +118,14 @@ pub async fn poll_spot_price(ec2: Ec2, node: Node, known: Arc<Known>, every: Dur
 }
 
 /// Asks the Pricing API for the on-demand price, retrying hourly until it answers.
-pub async fn poll_pricing_api(services: Services, node: Node, known: Arc<Known>) {
+pub async fn poll_pricing_api(services: Services, node: Node, readings: Arc<PollerReadings>) {
     let (r, t) = (node.region, node.instance_type);
     let mut logged = false;
     loop {
         match services.on_demand_price(&r, &t).await {
             Ok(Some(p)) => {
                 tracing::info!(usd_per_hour = p, instance_type = %t, region = %r, "on-demand price from the Pricing API");
-                if let Ok(mut s) = known.pricing_api.lock() {
+                if let Ok(mut s) = readings.pricing_api.lock() {
                     *s = Some(p);
                 }
                 return;
@@ -146,7 +146,7 @@ pub async fn poll_pricing_api(services: Services, node: Node, known: Arc<Known>)
 }
 
 /// Polls one AWS Budget, with backoff on errors.
-pub async fn poll_budget(services: Services, budget: BudgetConfig, known: Arc<Known>) {
+pub async fn poll_budget(services: Services, budget: BudgetConfig, readings: Arc<PollerReadings>) {
     let BudgetSource::AwsBudgets {
         budget_name,
         account_id,
@@ -164,7 +164,7 @@ pub async fn poll_budget(services: Services, budget: BudgetConfig, known: Arc<Kn
                 }
                 failing = false;
                 delay = budget.poll_interval;
-                if let Ok(mut m) = known.aws_budgets.lock() {
+                if let Ok(mut m) = readings.aws_budgets.lock() {
                     m.insert(budget.name.clone(), r);
                 }
             }

@@ -19,9 +19,10 @@ use crate::rules::engine::{self, Event};
 use crate::rules::{GpuReading, Lifecycle, Metric, Observation, Rule};
 use crate::state::{HoldStatus, LoadError, Persisted, StateDir};
 
-/// The world outside the GPUs, as the watch loop reads it each cycle.
+/// What the node is told from outside its GPUs (its lifecycle, a hold tag, a spot interruption
+/// notice), as the watch loop reads it each cycle.
 #[derive(Debug, Default)]
-pub struct Outside {
+pub struct NodeSignals {
     pub lifecycle: Option<Lifecycle>,
     /// An instance-tag hold (`gpuwatch:hold`), refreshed by the cloud poller.
     pub tag_hold: Mutex<HoldStatus>,
@@ -84,7 +85,7 @@ pub struct Watch {
     pub metrics: Arc<WatchMetrics>,
     /// The cost and budget series, which each step updates.
     pub cost: Arc<CostMetrics>,
-    pub outside: Arc<Outside>,
+    pub signals: Arc<NodeSignals>,
     pub tracker: crate::spend::Tracker,
     pub services: Option<crate::cloud::services::Services>,
     /// Budget alerts being published to SNS.
@@ -129,7 +130,7 @@ impl Watch {
             });
             obs.veto = veto;
             let tag = self
-                .outside
+                .signals
                 .tag_hold
                 .lock()
                 .map(|h| h.clone())
@@ -145,14 +146,14 @@ impl Watch {
                 );
             }
             warned_hold = unreadable;
-            let interruption = self.outside.interruption.lock().map(|i| *i).unwrap_or(None);
+            let interruption = self.signals.interruption.lock().map(|i| *i).unwrap_or(None);
             let mut inputs = Inputs {
                 now,
                 hold_until: [local.until(), tag.until()]
                     .into_iter()
                     .flatten()
                     .reduce(f64::max),
-                lifecycle: self.outside.lifecycle,
+                lifecycle: self.signals.lifecycle,
                 interruption: interruption.is_some(),
                 ..Inputs::default()
             };
@@ -459,7 +460,7 @@ impl Watch {
 pub struct CloudPoller {
     pub imds: Arc<crate::cloud::imds::Imds>,
     pub ec2: Option<crate::cloud::ec2::Ec2>,
-    pub outside: Arc<Outside>,
+    pub signals: Arc<NodeSignals>,
     pub executor: Arc<Executor>,
     pub metrics: Arc<WatchMetrics>,
     pub hook: Vec<String>,
@@ -474,7 +475,7 @@ pub async fn poll_cloud(p: CloudPoller) {
     let CloudPoller {
         imds,
         ec2,
-        outside,
+        signals,
         executor,
         metrics,
         hook,
@@ -496,7 +497,7 @@ pub async fn poll_cloud(p: CloudPoller) {
                 let crate::cloud::imds::Notice::Interruption { time, .. } = notice else {
                     continue;
                 };
-                let was = outside
+                let was = signals
                     .interruption
                     .lock()
                     .map(|mut i| i.replace(time))
@@ -521,7 +522,7 @@ pub async fn poll_cloud(p: CloudPoller) {
                 }
             }
             Ok(None) => {
-                if let Ok(mut i) = outside.interruption.lock() {
+                if let Ok(mut i) = signals.interruption.lock() {
                     *i = None;
                 }
             }
@@ -582,7 +583,7 @@ pub async fn poll_cloud(p: CloudPoller) {
                     )),
                 },
             };
-            if let Ok(mut h) = outside.tag_hold.lock() {
+            if let Ok(mut h) = signals.tag_hold.lock() {
                 *h = hold;
             }
         }

@@ -226,19 +226,20 @@ pub fn evaluate(
                 Event::Recovered { rule: name() }
             });
         }
-        let a = match &rule.trigger {
+        let armed = match &rule.trigger {
             Trigger::BudgetExhausted { .. } => {
                 // A budget limit has no windows to refresh: after an action or a cancellation
                 // it re-arms an hour later, so a failed stop is retried hourly, not in a loop.
-                let mut a = raw;
-                a.breaching &= rs.not_before <= 0.0 || ctx.now >= rs.not_before + EXHAUSTED_REARM;
-                a
+                let mut armed = raw;
+                armed.breaching &=
+                    rs.not_before <= 0.0 || ctx.now >= rs.not_before + EXHAUSTED_REARM;
+                armed
             }
             Trigger::Idle(c) if rs.not_before > 0.0 => {
-                let mut a = rs.window.assess(c, ctx.now, settings.slack, rs.not_before);
-                a.breaching &= raw.breaching;
-                a.budget = raw.budget.clone();
-                a
+                let mut armed = rs.window.assess(c, ctx.now, settings.slack, rs.not_before);
+                armed.breaching &= raw.breaching;
+                armed.budget = raw.budget.clone();
+                armed
             }
             Trigger::Idle(_) => raw,
         };
@@ -259,7 +260,7 @@ pub fn evaluate(
 
         match rs.pending.take() {
             None => {
-                if a.breaching && ctx.now >= ctx.grace_until && blocked.is_none() {
+                if armed.breaching && ctx.now >= ctx.grace_until && blocked.is_none() {
                     let due_at = ctx.now + settings.warning.as_secs_f64();
                     rs.pending = Some(Pending {
                         action: rule.action,
@@ -272,49 +273,49 @@ pub fn evaluate(
                         rule: name(),
                         action: rule.action,
                         due_at,
-                        evidence: a,
+                        evidence: armed,
                     });
                 }
             }
-            Some(mut p) => {
-                if let Some(reason) = p.activity.take() {
+            Some(mut pending) => {
+                if let Some(reason) = pending.activity.take() {
                     rs.not_before = ctx.now;
                     events.push(Event::Cancelled {
                         rule: name(),
-                        action: p.action,
+                        action: pending.action,
                         reason,
                     });
-                } else if ctx.now < p.due_at {
-                    rs.pending = Some(p);
+                } else if ctx.now < pending.due_at {
+                    rs.pending = Some(pending);
                 } else if let Some(reason) = blocked {
-                    if !p.postponed {
-                        p.postponed = true;
+                    if !pending.postponed {
+                        pending.postponed = true;
                         events.push(Event::Postponed {
                             rule: name(),
-                            action: p.action,
+                            action: pending.action,
                             reason,
                         });
                     }
-                    rs.pending = Some(p);
-                } else if !a.breaching {
+                    rs.pending = Some(pending);
+                } else if !armed.breaching {
                     rs.not_before = ctx.now;
                     events.push(Event::Cancelled {
                         rule: name(),
-                        action: p.action,
+                        action: pending.action,
                         reason: "the rule no longer breaches on fresh data".into(),
                     });
                 } else {
                     let not_before = std::mem::replace(&mut rs.not_before, ctx.now);
                     rs.in_flight = Some(InFlight {
-                        action: p.action,
+                        action: pending.action,
                         at: ctx.now,
-                        pending: Some(p.clone()),
+                        pending: Some(pending.clone()),
                         not_before,
                     });
                     events.push(Event::Action {
                         rule: name(),
-                        action: p.action,
-                        evidence: a,
+                        action: pending.action,
+                        evidence: armed,
                     });
                 }
             }

@@ -36,20 +36,20 @@ struct GpuStat {
     max: f64,
 }
 
-/// One evaluated period, as evidence for a decision.
+/// One evaluated period (a datapoint, as CloudWatch calls it), as evidence for a decision.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Period {
+pub struct Datapoint {
     /// Unix seconds at which the period starts (RFC 3339 when serialized).
     #[serde(serialize_with = "crate::time::serialize_rfc3339")]
     pub start: f64,
     /// The statistic of each GPU over the period, by GPU index; empty when unknown.
     pub values: Vec<(u32, f64)>,
-    pub state: PeriodState,
+    pub state: DatapointState,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "kind", content = "reason")]
-pub enum PeriodState {
+pub enum DatapointState {
     Breaching,
     NotBreaching,
     /// Missing, incomplete or vetoed data: counts as not breaching (unknown is busy).
@@ -62,7 +62,7 @@ pub struct Assessment {
     pub breaching: bool,
     pub breaching_periods: u32,
     pub threshold: f64,
-    pub periods: Vec<Period>,
+    pub periods: Vec<Datapoint>,
     /// For budget-gated and budget-limit rules: the budget and its spend ratio (null: unknown).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub budget: Option<(String, Option<f64>)>,
@@ -170,7 +170,7 @@ impl Window {
         }
         let breaching_periods = periods
             .iter()
-            .filter(|p| p.state == PeriodState::Breaching)
+            .filter(|p| p.state == DatapointState::Breaching)
             .count() as u32;
         Assessment {
             breaching: breaching_periods >= rule.datapoints_to_alarm,
@@ -189,11 +189,11 @@ fn evaluate_period(
     period: f64,
     slack: f64,
     not_before: f64,
-) -> Period {
-    let unknown = |reason: String| Period {
+) -> Datapoint {
+    let unknown = |reason: String| Datapoint {
         start,
         values: Vec::new(),
-        state: PeriodState::Unknown(reason),
+        state: DatapointState::Unknown(reason),
     };
     let Some(b) = bucket else {
         return unknown("no samples".into());
@@ -230,13 +230,13 @@ fn evaluate_period(
         Aggregation::Every => values.iter().all(|(_, v)| holds(v)),
         Aggregation::Any => values.iter().any(|(_, v)| holds(v)),
     };
-    Period {
+    Datapoint {
         start,
         values,
         state: if breaching {
-            PeriodState::Breaching
+            DatapointState::Breaching
         } else {
-            PeriodState::NotBreaching
+            DatapointState::NotBreaching
         },
     }
 }
