@@ -120,22 +120,22 @@ fn main() {
             "GPUWATCH_FAKE_NVML_SCENARIO",
             dir.path().join("scenario.toml"),
         )
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let pid = child.id();
-    let mut log = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr: SocketAddr = log
+    // The readiness line on stdout: "listening on http://ADDR/".
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr: SocketAddr = out
         .by_ref()
         .map_while(Result::ok)
         .find_map(|l| {
-            l.split("listening on http://")
-                .nth(1)
-                .map(|r| r.split('/').next().unwrap().parse().unwrap())
+            l.strip_prefix("listening on http://")
+                .and_then(|r| r.trim_end_matches('/').parse().ok())
         })
         .expect("gpuwatch did not start");
-    std::thread::spawn(move || log.for_each(drop));
+    std::thread::spawn(move || out.for_each(drop));
 
     // Wait for the first sample through the daemon's own long-poll.
     let mut c = TcpStream::connect(addr).unwrap();

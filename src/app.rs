@@ -4,6 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use std::io::Write as _;
+
 use anyhow::Context;
 use prometheus_client::registry::Registry;
 use tokio::task::JoinSet;
@@ -156,6 +158,15 @@ impl App {
             watch,
             mut tasks,
         } = self;
+        // The readiness signal, an interface: one line on stdout once the listener is bound and
+        // everything has started. With `--listen 127.0.0.1:0` it carries the port the kernel
+        // chose. A closed stdout is no reason to stop.
+        if let Ok(addr) = listener.local_addr() {
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "listening on {scheme}://{}/", display_addr(addr));
+            let _ = out.flush();
+        }
         let grace = limits.shutdown_grace;
         let shutdown = async move {
             shutdown.await;

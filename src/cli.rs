@@ -19,6 +19,9 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Run the daemon: sample every GPU and serve /metrics
+    ///
+    /// Once it serves, it prints one line to stdout, "listening on http://ADDR/" (https with
+    /// TLS), and nothing else there: scripts read the address from it.
     Run {
         /// Config file (TOML)
         #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
@@ -26,6 +29,9 @@ pub enum Command {
         /// More rules, in the JSON form or as TOML [[rules]]
         #[arg(long, value_name = "PATH")]
         rules: Option<PathBuf>,
+        /// Address to serve on, overriding [server] listen; port 0 lets the kernel choose
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
     },
     /// Run the daemon over four simulated GPUs; needs no GPU, config or root
     Demo {
@@ -108,7 +114,22 @@ const VERSION: &str = concat!(
 /// Runs the subcommand; the exit status follows sysexits (64: bad config or usage).
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
-        Command::Run { config, rules } => with_config(&config, rules.as_deref(), cmd::run::run),
+        Command::Run {
+            config,
+            rules,
+            listen,
+        } => with_config(&config, rules.as_deref(), |mut c| {
+            if let Some(listen) = listen {
+                match listen.parse() {
+                    Ok(addr) => c.server.listen = addr,
+                    Err(_) => {
+                        eprintln!("run: --listen: \"{listen}\" is not an IP address and port, such as \"127.0.0.1:9400\"");
+                        return cmd::exit::USAGE.into();
+                    }
+                }
+            }
+            cmd::run::run(c)
+        }),
         Command::Simulate {
             config,
             trace,

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::aws::{self, Kind, ProxyMode};
-use common::{events, metric, Daemon};
+use common::{events, metric, secs, Daemon};
 use serde_json::Value;
 
 const IDLE4: &str = "[[gpu]]\nutilization = 0\n[[gpu]]\nutilization = 0\n[[gpu]]\nutilization = 0\n[[gpu]]\nutilization = 0\n";
@@ -59,9 +59,8 @@ impl<'a> Setup<'a> {
     }
 
     fn start_in(&self, dir: tempfile::TempDir, scenario: &str) -> Daemon {
-        std::fs::write(dir.path().join("scenario.toml"), scenario).unwrap();
         let config = self.config(dir.path());
-        Daemon::start_with(dir, &config)
+        Daemon::start_scenario(dir, scenario, &config)
     }
 }
 
@@ -78,10 +77,6 @@ fn api_calls(audit: &[Value]) -> Vec<String> {
         .iter()
         .map(|r| r["operation"].as_str().unwrap().to_string())
         .collect()
-}
-
-fn secs(rfc3339: &Value) -> f64 {
-    gpuwatch::time::parse_rfc3339(rfc3339.as_str().unwrap()).unwrap()
 }
 
 #[test]
@@ -373,11 +368,10 @@ fn a_restart_mid_window_keeps_the_window() {
     let scenario_dir = dir.path().to_path_buf();
     // A generous slack (the cycle timeout) so that the restart's gap does not make the period
     // it falls in unknown even on a loaded machine.
-    std::fs::write(dir.path().join("scenario.toml"), IDLE4).unwrap();
     let config = setup
         .config(dir.path())
         .replace("timeout = \"1s\"", "timeout = \"3s\"");
-    let mut d = Daemon::start_with(dir, &config);
+    let mut d = Daemon::start_scenario(dir, IDLE4, &config);
     let first = d.await_sample(LIMIT, |s| s["nvml"]["up"] == true);
     d.await_time(first["timestamp"].as_f64().unwrap() + 4.5);
     d.kill();
@@ -438,8 +432,11 @@ fn aws_outage_then_errors_then_recovery_acts_exactly_once() {
     let mut setup = Setup::new(&imds, "stop");
     setup.endpoint = proxy.addr;
     let d = setup.start(IDLE4);
-    // Unreachable: the action is attempted and retried.
-    d.await_sample(LIMIT, |_| d.log().contains("EC2 call failed; retrying"));
+    // Unreachable: the action is attempted, and retried (each try a connection the proxy drops).
+    let refused = || proxy.refused.load(std::sync::atomic::Ordering::SeqCst);
+    d.await_sample(LIMIT, |_| !events(&d.audit(), "action_attempt").is_empty());
+    let before = refused();
+    d.await_sample(LIMIT, |_| refused() >= before + 2);
     // Then errors: 503s are retried too.
     proxy.set(ProxyMode::Unavailable);
     d.await_sample(LIMIT, |_| {

@@ -173,24 +173,21 @@ fn demo_serves_four_gpus() {
         first.starts_with("gpuwatch demo: 4 simulated GPUs"),
         "{first}"
     );
-    // The log says when the listener is bound.
-    let mut stderr = BufReader::new(child.0.stderr.take().unwrap())
-        .lines()
-        .map_while(Result::ok);
-    let mut log = String::new();
-    for line in stderr.by_ref() {
-        log.push_str(&line);
-        if line.contains("listening on http://") {
-            break;
-        }
-    }
-    assert!(
-        log.contains("listening on http://"),
-        "the demo exited without listening:\n{log}"
-    );
     // Keep draining the log, as a terminal would.
-    std::thread::spawn(move || stderr.for_each(drop));
-    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    let stderr = child.0.stderr.take().unwrap();
+    std::thread::spawn(move || BufReader::new(stderr).lines().for_each(drop));
+    // The readiness line says when the listener is bound, and where.
+    let mut printed = first.clone();
+    let addr = stdout
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|line| {
+            printed.push_str(&line);
+            printed.push('\n');
+            common::ready_address(&line)
+        })
+        .unwrap_or_else(|| panic!("the demo exited without listening:\n{printed}"));
+    assert_eq!(addr, format!("127.0.0.1:{port}").parse().unwrap());
     // Await the first sample through the daemon's own long-poll.
     let r = common::get(addr, "/api/v1/snapshot?after=0&timeout=10s");
     let snap: serde_json::Value = serde_json::from_str(&r.body).unwrap();
@@ -221,4 +218,26 @@ fn demo_serves_four_gpus() {
     metric("gpuwatch_spot_interruption_pending")
         .value(0.0)
         .assert_in(&scrape);
+}
+
+/// `gpuwatch run --listen 127.0.0.1:0` serves on a port the kernel chose and says which, on
+/// stdout, in its one readiness line; a bad `--listen` exits 64.
+#[test]
+fn run_reports_the_port_it_listens_on() {
+    let d = common::Daemon::start("[[gpu]]\nutilization = 5\n", "");
+    assert_ne!(d.addr.port(), 0);
+    assert_eq!(d.get("/-/healthy").status, 200);
+
+    let out = Command::new(BIN)
+        .args(["run", "--config", "/dev/null", "--listen", "localhost"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("--listen: \"localhost\" is not an IP address and port"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout.is_empty());
 }

@@ -9,24 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::aws::{self, rt, Kind, ProxyMode};
-use common::{events, metric, Daemon};
+use common::{events, metric, secs, Daemon};
 use serde_json::Value;
 
 const LIMIT: Duration = Duration::from_secs(60);
 const ACCOUNT: &str = "123456789012";
-
-/// An SDK configuration with static test credentials: the test process never runs the default
-/// credential chain, which would probe the instance metadata address.
-fn shared(endpoint: SocketAddr) -> aws_config::SdkConfig {
-    aws_config::SdkConfig::builder()
-        .behavior_version(aws_config::BehaviorVersion::latest())
-        .region(aws_config::Region::new(aws::REGION))
-        .credentials_provider(aws_sdk_ec2::config::SharedCredentialsProvider::new(
-            aws_sdk_ec2::config::Credentials::new("testing", "testing", None, None, "test"),
-        ))
-        .endpoint_url(format!("http://{endpoint}"))
-        .build()
-}
 
 /// An HTTP receiver that records every POST body, by path.
 struct Receiver {
@@ -86,8 +73,7 @@ const BUSY2: &str = "[[gpu]]\nutilization = 80\n[[gpu]]\nutilization = 90\n";
 const IDLE2: &str = "[[gpu]]\nutilization = 0\n[[gpu]]\nutilization = 0\n";
 
 fn start(dir: tempfile::TempDir, scenario: &str, config: String) -> Daemon {
-    std::fs::write(dir.path().join("scenario.toml"), scenario).unwrap();
-    Daemon::start_with(dir, &config)
+    Daemon::start_scenario(dir, scenario, &config)
 }
 
 /// State with a ledger already this far into the current month, as a running daemon leaves it.
@@ -116,7 +102,8 @@ fn spend_over_a_simulated_day_at_moto_s_spot_price_survives_a_restart() {
     use std::time::Duration;
 
     // The spot price, as the daemon reads it: DescribeSpotPriceHistory from moto.
-    let ec2 = gpuwatch::cloud::ec2::Ec2::with_config(&shared(aws::moto().addr), "i-unused");
+    let ec2 =
+        gpuwatch::cloud::ec2::Ec2::with_config(&aws::sdk_config(aws::moto().addr), "i-unused");
     let price = rt()
         .block_on(ec2.spot_price("p4d.24xlarge", "us-east-1a"))
         .unwrap()
@@ -215,7 +202,7 @@ fn aws_budget_alerts_reach_the_webhook_and_sns_once_each() {
     let inst = aws::launch(Kind::OnDemand);
     let imds = aws::imds(&inst.id, "on-demand");
     let receiver = Receiver::start();
-    let shared = shared(aws::moto().addr);
+    let shared = aws::sdk_config(aws::moto().addr);
     let budgets = aws_sdk_budgets::Client::new(&shared);
     let sns = aws_sdk_sns::Client::new(&shared);
     let name = format!("team-{}", inst.id);
@@ -451,10 +438,6 @@ fn an_exhausted_budget_stops_the_instance_even_when_busy() {
     assert!(secs(&events(&audit, "action_attempt")[0]["time"]) >= secs(&warning["due_at"]) - 0.5);
 }
 
-fn secs(v: &Value) -> f64 {
-    gpuwatch::time::parse_rfc3339(v.as_str().unwrap()).unwrap()
-}
-
 #[test]
 fn an_exhausted_budget_waits_for_a_hold() {
     let inst = aws::launch(Kind::OnDemand);
@@ -533,7 +516,7 @@ fn pricing_fixture(usd: &str) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
 fn the_pricing_api_price_is_parsed_and_used() {
     let (addr, requests) = pricing_fixture("32.7726000000");
     let services = gpuwatch::cloud::services::Services::new(
-        &shared(aws::moto().addr),
+        &aws::sdk_config(aws::moto().addr),
         Some(&format!("http://{addr}")),
     );
     let price = rt()
@@ -595,7 +578,7 @@ fn cloudwatch_gets_the_minute_averages_and_maxima_per_gpu_and_instance() {
             .unwrap_or(0.0)
             >= 80.0
     });
-    let cw = aws_sdk_cloudwatch::Client::new(&shared(aws::moto().addr));
+    let cw = aws_sdk_cloudwatch::Client::new(&aws::sdk_config(aws::moto().addr));
     let query = |id: &str, name: &str, gpu: Option<&str>, stat: &str| {
         use aws_sdk_cloudwatch::types::{Dimension, Metric, MetricDataQuery, MetricStat};
         let mut dims = vec![Dimension::builder()

@@ -103,15 +103,22 @@ fn reap_at_exit(pid: u32) {
     pids.push(pid);
 }
 
-pub fn ec2_client(endpoint: SocketAddr) -> aws_sdk_ec2::Client {
-    let creds = aws_sdk_ec2::config::Credentials::new("testing", "testing", None, None, "test");
-    let conf = aws_sdk_ec2::config::Builder::new()
-        .behavior_version(aws_sdk_ec2::config::BehaviorVersion::latest())
-        .region(aws_sdk_ec2::config::Region::new(REGION))
-        .credentials_provider(creds)
+/// An SDK configuration for a loopback endpoint, with static test credentials: the test
+/// process never runs the default credential chain, which would probe the instance metadata
+/// address.
+pub fn sdk_config(endpoint: SocketAddr) -> aws_config::SdkConfig {
+    aws_config::SdkConfig::builder()
+        .behavior_version(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new(REGION))
+        .credentials_provider(aws_sdk_ec2::config::SharedCredentialsProvider::new(
+            aws_sdk_ec2::config::Credentials::new("testing", "testing", None, None, "test"),
+        ))
         .endpoint_url(format!("http://{endpoint}"))
-        .build();
-    aws_sdk_ec2::Client::from_conf(conf)
+        .build()
+}
+
+pub fn ec2_client(endpoint: SocketAddr) -> aws_sdk_ec2::Client {
+    aws_sdk_ec2::Client::new(&sdk_config(endpoint))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -415,6 +422,8 @@ pub struct Proxy {
     pub addr: SocketAddr,
     mode: Arc<AtomicU8>,
     pub unavailable_answers: Arc<AtomicUsize>,
+    /// Connections dropped in `Refuse` mode.
+    pub refused: Arc<AtomicUsize>,
 }
 
 impl Proxy {
@@ -423,12 +432,20 @@ impl Proxy {
         let addr = listener.local_addr().unwrap();
         let mode = Arc::new(AtomicU8::new(mode as u8));
         let answers = Arc::new(AtomicUsize::new(0));
-        let (m, a) = (Arc::clone(&mode), Arc::clone(&answers));
+        let refused = Arc::new(AtomicUsize::new(0));
+        let (m, a, r) = (
+            Arc::clone(&mode),
+            Arc::clone(&answers),
+            Arc::clone(&refused),
+        );
         let upstream = moto().addr;
         std::thread::spawn(move || {
             for conn in listener.incoming().map_while(Result::ok) {
                 let mode = m.load(Ordering::SeqCst);
                 let a = Arc::clone(&a);
+                if mode == 0 {
+                    r.fetch_add(1, Ordering::SeqCst);
+                }
                 std::thread::spawn(move || match mode {
                     0 => drop(conn),
                     1 => answer_unavailable(conn, &a),
@@ -440,6 +457,7 @@ impl Proxy {
             addr,
             mode,
             unavailable_answers: answers,
+            refused,
         }
     }
 

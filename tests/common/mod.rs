@@ -55,48 +55,53 @@ impl Daemon {
         )
     }
 
-    /// Starts the daemon with this config text; listen defaults to a free loopback port.
+    /// Writes the fake NVML scenario into `dir`, then starts the daemon with this whole config
+    /// text (which names its own `[nvml] library`).
+    pub fn start_scenario(dir: tempfile::TempDir, scenario: &str, config: &str) -> Daemon {
+        std::fs::write(dir.path().join("scenario.toml"), scenario).unwrap();
+        Daemon::start_with(dir, config)
+    }
+
+    /// Starts the daemon with this config text. Unless the config names an address, it listens
+    /// on a port of the kernel's choosing (`--listen 127.0.0.1:0`), which the readiness line on
+    /// stdout reports.
     pub fn start_with(dir: tempfile::TempDir, config: &str) -> Daemon {
-        let config = if config.contains("[server]") {
-            config.to_string()
-        } else {
-            format!("[server]\nlisten = \"127.0.0.1:0\"\n{config}")
-        };
         let path = dir.path().join("gpuwatch.toml");
-        std::fs::write(&path, &config).unwrap();
-        let mut child = Command::new(BIN)
-            .args(["run", "--config"])
-            .arg(&path)
+        std::fs::write(&path, config).unwrap();
+        let mut command = Command::new(BIN);
+        command.args(["run", "--config"]).arg(&path);
+        if !config.contains("listen =") {
+            command.args(["--listen", "127.0.0.1:0"]);
+        }
+        let mut child = command
             .env(
                 "GPUWATCH_FAKE_NVML_SCENARIO",
                 dir.path().join("scenario.toml"),
             )
             .env("GPUWATCH_LOG", "info")
             .envs(aws::SAFE_ENV.iter().copied())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("start gpuwatch");
         let stderr = child.stderr.take().unwrap();
         let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
         let sink = Arc::clone(&log);
         std::thread::spawn(move || {
-            let mut tx = Some(tx);
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let after = line
-                    .split("listening on http://")
-                    .nth(1)
-                    .or_else(|| line.split("listening on https://").nth(1));
-                if let Some(rest) = after {
-                    let addr: SocketAddr = rest.split('/').next().unwrap().parse().unwrap();
-                    if let Some(tx) = tx.take() {
-                        let _ = tx.send(addr);
-                    }
-                }
                 let mut l = sink.lock().unwrap();
                 l.push_str(&line);
                 l.push('\n');
+            }
+        });
+        // The readiness signal: "listening on http://ADDR/" (or https) on stdout.
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(addr) = ready_address(&line) {
+                    let _ = tx.send(addr);
+                }
             }
         });
         let addr = match rx.recv_timeout(Duration::from_secs(30)) {
@@ -204,6 +209,20 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Unix seconds from an RFC 3339 value in the audit log or an API answer.
+pub fn secs(v: &Value) -> f64 {
+    gpuwatch::time::parse_rfc3339(v.as_str().unwrap()).unwrap()
+}
+
+/// The address in the readiness line, `listening on http://ADDR/` or `https://ADDR/`.
+pub fn ready_address(line: &str) -> Option<SocketAddr> {
+    let rest = line.strip_prefix("listening on ")?;
+    let rest = rest
+        .strip_prefix("http://")
+        .or_else(|| rest.strip_prefix("https://"))?;
+    rest.trim_end().strip_suffix('/')?.parse().ok()
 }
 
 /// Runs `gpuwatch ARGS`, asserts that it succeeded, and returns what it printed.
