@@ -611,7 +611,7 @@ fn cloudwatch_gets_the_minute_averages_and_maxima_per_gpu_and_instance() {
             )
             .build()
     };
-    let now = std::time::SystemTime::now();
+    let now = gpuwatch::time::now() as i64;
     let out = rt()
         .block_on(
             cw.get_metric_data()
@@ -621,11 +621,11 @@ fn cloudwatch_gets_the_minute_averages_and_maxima_per_gpu_and_instance() {
                 .metric_data_queries(query("gpu2min", "GPUUtilization", Some("2"), "Minimum"))
                 .metric_data_queries(query("nodemax", "GPUUtilizationMax", None, "Maximum"))
                 .metric_data_queries(query("nodeavgmin", "GPUUtilization", None, "Minimum"))
-                .start_time(aws_sdk_cloudwatch::primitives::DateTime::from(
-                    now - Duration::from_secs(600),
+                .start_time(aws_sdk_cloudwatch::primitives::DateTime::from_secs(
+                    now - 600,
                 ))
-                .end_time(aws_sdk_cloudwatch::primitives::DateTime::from(
-                    now + Duration::from_secs(120),
+                .end_time(aws_sdk_cloudwatch::primitives::DateTime::from_secs(
+                    now + 120,
                 ))
                 .send(),
         )

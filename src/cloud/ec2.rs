@@ -184,8 +184,8 @@ impl Ec2 {
                     .values(zone)
                     .build(),
             )
-            .start_time(aws_sdk_ec2::primitives::DateTime::from(
-                std::time::SystemTime::now(),
+            .start_time(aws_sdk_ec2::primitives::DateTime::from_secs(
+                crate::time::now() as i64,
             ))
             .send()
             .await

@@ -7,7 +7,7 @@
 
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, watch};
 use tokio::time::MissedTickBehavior;
@@ -118,7 +118,7 @@ async fn drive(
                 seq += 1;
                 let snapshot = Snapshot {
                     seq,
-                    timestamp: unix_now(),
+                    timestamp: crate::time::now(),
                     duration_seconds: took.as_secs_f64(),
                     nvml: sample.nvml,
                     gpus: sample.gpus,
@@ -148,7 +148,7 @@ fn publish_dead(tx: &watch::Sender<Arc<Snapshot>>, seq: u64) {
     let last = tx.borrow().nvml.clone();
     tx.send_replace(Arc::new(Snapshot {
         seq,
-        timestamp: unix_now(),
+        timestamp: crate::time::now(),
         duration_seconds: 0.0,
         nvml: super::NvmlStatus {
             up: false,
@@ -157,13 +157,6 @@ fn publish_dead(tx: &watch::Sender<Arc<Snapshot>>, seq: u64) {
         },
         gpus: Vec::new(),
     }));
-}
-
-fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
 }
 
 #[cfg(test)]

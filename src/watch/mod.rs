@@ -12,8 +12,11 @@ use self::metrics::{ActionResult, IdleGpu, WatchMetrics};
 use crate::actions::{Executor, Outcome};
 use crate::config::Config;
 use crate::gpu::sampler::Snapshots;
+use crate::gpu::Snapshot;
 use crate::spend::metrics::{AlertKey, CostMetrics};
-use gpuwatch_core::step::{rule_views, step, Inputs, Settings};
+use gpuwatch_core::cost::budget::Crossing;
+use gpuwatch_core::cost::ledger::Closed;
+use gpuwatch_core::step::{rule_views, step, Decision, Inputs, RuleView, Settings};
 
 use crate::rules::engine::{self, Event};
 use crate::rules::{GpuReading, Lifecycle, Metric, Observation, Rule};
@@ -108,7 +111,8 @@ impl Watch {
         );
         let mut persisted = self.start(&snapshots, &settings).await;
         let mut last_durable = started;
-        let mut warned_hold: Option<String> = None;
+        // The unreadable hold last warned about, so that it is warned about once.
+        let mut warned_hold = None;
         let mut seq = 0;
         loop {
             let snap = tokio::select! {
@@ -120,54 +124,17 @@ impl Watch {
             }
             seq = snap.seq;
             let now = snap.timestamp;
-            let mut obs = observation(&snap);
-            // Scanning /proc and reading the hold file block: keep them off the async workers.
-            let (veto, local) = crate::state::off_async(|| {
-                (
-                    crate::vetoes::check(&self.config.vetoes),
-                    self.state_dir.hold(),
-                )
-            });
-            obs.veto = veto;
-            let tag = self
-                .signals
-                .tag_hold
-                .lock()
-                .map(|h| h.clone())
-                .unwrap_or_default();
-            let unreadable = [&local, &tag].into_iter().find_map(|h| match h {
-                HoldStatus::Unreadable(why) => Some(why.clone()),
-                _ => None,
-            });
-            if unreadable.is_some() && unreadable != warned_hold {
-                tracing::warn!(
-                    "a hold with an unreadable expiry counts as a hold: {}",
-                    unreadable.as_deref().unwrap_or_default()
-                );
-            }
-            warned_hold = unreadable;
-            let interruption = self.signals.interruption.lock().map(|i| *i).unwrap_or(None);
-            let mut inputs = Inputs {
-                now,
-                hold_until: [local.until(), tag.until()]
-                    .into_iter()
-                    .flatten()
-                    .reduce(f64::max),
-                lifecycle: self.signals.lifecycle,
-                interruption: interruption.is_some(),
-                ..Inputs::default()
-            };
-            self.tracker.fill(&persisted, &mut inputs);
 
+            // Read.
+            let (obs, mut inputs, interruption) = self.read(&snap, &mut warned_hold);
+            self.tracker.fill(&persisted, &mut inputs);
             // Kept to take back this step's budget alerts if their record is not durable.
             let alerted = persisted.alerted.clone();
-            let mut outcome = step(&settings, &mut persisted, &obs, &inputs);
 
-            for c in &outcome.closed {
-                tracing::info!(total = c.total, "budget period closed");
-                self.executor.audit(json!({"event": "period_closed", "period_start": crate::time::rfc3339(c.period_start),
-                    "period_end": crate::time::rfc3339(c.period_end), "spent_usd": c.total}));
-            }
+            // Step.
+            let mut outcome = step(&settings, &mut persisted, &obs, &inputs);
+            self.record_closed(&outcome.closed);
+
             // Warnings (and the breaches, recoveries and postponements beside them) are on record
             // and sent before the state that makes their action possible is saved: a crash in
             // between means a repeated warning after the restart, never an action without one.
@@ -181,14 +148,13 @@ impl Watch {
                 self.handle(&settings.rules, &mut persisted, event, now)
                     .await;
             }
-            // Recorded before sending: a restart never sends an alert twice.
+
+            // Persist: durably when anything was decided or alerted, and once a minute.
             let durable = decided || !outcome.crossings.is_empty() || now - last_durable > 60.0;
             let saved = self.save(&persisted, durable);
             if saved && durable {
                 last_durable = now;
             }
-            // SNS publishes that finished are reaped; the rest end with the watch.
-            while self.publishes.try_join_next().is_some() {}
             if !saved && !outcome.crossings.is_empty() {
                 // No record, no alert: a restart could not know it had been sent. The
                 // thresholds are taken back, so they cross again once the disk recovers.
@@ -199,16 +165,9 @@ impl Watch {
                 persisted.alerted = alerted;
                 outcome.crossings.clear();
             }
-            for c in &outcome.crossings {
-                let budget = self.config.budgets.iter().find(|b| b.name == c.budget);
-                crate::spend::send_alert(
-                    c,
-                    budget,
-                    &self.executor,
-                    self.services.as_ref(),
-                    &mut self.publishes,
-                );
-            }
+
+            // Execute.
+            self.send_alerts(&outcome.crossings);
             for event in after {
                 if let (Event::Action { rule, action, .. }, false) = (&event, saved) {
                     // No record, no action: a restart could not know it had run.
@@ -218,46 +177,133 @@ impl Watch {
                 self.handle(&settings.rules, &mut persisted, event, now)
                     .await;
             }
-            // An action withdrawn or completed above shows in this cycle's metrics.
-            let rules = rule_views(&settings, &persisted);
 
-            let gpu_idle = outcome
-                .view
-                .gpu_idle
-                .iter()
-                .filter_map(|i| {
-                    let g = snap.gpus.iter().find(|g| g.index == i.index && g.up)?;
-                    Some(IdleGpu {
-                        gpu: i.index,
-                        uuid: g.uuid.clone(),
-                        seconds: i.seconds,
-                    })
-                })
-                .collect();
-            let view = outcome.view;
-            self.cost.update(|v| {
-                for c in &outcome.crossings {
-                    let key = AlertKey {
-                        budget: c.budget.clone(),
-                        threshold: c.threshold.to_string(),
-                    };
-                    *v.alerts.entry(key).or_default() += 1;
-                }
-                v.price = view.price;
-                v.spent = view.spent;
-                v.forecast = view.forecast;
-                v.budgets = view.budgets;
-            });
-            self.metrics.update(|v| {
-                v.rules = rules;
-                v.gpu_idle = gpu_idle;
-                v.hold_until = inputs.hold_until.filter(|h| h.is_finite() && *h > now);
-                v.interruption = interruption;
-            });
+            // Publish: an action withdrawn or completed above shows in this cycle's metrics.
+            let rules = rule_views(&settings, &persisted);
+            self.publish(&snap, outcome, rules, &inputs, interruption);
         }
         self.save(&persisted, true);
         tracing::info!("cost watch stopped");
         self.executor.audit(json!({"event": "stopped"}));
+    }
+
+    /// What the step needs to know of this sample and of the world beside it: the observation
+    /// (with any activity veto), holds from the state directory and the instance tag, the
+    /// lifecycle and a spot interruption notice (and when it takes effect). The price is filled
+    /// in by the tracker.
+    fn read(
+        &self,
+        snap: &Snapshot,
+        warned_hold: &mut Option<String>,
+    ) -> (Observation, Inputs, Option<f64>) {
+        let mut obs = observation(snap);
+        // Scanning /proc and reading the hold file block: keep them off the async workers.
+        let (veto, local) = crate::state::off_async(|| {
+            (
+                crate::vetoes::check(&self.config.vetoes),
+                self.state_dir.hold(),
+            )
+        });
+        obs.veto = veto;
+        let tag = self
+            .signals
+            .tag_hold
+            .lock()
+            .map(|h| h.clone())
+            .unwrap_or_default();
+        let unreadable = [&local, &tag].into_iter().find_map(|h| match h {
+            HoldStatus::Unreadable(why) => Some(why.clone()),
+            _ => None,
+        });
+        if unreadable.is_some() && unreadable != *warned_hold {
+            tracing::warn!(
+                "a hold with an unreadable expiry counts as a hold: {}",
+                unreadable.as_deref().unwrap_or_default()
+            );
+        }
+        *warned_hold = unreadable;
+        let interruption = self.signals.interruption.lock().map(|i| *i).unwrap_or(None);
+        let inputs = Inputs {
+            now: snap.timestamp,
+            hold_until: [local.until(), tag.until()]
+                .into_iter()
+                .flatten()
+                .reduce(f64::max),
+            lifecycle: self.signals.lifecycle,
+            interruption: interruption.is_some(),
+            ..Inputs::default()
+        };
+        (obs, inputs, interruption)
+    }
+
+    /// Logs and audits the budget periods that closed.
+    fn record_closed(&self, closed: &[Closed]) {
+        for c in closed {
+            tracing::info!(total = c.total, "budget period closed");
+            self.executor.audit(json!({"event": "period_closed", "period_start": crate::time::rfc3339(c.period_start),
+                "period_end": crate::time::rfc3339(c.period_end), "spent_usd": c.total}));
+        }
+    }
+
+    /// Sends each budget alert whose crossing is on record.
+    fn send_alerts(&mut self, crossings: &[Crossing]) {
+        // SNS publishes that finished are reaped; the rest end with the watch.
+        while self.publishes.try_join_next().is_some() {}
+        for c in crossings {
+            let budget = self.config.budgets.iter().find(|b| b.name == c.budget);
+            crate::spend::send_alert(
+                c,
+                budget,
+                &self.executor,
+                self.services.as_ref(),
+                &mut self.publishes,
+            );
+        }
+    }
+
+    /// Swaps in the views the watch's and the cost series show.
+    fn publish(
+        &self,
+        snap: &Snapshot,
+        outcome: Decision,
+        rules: Vec<RuleView>,
+        inputs: &Inputs,
+        interruption: Option<f64>,
+    ) {
+        let gpu_idle = outcome
+            .view
+            .gpu_idle
+            .iter()
+            .filter_map(|i| {
+                let g = snap.gpus.iter().find(|g| g.index == i.index && g.up)?;
+                Some(IdleGpu {
+                    gpu: i.index,
+                    uuid: g.uuid.clone(),
+                    seconds: i.seconds,
+                })
+            })
+            .collect();
+        let view = outcome.view;
+        self.cost.update(|v| {
+            for c in &outcome.crossings {
+                let key = AlertKey {
+                    budget: c.budget.clone(),
+                    threshold: c.threshold.to_string(),
+                };
+                *v.alerts.entry(key).or_default() += 1;
+            }
+            v.price = view.price;
+            v.spent = view.spent;
+            v.forecast = view.forecast;
+            v.budgets = view.budgets;
+        });
+        let now = inputs.now;
+        self.metrics.update(|v| {
+            v.rules = rules;
+            v.gpu_idle = gpu_idle;
+            v.hold_until = inputs.hold_until.filter(|h| h.is_finite() && *h > now);
+            v.interruption = interruption;
+        });
     }
 
     /// Loads the state, drops the rules that left the config, settles actions that were in

@@ -3,7 +3,7 @@
 //! so the slack between samples, spend accrual, budget crossings and alert text cannot differ.
 //!
 //! `step` takes the persisted state, one observation and the world at that moment (`Inputs`),
-//! and returns everything the edge has to log, record, send, carry out and export (`Outcome`).
+//! and returns everything the edge has to log, record, send, carry out and export (`Decision`).
 //! It does no I/O and reads no clock.
 
 use std::collections::BTreeMap;
@@ -143,7 +143,7 @@ pub struct Inputs {
 
 /// What one step produced.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Outcome {
+pub struct Decision {
     /// Rule events, in rule order. An `Event::Action` is in flight in the state: the edge must
     /// make that durable, then `complete` or `withdraw` it.
     pub events: Vec<Event>,
@@ -193,7 +193,12 @@ pub struct RuleView {
 
 /// Runs one step: feeds the observation to the rules, accrues spend, checks budgets, and
 /// evaluates every rule at `inputs.now`.
-pub fn step(settings: &Settings, state: &mut State, obs: &Observation, inputs: &Inputs) -> Outcome {
+pub fn step(
+    settings: &Settings,
+    state: &mut State,
+    obs: &Observation,
+    inputs: &Inputs,
+) -> Decision {
     let now = inputs.now;
     engine::ingest(&settings.rules, &mut state.engine, obs);
 
@@ -279,7 +284,7 @@ pub fn step(settings: &Settings, state: &mut State, obs: &Observation, inputs: &
     }
     let rules = rule_views(settings, state);
 
-    Outcome {
+    Decision {
         events,
         closed,
         crossings,
