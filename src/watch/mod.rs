@@ -1,10 +1,14 @@
-//! The cost watch loop: feeds each new snapshot to the rule engine, persists the state, and hands
-//! decisions to the executor. This is the I/O edge around the pure `rules::engine`.
+//! The cost watch loop, the I/O edge around the pure decision step: for each new snapshot it
+//! reads the world, runs `step`, persists the state, carries out the decisions through the
+//! executor, and publishes the views its metrics show. `cloud.rs` polls instance metadata for
+//! spot notices and tag holds; `metrics.rs` holds the watch's series.
 
+mod cloud;
 pub mod metrics;
 
+pub use cloud::{poll_cloud, CloudPoller};
+
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use serde_json::json;
 
@@ -500,176 +504,4 @@ impl Watch {
         self.metrics
             .update(|v| *v.actions.entry(key).or_default() += 1);
     }
-}
-
-/// The spot and tag poller: instance metadata notices, and `gpuwatch:hold` tags.
-pub struct CloudPoller {
-    pub imds: Arc<crate::cloud::imds::Imds>,
-    pub ec2: Option<crate::cloud::ec2::Ec2>,
-    pub signals: Arc<NodeSignals>,
-    pub executor: Arc<Executor>,
-    pub metrics: Arc<WatchMetrics>,
-    pub hook: Vec<String>,
-    pub hook_timeout: Duration,
-    /// How often instance metadata is read.
-    pub every: Duration,
-    /// How often DescribeInstances reads tags, when metadata tags are off.
-    pub tag_every: Duration,
-}
-
-pub async fn poll_cloud(p: CloudPoller) {
-    let CloudPoller {
-        imds,
-        ec2,
-        signals,
-        executor,
-        metrics,
-        hook,
-        hook_timeout,
-        every,
-        tag_every,
-    } = p;
-    let mut ticker = tokio::time::interval(every);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    // The notice the hook last ran for: it runs once per notice, not once per process.
-    let mut hook_ran_for: Option<f64> = None;
-    let mut rebalance_seen: Option<f64> = None;
-    let mut last_tag_read: Option<std::time::Instant> = None;
-    let mut failures = Failures::default();
-    loop {
-        ticker.tick().await;
-        match imds.interruption().await {
-            Ok(Some(notice)) => {
-                let crate::cloud::imds::Notice::Interruption { time, .. } = notice else {
-                    continue;
-                };
-                let was = signals
-                    .interruption
-                    .lock()
-                    .map(|mut i| i.replace(time))
-                    .unwrap_or(None);
-                if was != Some(time) {
-                    tracing::warn!(
-                        ?notice,
-                        "spot interruption notice: gpuwatch takes no action of its own"
-                    );
-                    executor.audit(
-                        json!({"event": "spot_interruption", "notice": format!("{notice:?}"),
-                        "time": crate::time::rfc3339(time)}),
-                    );
-                    executor.notify(
-                        &format!("gpuwatch: spot interruption notice ({notice:?})"),
-                        true,
-                    );
-                }
-                if hook_ran_for != Some(time) && !hook.is_empty() {
-                    hook_ran_for = Some(time);
-                    run_hook(&hook, hook_timeout, &executor).await;
-                }
-            }
-            Ok(None) => {
-                if let Ok(mut i) = signals.interruption.lock() {
-                    *i = None;
-                }
-            }
-            Err(e) => failures.report("spot interruption notice", &e, &metrics),
-        }
-        // A rebalance recommendation is advice, not a notice: it is logged and exported, and
-        // blocks nothing. AWS may leave it in place for the instance's whole life.
-        match imds.rebalance().await {
-            Ok(Some(crate::cloud::imds::Notice::Rebalance { time })) => {
-                if rebalance_seen != Some(time) {
-                    rebalance_seen = Some(time);
-                    tracing::info!(
-                        at = %crate::time::rfc3339(time),
-                        "spot rebalance recommendation: the instance is at elevated risk of interruption; actions are not blocked"
-                    );
-                    executor.audit(
-                        json!({"event": "spot_rebalance", "time": crate::time::rfc3339(time)}),
-                    );
-                    metrics.update(|v| v.rebalance = Some(time));
-                }
-            }
-            Ok(_) => {
-                if rebalance_seen.take().is_some() {
-                    metrics.update(|v| v.rebalance = None);
-                }
-            }
-            Err(e) => failures.report("rebalance recommendation", &e, &metrics),
-        }
-        // Instance metadata tags cost nothing to read; DescribeInstances is an API call counted
-        // against the account's rate limit, so it is made only every `tag_every`.
-        let tags = match imds.tags().await {
-            Ok(t) if !t.is_empty() => Some(t.into_iter().collect::<Vec<_>>()),
-            Err(e) => {
-                failures.report("instance tags", &e, &metrics);
-                None
-            }
-            _ => match &ec2 {
-                Some(ec2) if last_tag_read.is_none_or(|t| t.elapsed() >= tag_every) => {
-                    last_tag_read = Some(std::time::Instant::now());
-                    match ec2.tags().await {
-                        Ok(t) => Some(t),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "cannot read instance tags");
-                            None
-                        }
-                    }
-                }
-                _ => None,
-            },
-        };
-        if let Some(tags) = tags {
-            let hold = match tags.iter().find(|(k, _)| k == "gpuwatch:hold") {
-                None => HoldStatus::None,
-                Some((_, v)) => match crate::time::parse_rfc3339(v) {
-                    Some(t) => HoldStatus::Until(t, "instance tag gpuwatch:hold".into()),
-                    None => HoldStatus::Unreadable(format!(
-                        "instance tag gpuwatch:hold = \"{v}\" is not RFC 3339"
-                    )),
-                },
-            };
-            if let Ok(mut h) = signals.tag_hold.lock() {
-                *h = hold;
-            }
-        }
-    }
-}
-
-/// Failed instance metadata reads: each is counted, and logged at WARN once a minute at most
-/// (spot notices and tag holds go unseen while they fail).
-#[derive(Default)]
-struct Failures {
-    last_warned: Option<std::time::Instant>,
-    suppressed: u64,
-}
-
-impl Failures {
-    fn report(&mut self, what: &str, e: &crate::cloud::imds::ImdsError, metrics: &WatchMetrics) {
-        metrics.update(|v| v.imds_errors += 1);
-        if self
-            .last_warned
-            .is_some_and(|t| t.elapsed() < Duration::from_secs(60))
-        {
-            self.suppressed += 1;
-            return;
-        }
-        tracing::warn!(
-            error = %e,
-            suppressed = self.suppressed,
-            "cannot read the {what} from instance metadata"
-        );
-        self.last_warned = Some(std::time::Instant::now());
-        self.suppressed = 0;
-    }
-}
-
-async fn run_hook(hook: &[String], timeout: Duration, executor: &Executor) {
-    let result = match crate::command::run(hook, &[], timeout).await {
-        Ok(s) if s.success() => "done".to_string(),
-        Ok(s) => format!("exited with {s}"),
-        Err(e) => e.to_string(),
-    };
-    tracing::warn!(hook = ?hook, result = %result, "pre-interruption hook");
-    executor.audit(json!({"event": "interruption_hook", "command": hook, "result": result}));
 }
