@@ -23,7 +23,7 @@ use crate::server::{router, ServerState};
 use crate::spend::metrics::{CostCollector, CostMetrics};
 use crate::state::metrics::StateCollector;
 use crate::state::{AuditLog, DirError, StateDir};
-use crate::watch::metrics::{WatchCollector, WatchMetrics};
+use crate::watch::metrics::{NodeLabel, WatchCollector, WatchMetrics};
 use crate::watch::{NodeSignals, Watch};
 
 /// Runs the daemon until SIGINT or SIGTERM.
@@ -74,6 +74,17 @@ impl App {
             BuildInfo::current(),
         )));
         let series = WatchSeries::default();
+        series.watch.update(|v| {
+            v.labels = config
+                .node
+                .labels
+                .iter()
+                .map(|(name, value)| NodeLabel {
+                    name: name.clone(),
+                    value: value.clone(),
+                })
+                .collect();
+        });
         registry.register_collector(Box::new(WatchCollector(Arc::clone(&series.watch))));
         registry.register_collector(Box::new(CostCollector(Arc::clone(&series.cost))));
         if config.cloudwatch.enabled {
@@ -353,6 +364,7 @@ async fn start_watch(
             executor: Arc::clone(&executor),
             metrics: Arc::clone(&metrics),
             hook: config.spot.interruption_hook.clone(),
+            tag_labels: config.node.tag_labels.clone(),
             hook_timeout: config.spot.hook_timeout,
             every: config.cloud.poll_interval,
             tag_every: config.cloud.tag_poll_interval,

@@ -697,3 +697,72 @@ fn with_cloudwatch_down_the_queue_stays_bounded_and_recovers() {
         s.text
     );
 }
+
+/// Cost by team: `[node] labels` and the instance tags named in `[cloud] tag_labels` label
+/// `gpuwatch_node_info` (tag values escaped and cut to 256 characters), and
+/// `gpuwatch_gpu_idle_dollars_total` is the price times the idle GPUs' share: with one GPU of
+/// two idle, exactly half of the spend.
+#[test]
+fn node_info_carries_team_labels_and_idle_dollars_are_the_idle_share_of_spend() {
+    let inst = aws::launch(Kind::OnDemand);
+    let imds = aws::imds(&inst.id, "on-demand");
+    let hostile = format!("a\"b\\c\nd}} {}", "x".repeat(400));
+    {
+        let mut st = imds.state.lock().unwrap();
+        st.tags.insert("cost-center".into(), hostile.clone());
+        st.tags.insert("owner".into(), "not copied".into());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = base_config(
+        dir.path(),
+        &imds,
+        aws::moto().addr,
+        "[cost]\nhourly_price_usd = 3600.0\n[node]\nlabels = { team = \"ml\" }\n",
+    )
+    .replace(
+        "tag_poll_interval = \"200ms\"",
+        "tag_poll_interval = \"200ms\"\ntag_labels = [\"cost-center\", \"project\"]",
+    );
+    // GPU 0 idles, GPU 1 works.
+    let d = start(
+        dir,
+        "[[gpu]]\nutilization = 0\n[[gpu]]\nutilization = 80\n",
+        config,
+    );
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_spend_dollars").get(s).unwrap_or(0.0) >= 3.0
+            && metric("gpuwatch_node_info")
+                .label("team", "ml")
+                .get(s)
+                .is_some()
+            && s.named("gpuwatch_node_info")
+                .iter()
+                .any(|x| x.labels.contains_key("cost_center"))
+    });
+    let info = s.named("gpuwatch_node_info");
+    assert_eq!(info.len(), 1, "{}", s.text);
+    let labels = &info[0].labels;
+    assert_eq!(labels["instance_id"], inst.id);
+    assert_eq!(labels["team"], "ml");
+    // The value, escaped as the exposition format wants, ends the label where it should.
+    let want: String = hostile.chars().take(256).collect();
+    let escaped = want
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n");
+    assert!(
+        s.text.contains(&format!("cost_center=\"{escaped}\"}} 1")),
+        "{}",
+        s.text
+    );
+    assert!(!s.text.contains("project="), "a missing tag is no label");
+    assert!(!s.text.contains("owner="), "only the named tags are copied");
+    common::assert_promtool_accepts(&s.text);
+
+    let spend = metric("gpuwatch_spend_dollars").get(&s).unwrap();
+    let idle = metric("gpuwatch_gpu_idle_dollars_total").get(&s).unwrap();
+    assert!(
+        (idle - spend / 2.0).abs() < 1e-6 * spend,
+        "idle {idle} is not half of spend {spend}"
+    );
+}

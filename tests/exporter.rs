@@ -652,3 +652,25 @@ kind = "lost"
     assert!(!s.text.contains("uuid=\"\""), "{}", s.text);
     common::assert_promtool_accepts(&s.text);
 }
+
+/// Off EC2, `[node] labels` still label `gpuwatch_node_info`, so a fleet of bare-metal nodes sums
+/// by team too; the instance's own labels are absent, not empty.
+#[test]
+fn static_node_labels_without_a_cloud() {
+    let d = Daemon::start(
+        "[[gpu]]\nutilization = 5\n",
+        "[node]\nlabels = { team = \"ml\", project = \"llm\" }\n",
+    );
+    let s = d.await_scrape(Duration::from_secs(20), |s| {
+        !s.named("gpuwatch_node_info").is_empty()
+    });
+    let info = s.named("gpuwatch_node_info");
+    assert_eq!(info.len(), 1);
+    let labels: Vec<(&str, &str)> = info[0]
+        .labels
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(labels, [("project", "llm"), ("team", "ml")]);
+    assert_eq!(info[0].value, 1.0);
+}

@@ -14,6 +14,7 @@ mod check;
 mod cloud;
 mod error;
 pub mod json;
+mod node;
 mod raw;
 mod rules;
 mod server;
@@ -24,6 +25,7 @@ use check::*;
 pub use check::{read_capped, MAX_FILE_BYTES};
 pub use cloud::*;
 pub use error::{ConfigError, ConfigErrors};
+pub use node::*;
 pub use raw::*;
 pub use rules::*;
 pub use server::*;
@@ -48,6 +50,8 @@ pub struct Config {
     pub spot: SpotConfig,
     pub cost: CostConfig,
     pub cloudwatch: CloudWatchConfig,
+    /// The labels of `gpuwatch_node_info`.
+    pub node: NodeConfig,
     pub budgets: Vec<BudgetConfig>,
     /// The `[[rules]]`, and one rule per budget with `on_exhausted`.
     pub rules: Vec<Rule>,
@@ -148,6 +152,7 @@ impl RawConfig {
         let spot = self.spot.validate(&mut invalid);
         let cost = self.cost.validate(&mut invalid);
         let cloudwatch = self.cloudwatch.validate(&mut invalid);
+        let node = validate_labels(&self.node, &self.cloud.tag_labels, &mut invalid);
 
         let mut budgets = Vec::new();
         for (i, b) in self.budgets.iter().enumerate() {
@@ -177,7 +182,7 @@ impl RawConfig {
         check_unique(&rules, &mut errors);
 
         match (
-            server, nvml, sampling, cloud, actions, vetoes, spot, cost, cloudwatch,
+            server, nvml, sampling, cloud, actions, vetoes, spot, cost, cloudwatch, node,
         ) {
             (
                 Some(server),
@@ -189,6 +194,7 @@ impl RawConfig {
                 Some(spot),
                 Some(cost),
                 Some(cloudwatch),
+                Some(node),
             ) if errors.is_empty() => Ok(Config {
                 server,
                 nvml,
@@ -199,6 +205,7 @@ impl RawConfig {
                 spot,
                 cost,
                 cloudwatch,
+                node,
                 budgets,
                 rules,
             }),

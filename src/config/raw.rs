@@ -9,6 +9,7 @@ pub struct RawConfig {
     /// A JSON (or TOML) file of more rules, relative to the config file.
     pub rules_file: String,
     pub server: RawServer,
+    pub node: RawNode,
     pub nvml: RawNvml,
     pub sampling: RawSampling,
     pub cloud: RawCloud,
@@ -52,6 +53,16 @@ pub struct RawCloud {
     pub region: String,
     pub poll_interval: String,
     pub tag_poll_interval: String,
+    /// Instance tags copied onto `gpuwatch_node_info` as labels.
+    pub tag_labels: Vec<String>,
+}
+
+/// `[node]`: what this node is, beyond what the cloud says.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawNode {
+    /// Static labels on `gpuwatch_node_info`, such as `team = "ml"`.
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -121,7 +132,9 @@ impl Default for RawConfig {
                 region: String::new(),
                 poll_interval: "5s".to_string(),
                 tag_poll_interval: "1m".to_string(),
+                tag_labels: Vec::new(),
             },
+            node: RawNode::default(),
             actions: RawActions {
                 mode: "dry-run".to_string(),
                 boot_grace: "15m".to_string(),

@@ -24,6 +24,8 @@ pub struct CostView {
     pub budgets: Vec<BudgetView>,
     /// Budget alerts sent, by budget and threshold.
     pub alerts: BTreeMap<AlertKey, u64>,
+    /// USD spent on idle GPUs (a counter).
+    pub idle_dollars: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -122,6 +124,17 @@ impl Collector for CostCollector {
                 )
             }),
         )?;
+        if v.price.is_some() || v.idle_dollars > 0.0 {
+            counters(
+                e,
+                desc(
+                    "gpuwatch_gpu_idle_dollars",
+                    "Money spent on GPUs while they were idle by the rules' threshold: the price times the idle GPUs' share, accrued per sample",
+                    None,
+                ),
+                [(NO_LABELS, v.idle_dollars)],
+            )?;
+        }
         Ok(())
     }
 }

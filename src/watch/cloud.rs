@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::metrics::WatchMetrics;
+use super::metrics::{NodeLabel, WatchMetrics};
 use super::NodeSignals;
 use crate::actions::Executor;
+use crate::config::{TagLabel, MAX_LABEL_VALUE};
 use crate::state::HoldStatus;
 
 /// The spot and tag poller: instance metadata notices, and `gpuwatch:hold` tags.
@@ -21,6 +22,8 @@ pub struct CloudPoller {
     pub metrics: Arc<WatchMetrics>,
     pub hook: Vec<String>,
     pub hook_timeout: Duration,
+    /// Instance tags copied onto `gpuwatch_node_info`.
+    pub tag_labels: Vec<TagLabel>,
     /// How often instance metadata is read.
     pub every: Duration,
     /// How often DescribeInstances reads tags, when metadata tags are off.
@@ -36,6 +39,7 @@ pub async fn poll_cloud(p: CloudPoller) {
         metrics,
         hook,
         hook_timeout,
+        tag_labels,
         every,
         tag_every,
     } = p;
@@ -130,6 +134,10 @@ pub async fn poll_cloud(p: CloudPoller) {
             },
         };
         if let Some(tags) = tags {
+            if !tag_labels.is_empty() {
+                let values = tag_label_values(&tag_labels, &tags);
+                metrics.update(|v| v.tag_labels = values);
+            }
             let hold = match tags.iter().find(|(k, _)| k == "gpuwatch:hold") {
                 None => HoldStatus::None,
                 Some((_, v)) => match crate::time::parse_rfc3339(v) {
@@ -144,6 +152,22 @@ pub async fn poll_cloud(p: CloudPoller) {
             }
         }
     }
+}
+
+/// The values of the configured tags, as `gpuwatch_node_info` labels: a tag the instance does
+/// not have is left out, and a value is cut to `MAX_LABEL_VALUE` characters (it is escaped when
+/// encoded).
+fn tag_label_values(wanted: &[TagLabel], tags: &[(String, String)]) -> Vec<NodeLabel> {
+    wanted
+        .iter()
+        .filter_map(|w| {
+            let (_, value) = tags.iter().find(|(k, _)| *k == w.tag)?;
+            Some(NodeLabel {
+                name: w.label.clone(),
+                value: value.chars().take(MAX_LABEL_VALUE).collect(),
+            })
+        })
+        .collect()
 }
 
 /// Failed instance metadata reads: each is counted, and logged at WARN once a minute at most

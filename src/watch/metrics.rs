@@ -26,6 +26,17 @@ pub struct WatchView {
     /// Instance metadata reads that failed.
     pub imds_errors: u64,
     pub node: Option<crate::cloud::imds::Node>,
+    /// `[node] labels`.
+    pub labels: Vec<NodeLabel>,
+    /// `[cloud] tag_labels`, with the values the instance's tags have now.
+    pub tag_labels: Vec<NodeLabel>,
+}
+
+/// One label of `gpuwatch_node_info` beyond the instance's own.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeLabel {
+    pub name: String,
+    pub value: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -52,23 +63,33 @@ impl Collector for WatchCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
         let v = self.0.view();
         let e = &mut enc;
+        // The node, with its labels: those of the config and the instance tags copied, so
+        // that other series can be summed by team with one join. Present on EC2, and anywhere
+        // the config names labels.
+        let mut labels: Vec<(&str, Text)> = Vec::new();
         if let Some(n) = &v.node {
+            labels.extend([
+                ("instance_id", Text(&n.instance_id)),
+                ("instance_type", Text(&n.instance_type)),
+                ("availability_zone", Text(&n.availability_zone)),
+                ("lifecycle", Text(n.lifecycle_label())),
+            ]);
+        }
+        labels.extend(
+            v.labels
+                .iter()
+                .chain(&v.tag_labels)
+                .map(|l| (l.name.as_str(), Text(&l.value))),
+        );
+        if v.node.is_some() || !labels.is_empty() {
             gauges(
                 e,
                 desc(
                     "gpuwatch_node_info",
-                    "The instance gpuwatch runs on; value 1",
+                    "The instance gpuwatch runs on and its labels; value 1",
                     None,
                 ),
-                [(
-                    [
-                        ("instance_id", Text(&n.instance_id)),
-                        ("instance_type", Text(&n.instance_type)),
-                        ("availability_zone", Text(&n.availability_zone)),
-                        ("lifecycle", Text(n.lifecycle_label())),
-                    ],
-                    1i64,
-                )],
+                [(labels, 1i64)],
             )?;
         }
         gauges(

@@ -300,6 +300,7 @@ impl Watch {
             v.spent = view.spent;
             v.forecast = view.forecast;
             v.budgets = view.budgets;
+            v.idle_dollars = view.idle_dollars;
         });
         let now = inputs.now;
         self.metrics.update(|v| {

@@ -29,6 +29,13 @@ pub struct State {
     /// The last known spot price, kept across restarts.
     #[serde(default)]
     pub spot_price: Option<f64>,
+    /// USD spent on GPUs while they were idle, since the state began: the instance's price
+    /// times the idle GPUs' share of its GPUs, accrued per sample.
+    #[serde(default)]
+    pub idle_dollars: f64,
+    /// The sample up to which `idle_dollars` is accrued.
+    #[serde(default)]
+    pub idle_accrued_until: f64,
     /// Since when each GPU has been idle, by index (for the idle-time view; not persisted).
     #[serde(skip)]
     pub idle_since: BTreeMap<u32, f64>,
@@ -166,12 +173,16 @@ pub struct View {
     pub rules: Vec<RuleView>,
     /// Each GPU with a utilization reading: how long it has been idle.
     pub gpu_idle: Vec<GpuIdle>,
+    /// USD spent on idle GPUs so far (a counter).
+    pub idle_dollars: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GpuIdle {
     pub index: u32,
-    /// Seconds idle without a break; 0 while busy.
+    /// Below the idle threshold in this sample.
+    pub idle: bool,
+    /// Seconds idle without a break; 0 while busy (and in the first idle sample).
     pub seconds: f64,
 }
 
@@ -267,6 +278,7 @@ pub fn step(
                 let since = *state.idle_since.entry(g.index).or_insert(now);
                 gpu_idle.push(GpuIdle {
                     index: g.index,
+                    idle: true,
                     seconds: now - since,
                 });
             }
@@ -274,6 +286,7 @@ pub fn step(
                 state.idle_since.remove(&g.index);
                 gpu_idle.push(GpuIdle {
                     index: g.index,
+                    idle: false,
                     seconds: 0.0,
                 });
             }
@@ -282,6 +295,7 @@ pub fn step(
             }
         }
     }
+    accrue_idle_dollars(settings, state, inputs, &gpu_idle, obs.gpus.len());
     let rules = rule_views(settings, state);
 
     Decision {
@@ -295,7 +309,31 @@ pub fn step(
             budgets,
             rules,
             gpu_idle,
+            idle_dollars: state.idle_dollars,
         },
+    }
+}
+
+/// Accrues the money spent on idle GPUs since the last sample: the price times the share of the
+/// node's GPUs that are idle now. A gap longer than the slack, or an unknown price, accrues
+/// nothing (unknown is not idle).
+fn accrue_idle_dollars(
+    settings: &Settings,
+    state: &mut State,
+    inputs: &Inputs,
+    gpu_idle: &[GpuIdle],
+    gpus: usize,
+) {
+    let now = inputs.now;
+    let dt = now - state.idle_accrued_until;
+    if let Some(price) = inputs.price {
+        if state.idle_accrued_until > 0.0 && dt > 0.0 && dt <= settings.slack && gpus > 0 {
+            let idle = gpu_idle.iter().filter(|g| g.idle).count();
+            state.idle_dollars += price.usd_per_hour * idle as f64 / gpus as f64 * dt / 3600.0;
+        }
+    }
+    if now > state.idle_accrued_until {
+        state.idle_accrued_until = now;
     }
 }
 
@@ -410,6 +448,7 @@ mod tests {
                     out.view.gpu_idle,
                     vec![GpuIdle {
                         index: 0,
+                        idle: true,
                         seconds: 12.0
                     }]
                 );
@@ -483,5 +522,52 @@ mod tests {
                 "budget \"team\" actual spend is at 100% of $10.00 (threshold 100%)",
             ]
         );
+    }
+
+    #[test]
+    fn idle_dollars_are_the_price_times_the_idle_share_and_skip_gaps_and_unknown_prices() {
+        let settings = settings(Vec::new());
+        let mut state = State::default();
+        let price = Some(Price {
+            usd_per_hour: 36.0,
+            source: Source::Config,
+        });
+        let two = |t: f64, a: f64, b: f64| {
+            let mut o = obs(t, a);
+            let mut g = GpuReading {
+                index: 1,
+                ..GpuReading::default()
+            };
+            g.set(Metric::GpuUtilization, Some(b));
+            o.gpus.push(g);
+            o
+        };
+        let mut run = |t: f64, a: f64, b: f64, price: Option<Price>| {
+            let inputs = Inputs {
+                now: t,
+                price,
+                ..Inputs::default()
+            };
+            step(&settings, &mut state, &two(t, a, b), &inputs)
+                .view
+                .idle_dollars
+        };
+        // One GPU of two idle for 100 s at $36/h: $0.50. The first sample only starts the clock.
+        assert_eq!(run(1000.0, 0.0, 0.9, price), 0.0);
+        let mut total = 0.0;
+        for t in 1..=100 {
+            total = run(1000.0 + f64::from(t), 0.0, 0.9, price);
+        }
+        assert!((total - 0.5).abs() < 1e-9, "{total}");
+        // Both idle for 10 s more: $0.10 more.
+        for t in 101..=110 {
+            total = run(1000.0 + f64::from(t), 0.0, 0.0, price);
+        }
+        assert!((total - 0.6).abs() < 1e-9, "{total}");
+        // A gap longer than the slack (2.5 s here) and an unknown price accrue nothing.
+        assert!((run(1120.0, 0.0, 0.0, price) - 0.6).abs() < 1e-9);
+        assert!((run(1121.0, 0.0, 0.0, None) - 0.6).abs() < 1e-9);
+        // Busy GPUs cost, but are not waste.
+        assert!((run(1122.0, 0.9, 0.9, price) - 0.6).abs() < 1e-9);
     }
 }
