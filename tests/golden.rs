@@ -152,12 +152,14 @@ fn dashboard_queries_exported_metrics() {
     assert!(checked >= 18);
 }
 
-/// The shipped Prometheus alert rules pass their own unit tests.
+/// The shipped Prometheus alert rules pass their own unit tests, and the fleet's recording rules
+/// are valid (`tests/fleet.rs` runs them on a real Prometheus).
 #[test]
 fn promtool_tests_the_shipped_alert_rules() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/prometheus");
     for args in [
         &["check", "rules", "alerts.yml"][..],
+        &["check", "rules", "fleet.yml"],
         &["test", "rules", "alerts_test.yml"],
     ] {
         let out = Command::new("promtool")

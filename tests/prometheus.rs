@@ -3,9 +3,9 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::prometheus::Prometheus;
 use common::Daemon;
 
 const SCENARIO: &str = r#"
@@ -45,94 +45,6 @@ fn prometheus_scrapes_the_four_gpus() {
         assert!((v - want_v).abs() < 1e-12, "gpu {gpu}: {v} != {want_v}");
     }
     prom.assert_up();
-}
-
-/// A Prometheus server on a free loopback port that scrapes one target every second; killed
-/// (by its PID) when dropped.
-struct Prometheus {
-    addr: std::net::SocketAddr,
-    _child: common::Killed,
-    _dir: tempfile::TempDir,
-}
-
-impl Prometheus {
-    fn scraping(target: std::net::SocketAddr) -> Prometheus {
-        Prometheus::scraping_with(target, "")
-    }
-
-    /// Like `scraping`, with more lines for the scrape job (such as `scheme: https`).
-    fn scraping_with(target: std::net::SocketAddr, job: &str) -> Prometheus {
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("prometheus.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: gpuwatch\n{job}    static_configs:\n      - targets: ['{target}']\n"
-            ),
-        )
-        .unwrap();
-        let port = common::free_port();
-        let listen = format!("127.0.0.1:{port}");
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address={listen}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus not found: scripts/test installs Debian's prometheus");
-        Prometheus {
-            addr: listen.parse().unwrap(),
-            _child: common::Killed(child),
-            _dir: dir,
-        }
-    }
-
-    /// Polls the query API (Prometheus answers only once it has started and scraped) until the
-    /// result satisfies `done`.
-    fn await_query(
-        &self,
-        query: &str,
-        done: impl Fn(&[serde_json::Value]) -> bool,
-    ) -> Vec<serde_json::Value> {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        let path = format!("/api/v1/query?query={}", encode(query));
-        loop {
-            if let Ok(r) = common::try_get(self.addr, &path) {
-                if r.status == 200 {
-                    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
-                    let result = v["data"]["result"].as_array().cloned().unwrap_or_default();
-                    if done(&result) {
-                        return result;
-                    }
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "Prometheus never answered {query} as wanted"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    /// The last scrape of gpuwatch succeeded: a bad line would have failed all of it.
-    fn assert_up(&self) {
-        let up = self.await_query("up{job=\"gpuwatch\"}", |r| !r.is_empty());
-        assert_eq!(up[0]["value"][1], "1", "{up:?}");
-    }
-}
-
-/// Percent-encodes a query for a URL.
-fn encode(q: &str) -> String {
-    q.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' | b'.' | b'-' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// A string that tries every way out of a label value: a quote and brace to end it, a newline

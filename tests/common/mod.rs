@@ -4,6 +4,7 @@
 
 pub mod aws;
 pub mod certs;
+pub mod prometheus;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
