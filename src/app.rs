@@ -69,9 +69,11 @@ impl App {
 
         let mut registry = Registry::default();
         metrics.register(&mut registry);
-        registry.register_collector(Box::new(SnapshotCollector::new(
+        registry.register_collector(Box::new(SnapshotCollector::with_names(
             snapshots.clone(),
             BuildInfo::current(),
+            config.exposition.names,
+            hostname(&config),
         )));
         let series = WatchSeries::default();
         series.watch.update(|v| {
@@ -198,6 +200,22 @@ impl App {
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+/// The `Hostname` label of the DCGM names: the configured one, else `NODE_NAME` (which a
+/// DaemonSet sets to the node's name, as dcgm-exporter's does), else the machine's hostname.
+fn hostname(config: &Config) -> String {
+    config
+        .exposition
+        .hostname
+        .clone()
+        .or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()))
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .unwrap_or_default()
 }
 
 /// Raises the soft limit on open files to the hard limit, as servers do: systemd's default

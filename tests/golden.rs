@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
+use gpuwatch::config::Names;
 use gpuwatch::gpu::metrics::{BuildInfo, SampleError, SamplerMetrics, SnapshotCollector};
 use gpuwatch::gpu::{GpuSample, NvmlStatus, ProcessSample, Snapshot, ThrottleReason};
 use gpuwatch::metrics::encode;
@@ -50,6 +51,7 @@ fn snapshot() -> Snapshot {
             used_memory_bytes: Some(74_000_000_000),
         }]),
         xid_errors: BTreeMap::from([(48, 1)]),
+        last_xid: Some(48),
     };
     // Everything unknown: not supported, failed or out of range.
     let sparse = GpuSample {
@@ -84,6 +86,10 @@ fn snapshot() -> Snapshot {
 }
 
 fn exposition() -> String {
+    exposition_with(Names::Gpuwatch)
+}
+
+fn exposition_with(names: Names) -> String {
     let metrics = Arc::new(SamplerMetrics::default());
     let mut registry = Registry::default();
     metrics.register(&mut registry);
@@ -96,14 +102,41 @@ fn exposition() -> String {
     };
     // A channel of our own, holding the one snapshot, stands in for the sampler.
     let (_publish, snapshots) = tokio::sync::watch::channel(Arc::new(snapshot()));
-    registry.register_collector(Box::new(SnapshotCollector::new(snapshots.into(), build)));
+    registry.register_collector(Box::new(SnapshotCollector::with_names(
+        snapshots.into(),
+        build,
+        names,
+        "gpu-node-1".into(),
+    )));
     encode(&registry)
 }
 
 #[test]
 fn exposition_matches_the_golden_file() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden/metrics.txt");
-    let got = exposition();
+    golden(Names::Gpuwatch, "metrics.txt");
+}
+
+/// Under dcgm-exporter's names: its units (percent, MiB, MHz, mJ), its labels, and the last XID;
+/// the `gpuwatch_*` series stay, and no `gpu_*` series is left.
+#[test]
+fn dcgm_names_match_their_golden_file() {
+    let got = golden(Names::Dcgm, "metrics-dcgm.txt");
+    assert!(!got.lines().any(|l| l.starts_with("gpu_")), "{got}");
+    // dcgm-exporter's labels are camelCase (`modelName`, `UUID`): its interface, not a slip.
+    common::assert_promtool_accepts_but(&got, &["should be written in 'snake_case'"]);
+    // Both: every family of each.
+    let both = exposition_with(Names::Both);
+    let gpuwatch = exposition_with(Names::Gpuwatch);
+    for line in got.lines().chain(gpuwatch.lines()) {
+        assert!(both.contains(line), "{line} missing under \"both\"");
+    }
+}
+
+fn golden(names: Names, file: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/golden")
+        .join(file);
+    let got = exposition_with(names);
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
         std::fs::write(&path, &got).unwrap();
     }
@@ -112,6 +145,7 @@ fn exposition_matches_the_golden_file() {
         got, want,
         "exposition changed; review it and rerun with UPDATE_GOLDEN=1"
     );
+    got
 }
 
 /// `promtool check metrics` finds nothing but its note that counters carry HELP under the name

@@ -137,3 +137,69 @@ fn prometheus_scrapes_over_tls_with_basic_auth() {
     assert_eq!(result.len(), 4);
     prom.assert_up();
 }
+
+/// In `dcgm` mode, dashboards written for NVIDIA's dcgm-exporter work unchanged: every query of
+/// its published Grafana dashboard (`tests/data/dcgm/dashboard-queries.txt`) returns data from a
+/// real Prometheus scraping gpuwatch, with the units those panels expect.
+#[test]
+fn the_dcgm_exporter_dashboard_works_in_dcgm_mode() {
+    let d = Daemon::start(
+        SCENARIO,
+        "[exposition]\nnames = \"dcgm\"\nhostname = \"gpu-node-1\"\n",
+    );
+    d.await_sample(Duration::from_secs(20), |s| s["nvml"]["up"] == true);
+    let prom = Prometheus::scraping(d.addr);
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/dcgm/dashboard-queries.txt"),
+    )
+    .unwrap();
+    let mut queries = 0;
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        queries += 1;
+        if let Some(args) = line
+            .strip_prefix("label_values(")
+            .and_then(|a| a.strip_suffix(')'))
+        {
+            let (metric, label) = args.split_once(',').unwrap();
+            let values = prom.await_label_values(metric.trim(), label.trim());
+            assert!(!values.is_empty(), "{line}");
+            continue;
+        }
+        let query = line
+            .replace("$Hostname", ".*")
+            .replace("$gpu", ".*")
+            .replace("$instance", ".*");
+        let result = prom.await_query(&query, |r| !r.is_empty());
+        assert!(!result.is_empty(), "{line} returned nothing");
+    }
+    assert!(queries >= 15, "{queries} queries");
+    // The units the panels expect: percent, MiB and MHz, with dcgm-exporter's labels.
+    let util = prom.await_query("DCGM_FI_DEV_GPU_UTIL{gpu=\"2\"}", |r| r.len() == 1);
+    assert_eq!(util[0]["value"][1], "33");
+    assert_eq!(util[0]["metric"]["Hostname"], "gpu-node-1");
+    assert_eq!(util[0]["metric"]["device"], "nvidia2");
+    assert_eq!(util[0]["metric"]["modelName"], "NVIDIA H100 80GB HBM3");
+    assert!(util[0]["metric"]["UUID"]
+        .as_str()
+        .unwrap()
+        .starts_with("GPU-"));
+    assert_eq!(util[0]["metric"]["DCGM_FI_DRIVER_VERSION"], "550.54.15");
+    let fb = prom.await_query("DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE", |r| {
+        r.len() == 4
+    });
+    for s in &fb {
+        let mib: f64 = s["value"][1].as_str().unwrap().parse().unwrap();
+        // The fake's 81,559 MiB, give or take the rounding down of each part.
+        assert!((81_557.0..=81_559.0).contains(&mib), "{mib}");
+    }
+    // No gpu_* series in dcgm mode.
+    let ours = prom.await_query("count(up)", |r| !r.is_empty());
+    assert_eq!(ours[0]["value"][1], "1");
+    let gpu = prom.await_query("absent(gpu_utilization_ratio)", |r| !r.is_empty());
+    assert_eq!(gpu[0]["value"][1], "1");
+    prom.assert_up();
+}

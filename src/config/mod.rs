@@ -50,6 +50,7 @@ pub struct Config {
     pub spot: SpotConfig,
     pub cost: CostConfig,
     pub cloudwatch: CloudWatchConfig,
+    pub exposition: ExpositionConfig,
     /// The labels of `gpuwatch_node_info`.
     pub node: NodeConfig,
     pub budgets: Vec<BudgetConfig>,
@@ -152,6 +153,7 @@ impl RawConfig {
         let spot = self.spot.validate(&mut invalid);
         let cost = self.cost.validate(&mut invalid);
         let cloudwatch = self.cloudwatch.validate(&mut invalid);
+        let exposition = self.exposition.validate(&mut invalid);
         let node = validate_labels(&self.node, &self.cloud.tag_labels, &mut invalid);
 
         let mut budgets = Vec::new();
@@ -182,7 +184,8 @@ impl RawConfig {
         check_unique(&rules, &mut errors);
 
         match (
-            server, nvml, sampling, cloud, actions, vetoes, spot, cost, cloudwatch, node,
+            server, nvml, sampling, cloud, actions, vetoes, spot, cost, cloudwatch, exposition,
+            node,
         ) {
             (
                 Some(server),
@@ -194,6 +197,7 @@ impl RawConfig {
                 Some(spot),
                 Some(cost),
                 Some(cloudwatch),
+                Some(exposition),
                 Some(node),
             ) if errors.is_empty() => Ok(Config {
                 server,
@@ -205,6 +209,7 @@ impl RawConfig {
                 spot,
                 cost,
                 cloudwatch,
+                exposition,
                 node,
                 budgets,
                 rules,

@@ -9,6 +9,7 @@ pub struct RawConfig {
     /// A JSON (or TOML) file of more rules, relative to the config file.
     pub rules_file: String,
     pub server: RawServer,
+    pub exposition: RawExposition,
     pub node: RawNode,
     pub nvml: RawNvml,
     pub sampling: RawSampling,
@@ -55,6 +56,25 @@ pub struct RawCloud {
     pub tag_poll_interval: String,
     /// Instance tags copied onto `gpuwatch_node_info` as labels.
     pub tag_labels: Vec<String>,
+}
+
+/// `[exposition]`: which names the GPU series carry.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawExposition {
+    /// "gpuwatch", "dcgm" or "both".
+    pub names: String,
+    /// The `Hostname` label of the DCGM names; empty: `NODE_NAME`, or the machine's hostname.
+    pub hostname: String,
+}
+
+impl Default for RawExposition {
+    fn default() -> Self {
+        RawExposition {
+            names: "gpuwatch".to_string(),
+            hostname: String::new(),
+        }
+    }
 }
 
 /// `[node]`: what this node is, beyond what the cloud says.
@@ -135,6 +155,7 @@ impl Default for RawConfig {
                 tag_labels: Vec::new(),
             },
             node: RawNode::default(),
+            exposition: RawExposition::default(),
             actions: RawActions {
                 mode: "dry-run".to_string(),
                 boot_grace: "15m".to_string(),

@@ -1,5 +1,5 @@
-//! `[server]`, `[nvml]` and `[sampling]`: where gpuwatch listens, which library it loads, and
-//! how often it samples.
+//! `[server]`, `[nvml]`, `[sampling]` and `[exposition]`: where gpuwatch listens, which library
+//! it loads, how often it samples, and which names its GPU series carry.
 
 use super::*;
 
@@ -115,6 +115,62 @@ impl RawSampling {
             interval: interval?,
             timeout: timeout?,
             per_process_memory: self.per_process_memory,
+        })
+    }
+}
+
+/// Which names the GPU series carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Names {
+    /// `gpu_*`, in base units.
+    Gpuwatch,
+    /// dcgm-exporter's `DCGM_FI_*`, in its units and with its labels.
+    Dcgm,
+    Both,
+}
+
+impl Names {
+    pub fn gpuwatch(self) -> bool {
+        self != Names::Dcgm
+    }
+
+    pub fn dcgm(self) -> bool {
+        self != Names::Gpuwatch
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpositionConfig {
+    pub names: Names,
+    /// The `Hostname` label of the DCGM names; `None`: `NODE_NAME`, or the machine's hostname.
+    pub hostname: Option<String>,
+}
+
+impl RawExposition {
+    pub(super) fn validate(
+        &self,
+        invalid: &mut impl FnMut(&str, String),
+    ) -> Option<ExpositionConfig> {
+        let names = pick(
+            invalid,
+            "exposition.names",
+            &self.names,
+            &[
+                ("gpuwatch", Names::Gpuwatch),
+                ("dcgm", Names::Dcgm),
+                ("both", Names::Both),
+            ],
+        );
+        if self.hostname.chars().count() > 253 || self.hostname.chars().any(char::is_control) {
+            invalid(
+                "exposition.hostname",
+                format!("{:?} is not a host name", self.hostname),
+            );
+            return None;
+        }
+        Some(ExpositionConfig {
+            names: names?,
+            hostname: (!self.hostname.is_empty()).then(|| self.hostname.clone()),
         })
     }
 }

@@ -13,6 +13,7 @@ use prometheus_client::registry::Registry;
 
 use super::sampler::Snapshots;
 use super::{GpuSample, Snapshot};
+use crate::config::Names;
 use crate::metrics::encode::*;
 use crate::metrics::Text;
 
@@ -99,10 +100,14 @@ impl BuildInfo {
     }
 }
 
-/// Encodes every `gpu_*` series and the snapshot-derived `gpuwatch_*` series.
+/// Encodes the snapshot-derived `gpuwatch_*` series and every GPU series, under gpuwatch's
+/// names, dcgm-exporter's, or both.
 pub struct SnapshotCollector {
     snapshots: Snapshots,
     build: BuildInfo,
+    names: Names,
+    /// The `Hostname` label of the DCGM names.
+    hostname: String,
 }
 
 impl fmt::Debug for SnapshotCollector {
@@ -114,8 +119,25 @@ impl fmt::Debug for SnapshotCollector {
 }
 
 impl SnapshotCollector {
+    /// A collector under gpuwatch's own names.
     pub fn new(snapshots: Snapshots, build: BuildInfo) -> Self {
-        SnapshotCollector { snapshots, build }
+        SnapshotCollector::with_names(snapshots, build, Names::Gpuwatch, String::new())
+    }
+
+    /// A collector under the names chosen by `[exposition] names`; `hostname` is the DCGM
+    /// names' `Hostname` label.
+    pub fn with_names(
+        snapshots: Snapshots,
+        build: BuildInfo,
+        names: Names,
+        hostname: String,
+    ) -> Self {
+        SnapshotCollector {
+            snapshots,
+            build,
+            names,
+            hostname,
+        }
     }
 
     fn snapshot(&self) -> std::sync::Arc<Snapshot> {
@@ -211,6 +233,12 @@ impl Collector for SnapshotCollector {
             )?;
         }
 
+        if self.names.dcgm() {
+            super::dcgm::encode(e, &snap, &self.hostname)?;
+        }
+        if !self.names.gpuwatch() {
+            return Ok(());
+        }
         gauges(
             e,
             desc("gpu_info", "GPU identity; value 1", None),

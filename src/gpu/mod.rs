@@ -3,6 +3,7 @@
 //! `Snapshot` is immutable once published. A reading that failed, is not supported, or is out of
 //! range is `None`: unknown is never 0.
 
+mod dcgm;
 pub mod metrics;
 pub mod nvml;
 pub mod sampler;
@@ -75,6 +76,9 @@ pub struct GpuSample {
     pub process_memory: Option<Vec<ProcessSample>>,
     /// XID errors seen since the daemon started, by XID code.
     pub xid_errors: BTreeMap<u64, u64>,
+    /// The last XID error seen since the daemon started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_xid: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]

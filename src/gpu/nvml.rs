@@ -229,13 +229,15 @@ impl NvmlSource {
             tracing::error!(gpu = index, error = %e, "GPU unreachable; gpu_up is 0 until it answers again");
         }
         let id = self.identities.get(&index).cloned().unwrap_or_default();
+        let xids = self.xids.for_gpu(index);
         GpuSample {
             index,
             uuid: id.uuid.unwrap_or_default(),
             name: id.name,
             pci_bus_id: id.pci_bus_id,
             up: false,
-            xid_errors: self.xids.for_gpu(index),
+            xid_errors: xids.0,
+            last_xid: xids.1,
             ..GpuSample::default()
         }
     }
@@ -424,10 +426,12 @@ impl GpuReader<'_> {
             )
         };
 
+        let xids = self.src.xids.for_gpu(index);
         GpuSample {
             index,
             up: true,
-            xid_errors: self.src.xids.for_gpu(index),
+            xid_errors: xids.0,
+            last_xid: xids.1,
             uuid,
             name,
             pci_bus_id,

@@ -10,23 +10,34 @@ use nvml_wrapper::Nvml;
 
 use super::metrics::{SampleError, SamplerMetrics};
 
-/// XID counts per GPU index, then per XID code. Locked only to add one event or copy one GPU's
-/// counts.
+/// XID counts per GPU index, then per XID code, and each GPU's last XID. Locked only to add one
+/// event or copy one GPU's counts.
 #[derive(Debug, Default)]
-pub struct XidCounts(Mutex<BTreeMap<u32, BTreeMap<u64, u64>>>);
+pub struct XidCounts(Mutex<BTreeMap<u32, GpuXids>>);
+
+#[derive(Debug, Clone, Default)]
+struct GpuXids {
+    counts: BTreeMap<u64, u64>,
+    last: Option<u64>,
+}
 
 impl XidCounts {
     pub fn record(&self, gpu: u32, xid: u64) {
         if let Ok(mut map) = self.0.lock() {
-            *map.entry(gpu).or_default().entry(xid).or_default() += 1;
+            let g = map.entry(gpu).or_default();
+            *g.counts.entry(xid).or_default() += 1;
+            g.last = Some(xid);
         }
     }
 
-    pub fn for_gpu(&self, gpu: u32) -> BTreeMap<u64, u64> {
-        self.0
+    /// The GPU's counts by XID code, and the last XID it reported.
+    pub fn for_gpu(&self, gpu: u32) -> (BTreeMap<u64, u64>, Option<u64>) {
+        let g = self
+            .0
             .lock()
             .map(|m| m.get(&gpu).cloned().unwrap_or_default())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        (g.counts, g.last)
     }
 }
 

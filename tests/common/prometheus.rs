@@ -53,6 +53,34 @@ impl Prometheus {
         }
     }
 
+    /// Polls the label-values API until some series of `metric` has `label`, and returns the
+    /// values.
+    pub fn await_label_values(&self, metric: &str, label: &str) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let path = format!("/api/v1/label/{label}/values?match[]={}", encode(metric));
+        loop {
+            if let Ok(r) = super::try_get(self.addr, &path) {
+                if r.status == 200 {
+                    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+                    let values: Vec<String> = v["data"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|s| s.as_str().map(String::from))
+                        .collect();
+                    if !values.is_empty() {
+                        return values;
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Prometheus never had a value of {label} on {metric}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// Polls the query API (Prometheus answers only once it has started and scraped) until the
     /// result satisfies `done`.
     pub fn await_query(

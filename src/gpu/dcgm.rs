@@ -1,0 +1,181 @@
+//! The GPU series under dcgm-exporter's names (`[exposition] names = "dcgm"` or `"both"`), so
+//! that dashboards and alerts written for NVIDIA's exporter work unchanged: its default
+//! counters' names, units and labels (`gpu`, `UUID`, `pci_bus_id`, `device`, `modelName`,
+//! `Hostname`, `DCGM_FI_DRIVER_VERSION`).
+//!
+//! dcgm-exporter writes the Prometheus text format, where a counter keeps its bare name. In
+//! OpenMetrics, which gpuwatch serves, a counter's samples end in `_total`, so the two counters
+//! among these (`DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION` and the ECC totals) are typed gauge here:
+//! the names stay exactly what queries ask for, and `rate()` works on them as before.
+
+use std::fmt;
+
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabel, EncodeLabelSet, LabelSetEncoder,
+};
+
+use super::{GpuSample, Snapshot};
+use crate::metrics::encode::*;
+use crate::metrics::Text;
+
+/// dcgm-exporter's label set, in its order.
+struct DcgmLabels<'a> {
+    gpu: u32,
+    uuid: &'a str,
+    pci_bus_id: &'a str,
+    model: &'a str,
+    hostname: &'a str,
+    driver: &'a str,
+}
+
+impl EncodeLabelSet for DcgmLabels<'_> {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), fmt::Error> {
+        ("gpu", self.gpu).encode(encoder.encode_label())?;
+        ("UUID", Text(self.uuid)).encode(encoder.encode_label())?;
+        ("pci_bus_id", Text(self.pci_bus_id)).encode(encoder.encode_label())?;
+        ("device", format!("nvidia{}", self.gpu)).encode(encoder.encode_label())?;
+        ("modelName", Text(self.model)).encode(encoder.encode_label())?;
+        ("Hostname", Text(self.hostname)).encode(encoder.encode_label())?;
+        ("DCGM_FI_DRIVER_VERSION", Text(self.driver)).encode(encoder.encode_label())
+    }
+}
+
+/// One DCGM family: every GPU that is up and has the reading, converted to DCGM's unit.
+fn family<V: prometheus_client::encoding::EncodeGaugeValue>(
+    e: &mut DescriptorEncoder,
+    name: &'static str,
+    help: &'static str,
+    snap: &Snapshot,
+    hostname: &str,
+    read: impl Fn(&GpuSample) -> Option<V>,
+) -> Result<(), fmt::Error> {
+    let driver = snap.nvml.driver_version.as_deref().unwrap_or("");
+    gauges(
+        e,
+        desc(name, help, None),
+        snap.gpus.iter().filter(|g| g.up).filter_map(|g| {
+            let labels = DcgmLabels {
+                gpu: g.index,
+                uuid: &g.uuid,
+                pci_bus_id: g.pci_bus_id.as_deref().unwrap_or(""),
+                model: g.name.as_deref().unwrap_or(""),
+                hostname,
+                driver,
+            };
+            read(g).map(|v| (labels, v))
+        }),
+    )
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// A ratio from NVML's whole percent back to the percent it was.
+fn percent(ratio: f64) -> i64 {
+    (ratio * 100.0).round() as i64
+}
+
+pub(super) fn encode(
+    e: &mut DescriptorEncoder,
+    snap: &Snapshot,
+    hostname: &str,
+) -> Result<(), fmt::Error> {
+    if !snap.nvml.up {
+        return Ok(());
+    }
+    family(
+        e,
+        "DCGM_FI_DEV_GPU_UTIL",
+        "GPU utilization (in %).",
+        snap,
+        hostname,
+        |g| g.utilization_ratio.map(percent),
+    )?;
+    family(
+        e,
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "Memory utilization (in %).",
+        snap,
+        hostname,
+        |g| g.memory_utilization_ratio.map(percent),
+    )?;
+    family(
+        e,
+        "DCGM_FI_DEV_FB_USED",
+        "Framebuffer memory used (in MiB).",
+        snap,
+        hostname,
+        |g| g.memory_used_bytes.map(|b| (b as f64 / MIB).floor() as i64),
+    )?;
+    family(
+        e,
+        "DCGM_FI_DEV_FB_FREE",
+        "Framebuffer memory free (in MiB).",
+        snap,
+        hostname,
+        |g| g.memory_free_bytes.map(|b| (b as f64 / MIB).floor() as i64),
+    )?;
+    family(
+        e,
+        "DCGM_FI_DEV_GPU_TEMP",
+        "GPU temperature (in C).",
+        snap,
+        hostname,
+        |g| g.temperature_celsius.map(|c| c.round() as i64),
+    )?;
+    family(
+        e,
+        "DCGM_FI_DEV_POWER_USAGE",
+        "Power draw (in W).",
+        snap,
+        hostname,
+        |g| g.power_watts,
+    )?;
+    family(
+        e,
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "Total energy consumption since boot (in mJ).",
+        snap,
+        hostname,
+        |g| g.energy_joules.map(|j| (j * 1000.0).round() as i64),
+    )?;
+    family(
+        e,
+        "DCGM_FI_DEV_SM_CLOCK",
+        "SM clock frequency (in MHz).",
+        snap,
+        hostname,
+        |g| g.sm_clock_hertz.map(|h| (h / 1e6).round() as i64),
+    )?;
+    family(
+        e,
+        "DCGM_FI_DEV_MEM_CLOCK",
+        "Memory clock frequency (in MHz).",
+        snap,
+        hostname,
+        |g| g.memory_clock_hertz.map(|h| (h / 1e6).round() as i64),
+    )?;
+    family(
+        e,
+        "DCGM_FI_DEV_XID_ERRORS",
+        "Value of the last XID error encountered.",
+        snap,
+        hostname,
+        |g| Some(g.last_xid.unwrap_or(0) as i64),
+    )?;
+    family(
+        e,
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        "Total number of single-bit volatile ECC errors.",
+        snap,
+        hostname,
+        |g| g.ecc_corrected.map(|v| v as i64),
+    )?;
+    family(
+        e,
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "Total number of double-bit volatile ECC errors.",
+        snap,
+        hostname,
+        |g| g.ecc_uncorrected.map(|v| v as i64),
+    )
+}
