@@ -18,6 +18,7 @@ use crate::config::{Config, Provider};
 use crate::gpu::metrics::{BuildInfo, SamplerMetrics, SnapshotCollector};
 use crate::gpu::nvml::NvmlSource;
 use crate::gpu::sampler::{self, Snapshots};
+use crate::kubernetes::metrics::{KubernetesCollector, KubernetesMetrics};
 use crate::serve::metrics::HttpCollector;
 use crate::server::{router, ServerState};
 use crate::spend::metrics::{CostCollector, CostMetrics};
@@ -69,12 +70,36 @@ impl App {
 
         let mut registry = Registry::default();
         metrics.register(&mut registry);
-        registry.register_collector(Box::new(SnapshotCollector::with_names(
+        let mut gpu_series = SnapshotCollector::with_names(
             snapshots.clone(),
             BuildInfo::current(),
             config.exposition.names,
             hostname(&config),
-        )));
+        );
+        // On Kubernetes: who holds which GPU, read off the scrape path.
+        let pods = config
+            .kubernetes
+            .pod_resources_socket
+            .clone()
+            .map(|socket| {
+                let view = Arc::new(KubernetesMetrics::default());
+                tasks.spawn(crate::kubernetes::poll(
+                    socket,
+                    config.kubernetes.refresh,
+                    Arc::clone(&view),
+                ));
+                view
+            });
+        if let Some(view) = &pods {
+            gpu_series = gpu_series.with_pods(Arc::clone(view));
+        }
+        registry.register_collector(Box::new(gpu_series));
+        if let Some(view) = pods {
+            registry.register_collector(Box::new(KubernetesCollector {
+                view,
+                snapshots: snapshots.clone(),
+            }));
+        }
         let series = WatchSeries::default();
         series.watch.update(|v| {
             v.labels = config

@@ -12,6 +12,7 @@ pub mod command;
 pub mod config;
 pub use gpuwatch_core::cost;
 pub mod gpu;
+pub mod kubernetes;
 pub mod metrics;
 pub mod notify;
 pub mod redact;

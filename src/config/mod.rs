@@ -51,6 +51,7 @@ pub struct Config {
     pub cost: CostConfig,
     pub cloudwatch: CloudWatchConfig,
     pub exposition: ExpositionConfig,
+    pub kubernetes: KubernetesConfig,
     /// The labels of `gpuwatch_node_info`.
     pub node: NodeConfig,
     pub budgets: Vec<BudgetConfig>,
@@ -154,6 +155,7 @@ impl RawConfig {
         let cost = self.cost.validate(&mut invalid);
         let cloudwatch = self.cloudwatch.validate(&mut invalid);
         let exposition = self.exposition.validate(&mut invalid);
+        let kubernetes = self.kubernetes.validate(&mut invalid);
         let node = validate_labels(&self.node, &self.cloud.tag_labels, &mut invalid);
 
         let mut budgets = Vec::new();
@@ -185,7 +187,7 @@ impl RawConfig {
 
         match (
             server, nvml, sampling, cloud, actions, vetoes, spot, cost, cloudwatch, exposition,
-            node,
+            kubernetes, node,
         ) {
             (
                 Some(server),
@@ -198,6 +200,7 @@ impl RawConfig {
                 Some(cost),
                 Some(cloudwatch),
                 Some(exposition),
+                Some(kubernetes),
                 Some(node),
             ) if errors.is_empty() => Ok(Config {
                 server,
@@ -210,6 +213,7 @@ impl RawConfig {
                 cost,
                 cloudwatch,
                 exposition,
+                kubernetes,
                 node,
                 budgets,
                 rules,

@@ -1,5 +1,6 @@
 //! `[node]` labels and `[cloud] tag_labels`: the labels `gpuwatch_node_info` carries, so that
-//! spend, idle GPUs and pending actions can be summed by team or project with one join.
+//! spend, idle GPUs and pending actions can be summed by team or project with one join; and
+//! `[kubernetes]`, which labels GPU series with the pods that hold them.
 
 use std::collections::BTreeMap;
 
@@ -118,4 +119,44 @@ pub(super) fn validate_labels(
         labels: node.labels.clone(),
         tag_labels,
     })
+}
+
+/// `[kubernetes]`: where the kubelet's PodResources API is, and how often it is read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KubernetesConfig {
+    /// `None`: pod attribution is off.
+    pub pod_resources_socket: Option<PathBuf>,
+    pub refresh: Duration,
+}
+
+impl RawKubernetes {
+    pub(super) fn validate(
+        &self,
+        invalid: &mut impl FnMut(&str, String),
+    ) -> Option<KubernetesConfig> {
+        let socket = &self.pod_resources_socket;
+        let socket = if socket.is_empty() {
+            Some(None)
+        } else if socket.starts_with('/') && !socket.chars().any(char::is_control) {
+            Some(Some(PathBuf::from(socket)))
+        } else {
+            invalid(
+                "kubernetes.pod_resources_socket",
+                format!(
+                    "{socket:?} is not an absolute path, such as \"/var/lib/kubelet/pod-resources/kubelet.sock\""
+                ),
+            );
+            None
+        };
+        let refresh = duration(
+            invalid,
+            "kubernetes.refresh",
+            &self.refresh,
+            Duration::from_millis(100)..=Duration::from_secs(3600),
+        );
+        Some(KubernetesConfig {
+            pod_resources_socket: socket?,
+            refresh: refresh?,
+        })
+    }
 }

@@ -10,6 +10,7 @@ pub struct RawConfig {
     pub rules_file: String,
     pub server: RawServer,
     pub exposition: RawExposition,
+    pub kubernetes: RawKubernetes,
     pub node: RawNode,
     pub nvml: RawNvml,
     pub sampling: RawSampling,
@@ -73,6 +74,24 @@ impl Default for RawExposition {
         RawExposition {
             names: "gpuwatch".to_string(),
             hostname: String::new(),
+        }
+    }
+}
+
+/// `[kubernetes]`: pod attribution through the kubelet.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawKubernetes {
+    /// The kubelet's PodResources socket; empty: off.
+    pub pod_resources_socket: String,
+    pub refresh: String,
+}
+
+impl Default for RawKubernetes {
+    fn default() -> Self {
+        RawKubernetes {
+            pod_resources_socket: String::new(),
+            refresh: "10s".to_string(),
         }
     }
 }
@@ -156,6 +175,7 @@ impl Default for RawConfig {
             },
             node: RawNode::default(),
             exposition: RawExposition::default(),
+            kubernetes: RawKubernetes::default(),
             actions: RawActions {
                 mode: "dry-run".to_string(),
                 boot_grace: "15m".to_string(),

@@ -14,11 +14,12 @@ use prometheus_client::encoding::{
     DescriptorEncoder, EncodeLabel, EncodeLabelSet, LabelSetEncoder,
 };
 
+use super::metrics::GpuView;
 use super::{GpuSample, Snapshot};
 use crate::metrics::encode::*;
 use crate::metrics::Text;
 
-/// dcgm-exporter's label set, in its order.
+/// dcgm-exporter's label set, in its order (the pod's labels last, as it sorts them).
 struct DcgmLabels<'a> {
     gpu: u32,
     uuid: &'a str,
@@ -26,6 +27,7 @@ struct DcgmLabels<'a> {
     model: &'a str,
     hostname: &'a str,
     driver: &'a str,
+    pod: Option<PodLabels<'a>>,
 }
 
 impl EncodeLabelSet for DcgmLabels<'_> {
@@ -36,8 +38,21 @@ impl EncodeLabelSet for DcgmLabels<'_> {
         ("device", format!("nvidia{}", self.gpu)).encode(encoder.encode_label())?;
         ("modelName", Text(self.model)).encode(encoder.encode_label())?;
         ("Hostname", Text(self.hostname)).encode(encoder.encode_label())?;
-        ("DCGM_FI_DRIVER_VERSION", Text(self.driver)).encode(encoder.encode_label())
+        ("DCGM_FI_DRIVER_VERSION", Text(self.driver)).encode(encoder.encode_label())?;
+        if let Some(p) = &self.pod {
+            ("container", Text(p.container)).encode(encoder.encode_label())?;
+            ("namespace", Text(p.namespace)).encode(encoder.encode_label())?;
+            ("pod", Text(p.pod)).encode(encoder.encode_label())?;
+        }
+        Ok(())
     }
+}
+
+/// The GPUs the families are over, and the labels they share.
+struct Gpus<'a> {
+    views: &'a [GpuView<'a>],
+    driver: &'a str,
+    hostname: &'a str,
 }
 
 /// One DCGM family: every GPU that is up and has the reading, converted to DCGM's unit.
@@ -45,24 +60,23 @@ fn family<V: prometheus_client::encoding::EncodeGaugeValue>(
     e: &mut DescriptorEncoder,
     name: &'static str,
     help: &'static str,
-    snap: &Snapshot,
-    hostname: &str,
+    gpus: &Gpus<'_>,
     read: impl Fn(&GpuSample) -> Option<V>,
 ) -> Result<(), fmt::Error> {
-    let driver = snap.nvml.driver_version.as_deref().unwrap_or("");
     gauges(
         e,
         desc(name, help, None),
-        snap.gpus.iter().filter(|g| g.up).filter_map(|g| {
+        gpus.views.iter().filter(|g| g.up).filter_map(|g| {
             let labels = DcgmLabels {
                 gpu: g.index,
-                uuid: &g.uuid,
-                pci_bus_id: g.pci_bus_id.as_deref().unwrap_or(""),
-                model: g.name.as_deref().unwrap_or(""),
-                hostname,
-                driver,
+                uuid: &g.sample.uuid,
+                pci_bus_id: g.sample.pci_bus_id.as_deref().unwrap_or(""),
+                model: g.sample.name.as_deref().unwrap_or(""),
+                hostname: gpus.hostname,
+                driver: gpus.driver,
+                pod: g.pod_labels(),
             };
-            read(g).map(|v| (labels, v))
+            read(g.sample).map(|v| (labels, v))
         }),
     )
 }
@@ -77,105 +91,99 @@ fn percent(ratio: f64) -> i64 {
 pub(super) fn encode(
     e: &mut DescriptorEncoder,
     snap: &Snapshot,
+    views: &[GpuView<'_>],
     hostname: &str,
 ) -> Result<(), fmt::Error> {
     if !snap.nvml.up {
         return Ok(());
     }
+    let gpus = &Gpus {
+        views,
+        driver: snap.nvml.driver_version.as_deref().unwrap_or(""),
+        hostname,
+    };
     family(
         e,
         "DCGM_FI_DEV_GPU_UTIL",
         "GPU utilization (in %).",
-        snap,
-        hostname,
+        gpus,
         |g| g.utilization_ratio.map(percent),
     )?;
     family(
         e,
         "DCGM_FI_DEV_MEM_COPY_UTIL",
         "Memory utilization (in %).",
-        snap,
-        hostname,
+        gpus,
         |g| g.memory_utilization_ratio.map(percent),
     )?;
     family(
         e,
         "DCGM_FI_DEV_FB_USED",
         "Framebuffer memory used (in MiB).",
-        snap,
-        hostname,
+        gpus,
         |g| g.memory_used_bytes.map(|b| (b as f64 / MIB).floor() as i64),
     )?;
     family(
         e,
         "DCGM_FI_DEV_FB_FREE",
         "Framebuffer memory free (in MiB).",
-        snap,
-        hostname,
+        gpus,
         |g| g.memory_free_bytes.map(|b| (b as f64 / MIB).floor() as i64),
     )?;
     family(
         e,
         "DCGM_FI_DEV_GPU_TEMP",
         "GPU temperature (in C).",
-        snap,
-        hostname,
+        gpus,
         |g| g.temperature_celsius.map(|c| c.round() as i64),
     )?;
     family(
         e,
         "DCGM_FI_DEV_POWER_USAGE",
         "Power draw (in W).",
-        snap,
-        hostname,
+        gpus,
         |g| g.power_watts,
     )?;
     family(
         e,
         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
         "Total energy consumption since boot (in mJ).",
-        snap,
-        hostname,
+        gpus,
         |g| g.energy_joules.map(|j| (j * 1000.0).round() as i64),
     )?;
     family(
         e,
         "DCGM_FI_DEV_SM_CLOCK",
         "SM clock frequency (in MHz).",
-        snap,
-        hostname,
+        gpus,
         |g| g.sm_clock_hertz.map(|h| (h / 1e6).round() as i64),
     )?;
     family(
         e,
         "DCGM_FI_DEV_MEM_CLOCK",
         "Memory clock frequency (in MHz).",
-        snap,
-        hostname,
+        gpus,
         |g| g.memory_clock_hertz.map(|h| (h / 1e6).round() as i64),
     )?;
     family(
         e,
         "DCGM_FI_DEV_XID_ERRORS",
         "Value of the last XID error encountered.",
-        snap,
-        hostname,
+        gpus,
         |g| Some(g.last_xid.unwrap_or(0) as i64),
     )?;
     family(
         e,
         "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
         "Total number of single-bit volatile ECC errors.",
-        snap,
-        hostname,
+        gpus,
         |g| g.ecc_corrected.map(|v| v as i64),
     )?;
     family(
         e,
         "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
         "Total number of double-bit volatile ECC errors.",
-        snap,
-        hostname,
+        gpus,
         |g| g.ecc_uncorrected.map(|v| v as i64),
     )
 }

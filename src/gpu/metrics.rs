@@ -14,6 +14,8 @@ use prometheus_client::registry::Registry;
 use super::sampler::Snapshots;
 use super::{GpuSample, Snapshot};
 use crate::config::Names;
+use crate::kubernetes::metrics::KubernetesMetrics;
+use crate::kubernetes::PodRef;
 use crate::metrics::encode::*;
 use crate::metrics::Text;
 
@@ -108,6 +110,8 @@ pub struct SnapshotCollector {
     names: Names,
     /// The `Hostname` label of the DCGM names.
     hostname: String,
+    /// Who holds which GPU, on Kubernetes.
+    pods: Option<Arc<KubernetesMetrics>>,
 }
 
 impl fmt::Debug for SnapshotCollector {
@@ -137,7 +141,14 @@ impl SnapshotCollector {
             build,
             names,
             hostname,
+            pods: None,
         }
+    }
+
+    /// Labels each GPU's series with the pod that holds it, from the kubelet's assignments.
+    pub fn with_pods(mut self, pods: Arc<KubernetesMetrics>) -> Self {
+        self.pods = Some(pods);
+        self
     }
 
     fn snapshot(&self) -> std::sync::Arc<Snapshot> {
@@ -148,7 +159,14 @@ impl SnapshotCollector {
 impl Collector for SnapshotCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
         let snap = self.snapshot();
-        let gpus = &snap.gpus[..];
+        // On Kubernetes, who holds each GPU: its series carry the pod, one series per pod.
+        let held = self
+            .pods
+            .as_ref()
+            .map(|p| p.view().by_gpu(&snap.gpus))
+            .unwrap_or_default();
+        let views = views(&snap.gpus, &held);
+        let gpus = &views[..];
         let e = &mut enc;
 
         gauges(
@@ -234,7 +252,7 @@ impl Collector for SnapshotCollector {
         }
 
         if self.names.dcgm() {
-            super::dcgm::encode(e, &snap, &self.hostname)?;
+            super::dcgm::encode(e, &snap, gpus, &self.hostname)?;
         }
         if !self.names.gpuwatch() {
             return Ok(());
@@ -417,22 +435,69 @@ impl Collector for SamplerMetrics {
     }
 }
 
-fn labels(g: &GpuSample) -> GpuLabels<'_, NoLabels> {
+/// One GPU as its series show it: the sample, and the pod holding it, if any. A GPU shared by
+/// several pods (time-slicing) is one view per pod, so it has one series per pod.
+pub(super) struct GpuView<'a> {
+    pub(super) sample: &'a GpuSample,
+    pub(super) pod: Option<&'a PodRef>,
+}
+
+impl std::ops::Deref for GpuView<'_> {
+    type Target = GpuSample;
+
+    fn deref(&self) -> &GpuSample {
+        self.sample
+    }
+}
+
+impl<'a> GpuView<'a> {
+    pub(super) fn pod_labels(&self) -> Option<PodLabels<'a>> {
+        self.pod.map(|p| PodLabels {
+            pod: &p.pod,
+            namespace: &p.namespace,
+            container: &p.container,
+        })
+    }
+}
+
+/// The views of a snapshot's GPUs, given who holds each (by GPU index).
+pub(super) fn views<'a>(
+    gpus: &'a [GpuSample],
+    pods: &'a std::collections::BTreeMap<u32, Vec<PodRef>>,
+) -> Vec<GpuView<'a>> {
+    let mut out = Vec::with_capacity(gpus.len());
+    for g in gpus {
+        match pods.get(&g.index).filter(|p| !p.is_empty()) {
+            Some(held) => out.extend(held.iter().map(|p| GpuView {
+                sample: g,
+                pod: Some(p),
+            })),
+            None => out.push(GpuView {
+                sample: g,
+                pod: None,
+            }),
+        }
+    }
+    out
+}
+
+fn labels<'a>(g: &GpuView<'a>) -> GpuLabels<'a, NoLabels> {
     with(g, NO_LABELS)
 }
 
-fn with<X>(g: &GpuSample, extra: X) -> GpuLabels<'_, X> {
+fn with<'a, X>(g: &GpuView<'a>, extra: X) -> GpuLabels<'a, X> {
     GpuLabels {
-        gpu: g.index,
-        uuid: &g.uuid,
+        gpu: g.sample.index,
+        uuid: &g.sample.uuid,
+        pod: g.pod_labels(),
         extra,
     }
 }
 
 /// Series of one optional reading of every GPU that is up.
 fn per_gpu<'a, V: 'a>(
-    gpus: &'a [GpuSample],
-    read: impl Fn(&'a GpuSample) -> Option<V> + 'a,
+    gpus: &'a [GpuView<'a>],
+    read: impl Fn(&'a GpuView<'a>) -> Option<V> + 'a,
 ) -> impl Iterator<Item = (GpuLabels<'a, NoLabels>, V)> + 'a {
     gpus.iter()
         .filter(|g| g.up)

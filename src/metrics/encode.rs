@@ -11,11 +11,29 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Unit;
 
 use super::Text;
-/// `gpu` and `uuid`, which every GPU series carries, plus the series' own labels.
+/// `gpu` and `uuid`, which every GPU series carries, the pod holding the GPU (on Kubernetes,
+/// while one does), plus the series' own labels.
 pub(crate) struct GpuLabels<'a, X> {
     pub(crate) gpu: u32,
     pub(crate) uuid: &'a str,
+    pub(crate) pod: Option<PodLabels<'a>>,
     pub(crate) extra: X,
+}
+
+/// `pod`, `namespace` and `container`: who holds a GPU.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PodLabels<'a> {
+    pub(crate) pod: &'a str,
+    pub(crate) namespace: &'a str,
+    pub(crate) container: &'a str,
+}
+
+impl EncodeLabelSet for PodLabels<'_> {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), fmt::Error> {
+        ("pod", Text(self.pod)).encode(encoder.encode_label())?;
+        ("namespace", Text(self.namespace)).encode(encoder.encode_label())?;
+        ("container", Text(self.container)).encode(encoder.encode_label())
+    }
 }
 
 impl<X: EncodeLabelSet> EncodeLabelSet for GpuLabels<'_, X> {
@@ -24,6 +42,9 @@ impl<X: EncodeLabelSet> EncodeLabelSet for GpuLabels<'_, X> {
         // A GPU whose UUID was never read has no `uuid` label, rather than an empty one.
         if !self.uuid.is_empty() {
             ("uuid", Text(self.uuid)).encode(encoder.encode_label())?;
+        }
+        if let Some(pod) = &self.pod {
+            pod.encode(encoder)?;
         }
         self.extra.encode(encoder)
     }

@@ -104,6 +104,7 @@ impl Collector for WatchCollector {
                     GpuLabels {
                         gpu: g.gpu,
                         uuid: &g.uuid,
+                        pod: None,
                         extra: NO_LABELS,
                     },
                     g.seconds,

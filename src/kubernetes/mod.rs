@@ -1,0 +1,213 @@
+//! Pod attribution: which pod holds which GPU, from the kubelet's PodResources API (gRPC on
+//! its unix socket). A poller refreshes the assignments on its own interval, off the scrape
+//! path; a scrape joins them with the latest snapshot. A missing or broken socket means no pod
+//! labels and `gpuwatch_kubernetes_up 0`, with one log line per distinct failure.
+
+pub mod metrics;
+mod proto;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use self::metrics::{KubernetesMetrics, KubernetesView};
+use self::proto::{ListPodResourcesRequest, ListPodResourcesResponse};
+
+/// The container a GPU is assigned to.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PodRef {
+    pub pod: String,
+    pub namespace: String,
+    pub container: String,
+}
+
+/// How the NVIDIA device plugin names a device to the kubelet.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum DeviceId {
+    /// A GPU UUID (`GPU-…`), the plugin's default.
+    Uuid(String),
+    /// A GPU index (`0`), with `deviceIDStrategy: index`.
+    Index(u32),
+    /// A MIG device UUID (`MIG-…`), mapped to its parent once MIG devices are known.
+    Mig(String),
+}
+
+/// One device held by one container.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Assignment {
+    pub device: DeviceId,
+    pub pod: PodRef,
+}
+
+/// The longest name believed from the kubelet (pod and namespace names are at most 253).
+const MAX_NAME: usize = 253;
+
+/// Reads a device id as the NVIDIA device plugin writes it. A time-sliced GPU's replicas carry
+/// `::N` after the GPU's own id (`GPU-…::3`); each replica is its GPU. Anything else is `None`.
+pub fn parse_device_id(id: &str) -> Option<DeviceId> {
+    let id = id.split_once("::").map_or(id, |(base, _)| base);
+    if id.is_empty() || id.len() > MAX_NAME || id.chars().any(char::is_control) {
+        return None;
+    }
+    if id.starts_with("GPU-") {
+        Some(DeviceId::Uuid(id.to_string()))
+    } else if id.starts_with("MIG-") {
+        Some(DeviceId::Mig(id.to_string()))
+    } else {
+        id.parse().ok().map(DeviceId::Index)
+    }
+}
+
+/// The GPU assignments in a `List` answer: NVIDIA resources only (`nvidia.com/gpu`,
+/// `nvidia.com/mig-…`), each device id read, names bounded. Sorted, without repeats.
+fn assignments(response: ListPodResourcesResponse) -> Vec<Assignment> {
+    let mut out = Vec::new();
+    let name = |s: &str| -> Option<String> {
+        (!s.is_empty() && s.len() <= MAX_NAME && !s.chars().any(char::is_control))
+            .then(|| s.to_string())
+    };
+    for pod in response.pod_resources {
+        let (Some(pod_name), Some(namespace)) = (name(&pod.name), name(&pod.namespace)) else {
+            continue;
+        };
+        for container in pod.containers {
+            let Some(container_name) = name(&container.name) else {
+                continue;
+            };
+            for devices in &container.devices {
+                if !devices.resource_name.starts_with("nvidia.com/") {
+                    continue;
+                }
+                for id in &devices.device_ids {
+                    if let Some(device) = parse_device_id(id) {
+                        out.push(Assignment {
+                            device,
+                            pod: PodRef {
+                                pod: pod_name.clone(),
+                                namespace: namespace.clone(),
+                                container: container_name.clone(),
+                            },
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// A failed call to the kubelet.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeletError {
+    #[error("cannot connect to {socket}: {source}")]
+    Connect {
+        socket: String,
+        source: tonic::transport::Error,
+    },
+    #[error("PodResourcesLister/List failed: {0}")]
+    Call(#[from] tonic::Status),
+}
+
+/// How long one `List` may take, connection included.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// The largest `List` answer read (tonic's own default, stated).
+const MAX_ANSWER: usize = 4 << 20;
+
+/// Asks the kubelet which devices every container holds.
+pub async fn list(socket: &Path) -> Result<Vec<Assignment>, KubeletError> {
+    let path = socket.to_path_buf();
+    // The URI is a placeholder: the connector dials the unix socket.
+    let channel = tonic::transport::Endpoint::from_static("http://kubelet.invalid")
+        .connect_timeout(CALL_TIMEOUT)
+        .timeout(CALL_TIMEOUT)
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+        .map_err(|source| KubeletError::Connect {
+            socket: socket.display().to_string(),
+            source,
+        })?;
+    let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_ANSWER);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let codec =
+        tonic_prost::ProstCodec::<ListPodResourcesRequest, ListPodResourcesResponse>::default();
+    let method = http::uri::PathAndQuery::from_static("/v1.PodResourcesLister/List");
+    let response = grpc
+        .unary(
+            tonic::Request::new(ListPodResourcesRequest {}),
+            method,
+            codec,
+        )
+        .await?;
+    Ok(assignments(response.into_inner()))
+}
+
+/// Refreshes the assignments every `every` until the daemon stops.
+pub async fn poll(socket: PathBuf, every: Duration, view: Arc<KubernetesMetrics>) {
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut last_error: Option<String> = None;
+    loop {
+        ticker.tick().await;
+        match list(&socket).await {
+            Ok(assignments) => {
+                if last_error.take().is_some() {
+                    tracing::info!(socket = %socket.display(), "the kubelet's pod resources answer again");
+                }
+                view.update(|v| {
+                    *v = KubernetesView {
+                        up: true,
+                        assignments,
+                        errors: v.errors,
+                    }
+                });
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if last_error.as_ref() != Some(&text) {
+                    tracing::warn!(error = %text, "cannot read the kubelet's pod resources; GPU series carry no pod labels until it answers");
+                    last_error = Some(text);
+                }
+                view.update(|v| {
+                    v.up = false;
+                    v.assignments.clear();
+                    v.errors += 1;
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_ids_as_the_device_plugin_writes_them() {
+        let uuid = "GPU-00000000-0000-4000-8000-000000000001";
+        assert_eq!(parse_device_id(uuid), Some(DeviceId::Uuid(uuid.into())));
+        // A time-sliced replica is its GPU.
+        assert_eq!(
+            parse_device_id(&format!("{uuid}::3")),
+            Some(DeviceId::Uuid(uuid.into()))
+        );
+        assert_eq!(parse_device_id("2"), Some(DeviceId::Index(2)));
+        assert_eq!(parse_device_id("2::1"), Some(DeviceId::Index(2)));
+        assert_eq!(
+            parse_device_id("MIG-1a2b"),
+            Some(DeviceId::Mig("MIG-1a2b".into()))
+        );
+        for bad in ["", "::1", "gpu0", "-1", "GPU-\nx", &"9".repeat(300)] {
+            assert_eq!(parse_device_id(bad), None, "{bad:?}");
+        }
+    }
+}

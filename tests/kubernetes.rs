@@ -1,0 +1,189 @@
+//! Pod attribution against a fake kubelet that speaks the real PodResources gRPC protocol on a
+//! unix socket (grpcio, generated from `proto/podresources.proto`; `scripts/test` installs it):
+//! GPU series carry the pod that holds them, by UUID or by index, one series per pod on a
+//! time-sliced GPU; assignments refresh; a kubelet that goes away leaves no pod labels and
+//! `gpuwatch_kubernetes_up 0`, and the daemon goes on.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{metric, Daemon, Scrape};
+
+const LIMIT: Duration = Duration::from_secs(60);
+const SCENARIO: &str = "[[gpu]]\nutilization = 10\n[[gpu]]\nutilization = 20\n[[gpu]]\nutilization = 30\n[[gpu]]\nutilization = 40\n";
+
+fn uuid(i: u32) -> String {
+    format!("GPU-00000000-0000-4000-8000-{:012}", i + 1)
+}
+
+/// Starts the fake kubelet on `socket`, serving the assignments in `pods`.
+fn fake_kubelet(socket: &Path, pods: &Path) -> common::Killed {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = std::env::var_os("FAKE_KUBELET_PYTHON")
+        .unwrap_or_else(|| root.join(".venv/bin/python").into());
+    let mut child = Command::new(&python)
+        .arg(root.join("tests/kubelet/fake_kubelet.py"))
+        .arg(socket)
+        .arg(pods)
+        .arg(root.join("proto/podresources.proto"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}; scripts/test installs grpcio and grpcio-tools in .venv",
+                Path::new(&python).display()
+            )
+        });
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready", "the fake kubelet did not start");
+    common::Killed(child)
+}
+
+fn pod(
+    name: &str,
+    namespace: &str,
+    container: &str,
+    resource: &str,
+    ids: &[&str],
+) -> serde_json::Value {
+    serde_json::json!({"name": name, "namespace": namespace, "containers": [
+        {"name": container, "devices": [{"resource": resource, "ids": ids}]}]})
+}
+
+/// The pods on the series of `family` for GPU `gpu`, as (pod, namespace, container).
+fn holders(s: &Scrape, family: &str, gpu: u32) -> Vec<(String, String, String)> {
+    let mut out: Vec<(String, String, String)> = s
+        .named(family)
+        .iter()
+        .filter(|x| x.labels.get("gpu") == Some(&gpu.to_string()))
+        .map(|x| {
+            let l = |k: &str| x.labels.get(k).cloned().unwrap_or_default();
+            (l("pod"), l("namespace"), l("container"))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn held(pod: &str, namespace: &str, container: &str) -> (String, String, String) {
+    (pod.into(), namespace.into(), container.into())
+}
+
+#[test]
+fn gpu_series_carry_the_pods_that_hold_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("kubelet.sock");
+    let pods = dir.path().join("pods.json");
+    let write = |list: serde_json::Value| std::fs::write(&pods, list.to_string()).unwrap();
+    write(serde_json::json!([
+        // By UUID, the device plugin's default.
+        pod("train-a", "ml", "trainer", "nvidia.com/gpu", &[&uuid(0)]),
+        // By index.
+        pod("infer-b", "serving", "server", "nvidia.com/gpu", &["1"]),
+        // Time-slicing: two replicas of GPU 2, in two pods.
+        pod(
+            "nb-c",
+            "ml",
+            "jupyter",
+            "nvidia.com/gpu",
+            &[&format!("{}::0", uuid(2))]
+        ),
+        pod(
+            "nb-d",
+            "ml",
+            "jupyter",
+            "nvidia.com/gpu",
+            &[&format!("{}::1", uuid(2))]
+        ),
+        // Not a GPU.
+        pod("other", "default", "app", "example.com/fpga", &["0"]),
+    ]));
+    let kubelet = fake_kubelet(&socket, &pods);
+    let d = Daemon::start(
+        SCENARIO,
+        &format!(
+            "[kubernetes]\npod_resources_socket = \"{}\"\nrefresh = \"200ms\"\n",
+            socket.display()
+        ),
+    );
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_kubernetes_up").get(s) == Some(1.0)
+            && s.named("gpuwatch_pod_gpu_allocated").len() == 4
+    });
+    assert_eq!(
+        holders(&s, "gpu_utilization_ratio", 0),
+        [held("train-a", "ml", "trainer")]
+    );
+    assert_eq!(
+        holders(&s, "gpu_utilization_ratio", 1),
+        [held("infer-b", "serving", "server")]
+    );
+    assert_eq!(
+        holders(&s, "gpu_utilization_ratio", 2),
+        [held("nb-c", "ml", "jupyter"), held("nb-d", "ml", "jupyter")]
+    );
+    // An unassigned GPU has no pod labels at all.
+    assert_eq!(holders(&s, "gpu_utilization_ratio", 3), [held("", "", "")]);
+    // The shared GPU's reading is on both series.
+    for x in s.named("gpu_utilization_ratio") {
+        if x.labels["gpu"] == "2" {
+            assert_eq!(x.value, 0.3);
+        }
+    }
+    let allocated = holders(&s, "gpuwatch_pod_gpu_allocated", 2);
+    assert_eq!(allocated.len(), 2);
+    let a = &s.named("gpuwatch_pod_gpu_allocated")[0];
+    assert_eq!(a.labels["uuid"], uuid(a.labels["gpu"].parse().unwrap()));
+    assert!(!s.text.contains("other"), "a non-GPU resource is not a GPU");
+    common::assert_promtool_accepts(&s.text);
+
+    // The assignments refresh: train-a is done.
+    write(serde_json::json!([pod(
+        "infer-b",
+        "serving",
+        "server",
+        "nvidia.com/gpu",
+        &["1"]
+    )]));
+    let s = d.await_scrape(LIMIT, |s| s.named("gpuwatch_pod_gpu_allocated").len() == 1);
+    assert_eq!(holders(&s, "gpu_utilization_ratio", 0), [held("", "", "")]);
+
+    // The kubelet goes away: no pod labels, up 0, and the daemon goes on.
+    drop(kubelet);
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_kubernetes_up").get(s) == Some(0.0)
+    });
+    assert!(
+        s.named("gpuwatch_pod_gpu_allocated").is_empty(),
+        "{}",
+        s.text
+    );
+    assert!(!s.text.contains("pod=\""), "{}", s.text);
+    assert!(metric("gpuwatch_kubernetes_errors_total").get(&s).unwrap() >= 1.0);
+    assert_eq!(s.named("gpu_utilization_ratio").len(), 4);
+}
+
+/// Without a socket where one is configured, the daemon serves its GPUs, unlabelled.
+#[test]
+fn a_missing_kubelet_socket_is_survived() {
+    let d = Daemon::start(
+        SCENARIO,
+        "[kubernetes]\npod_resources_socket = \"/nonexistent/kubelet.sock\"\nrefresh = \"200ms\"\n",
+    );
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_kubernetes_errors_total")
+            .get(s)
+            .unwrap_or(0.0)
+            >= 2.0
+    });
+    metric("gpuwatch_kubernetes_up").value(0.0).assert_in(&s);
+    assert_eq!(s.named("gpu_utilization_ratio").len(), 4);
+    assert!(!s.text.contains("pod=\""));
+}
