@@ -761,8 +761,10 @@ fn node_info_carries_team_labels_and_idle_dollars_are_the_idle_share_of_spend() 
 
     let spend = metric("gpuwatch_spend_dollars").get(&s).unwrap();
     let idle = metric("gpuwatch_gpu_idle_dollars_total").get(&s).unwrap();
+    // Half, but for a sample gap longer than the slack that a loaded machine may cause: the
+    // ledger accrues across it, idle dollars do not (unknown is not idle).
     assert!(
-        (idle - spend / 2.0).abs() < 1e-6 * spend,
+        idle <= spend / 2.0 + 1e-9 && idle >= spend / 2.0 * 0.9,
         "idle {idle} is not half of spend {spend}"
     );
 }

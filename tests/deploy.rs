@@ -90,7 +90,12 @@ fn the_daemonset_runs_gpuwatch_unprivileged_on_gpu_nodes_only() {
         .map(|e| e["key"].as_str().unwrap())
         .collect();
     assert!(keys.contains(&"nvidia.com/gpu.present"), "{keys:?}");
-    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    // Root only to reach the kubelet's root-only socket; no capability and no escalation.
+    assert_eq!(pod["securityContext"]["runAsUser"], 0);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
     assert_eq!(pod["automountServiceAccountToken"], false);
     assert_eq!(pod["runtimeClassName"], "nvidia");
     let c = &pod["containers"][0];
@@ -124,10 +129,10 @@ fn the_daemonset_runs_gpuwatch_unprivileged_on_gpu_nodes_only() {
     // The Service and the ServiceMonitor find the pods by the DaemonSet's label.
     let selector = &ds["spec"]["selector"]["matchLabels"];
     assert_eq!(&kind(&docs, "Service")["spec"]["selector"], selector);
-    assert_eq!(
-        &kind(&docs, "ServiceMonitor")["spec"]["selector"]["matchLabels"],
-        selector
-    );
+    let monitor = kind(&docs, "ServiceMonitor");
+    assert_eq!(&monitor["spec"]["selector"]["matchLabels"], selector);
+    // gpuwatch's pod labels must survive the scrape, not become exported_pod.
+    assert_eq!(monitor["spec"]["endpoints"][0]["honorLabels"], true);
 }
 
 #[test]

@@ -99,23 +99,30 @@ fn a_fleet_sums_by_team_on_a_real_prometheus() {
     });
     assert_eq!(cost.len(), TEAMS.len());
 
-    // Spend per team, as Prometheus last recorded it, against the daemons' own figures read
-    // just after: behind by at most a sample, a scrape and an evaluation of accrual.
+    // Spend per team, as Prometheus last recorded it, between the daemons' own figures read
+    // just before and just after: behind by a sample, a scrape and an evaluation of accrual
+    // (a few seconds, and more on a loaded machine; ten allowed).
+    let direct = || {
+        let mut sums: BTreeMap<String, f64> = BTreeMap::new();
+        for (i, d) in fleet.iter().enumerate() {
+            let s = d.scrape();
+            *sums.entry(plan(i).0.into()).or_default() +=
+                common::metric("gpuwatch_spend_dollars").get(&s).unwrap();
+        }
+        sums
+    };
+    let before = direct();
     let spend = by_team(&prom.await_query("team:gpuwatch_spend_dollars:sum", |r| {
         r.len() == TEAMS.len()
     }));
-    let mut direct: BTreeMap<String, f64> = BTreeMap::new();
-    for (i, d) in fleet.iter().enumerate() {
-        let s = d.scrape();
-        *direct.entry(plan(i).0.into()).or_default() +=
-            common::metric("gpuwatch_spend_dollars").get(&s).unwrap();
-    }
+    let after = direct();
     for (team, recorded) in &spend {
-        let lag = price_want[team] * 5.0 / 3600.0;
-        let now = direct[team];
+        let lag = price_want[team] * 10.0 / 3600.0;
         assert!(
-            *recorded <= now + 1e-9 && now - recorded <= lag,
-            "{team}: Prometheus has {recorded}, the daemons {now} (at most {lag} apart)"
+            *recorded <= after[team] + 1e-9 && *recorded >= before[team] - lag,
+            "{team}: Prometheus has {recorded}, the daemons {} then {} (at most {lag} behind)",
+            before[team],
+            after[team]
         );
     }
 

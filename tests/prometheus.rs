@@ -196,10 +196,12 @@ fn the_dcgm_exporter_dashboard_works_in_dcgm_mode() {
         // The fake's 81,559 MiB, give or take the rounding down of each part.
         assert!((81_557.0..=81_559.0).contains(&mib), "{mib}");
     }
-    // No gpu_* series in dcgm mode.
-    let ours = prom.await_query("count(up)", |r| !r.is_empty());
-    assert_eq!(ours[0]["value"][1], "1");
-    let gpu = prom.await_query("absent(gpu_utilization_ratio)", |r| !r.is_empty());
-    assert_eq!(gpu[0]["value"][1], "1");
+    // No gpu_* series in dcgm mode, though gpuwatch's own series are there.
+    let gpu = prom.await_query("count({__name__=~\"gpu_.*\"}) or vector(0)", |r| {
+        !r.is_empty()
+    });
+    assert_eq!(gpu[0]["value"][1], "0", "{gpu:?}");
+    let ours = prom.await_query("gpuwatch_gpus", |r| !r.is_empty());
+    assert_eq!(ours[0]["value"][1], "4");
     prom.assert_up();
 }

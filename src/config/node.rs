@@ -6,12 +6,16 @@ use std::collections::BTreeMap;
 
 use super::*;
 
-/// The labels `gpuwatch_node_info` always has; a label of the user's own may not take them.
-pub const NODE_INFO_LABELS: [&str; 4] = [
+/// The labels `gpuwatch_node_info` always has, and the target labels Prometheus adds (which
+/// would rename a label of the same name to `exported_*`): a label of the user's own may not
+/// take them.
+pub const NODE_INFO_LABELS: [&str; 6] = [
     "instance_id",
     "instance_type",
     "availability_zone",
     "lifecycle",
+    "instance",
+    "job",
 ];
 
 /// The longest label value from the config or an instance tag (AWS allows 256 characters).
@@ -77,7 +81,7 @@ pub(super) fn validate_labels(
         } else if taken.contains(name) {
             invalid(
                 &key,
-                format!("\"{name}\" is a label gpuwatch_node_info has already"),
+                format!("\"{name}\" is a label gpuwatch_node_info or Prometheus has already"),
             );
             ok = false;
         }
@@ -100,6 +104,12 @@ pub(super) fn validate_labels(
         let label = tag_label_name(tag);
         if tag.is_empty() || tag.chars().count() > 128 || tag.chars().any(char::is_control) {
             invalid(&key, format!("{tag:?} is not an instance tag key"));
+            ok = false;
+        } else if !label_name_ok(&label) {
+            invalid(
+                &key,
+                format!("\"{tag}\" would be the label \"{label}\", which is not a label name"),
+            );
             ok = false;
         } else if taken.contains(&label) {
             invalid(

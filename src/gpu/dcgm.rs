@@ -33,7 +33,9 @@ struct DcgmLabels<'a> {
 impl EncodeLabelSet for DcgmLabels<'_> {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), fmt::Error> {
         ("gpu", self.gpu).encode(encoder.encode_label())?;
-        ("UUID", Text(self.uuid)).encode(encoder.encode_label())?;
+        if !self.uuid.is_empty() {
+            ("UUID", Text(self.uuid)).encode(encoder.encode_label())?;
+        }
         ("pci_bus_id", Text(self.pci_bus_id)).encode(encoder.encode_label())?;
         ("device", format!("nvidia{}", self.gpu)).encode(encoder.encode_label())?;
         ("modelName", Text(self.model)).encode(encoder.encode_label())?;

@@ -3,6 +3,7 @@
 //! from the output), and the sampler's error counters. Nothing here calls NVML or waits on the
 //! sampler.
 
+use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -167,6 +168,10 @@ impl Collector for SnapshotCollector {
             .unwrap_or_default();
         let views = views(&snap.gpus, &held);
         let gpus = &views[..];
+        // The series that identify or count GPUs, and per-process ones (a process is in one
+        // pod, and NVML does not say which), stay one per GPU: no pod labels.
+        let no_pods = BTreeMap::new();
+        let unshared = self::views(&snap.gpus, &no_pods);
         let e = &mut enc;
 
         gauges(
@@ -229,7 +234,7 @@ impl Collector for SnapshotCollector {
                     "GPUs NVML reports on this node, lost ones included",
                     None,
                 ),
-                gpus.len() as i64,
+                snap.gpus.len() as i64,
             )?;
             gauge(
                 e,
@@ -261,7 +266,8 @@ impl Collector for SnapshotCollector {
             e,
             desc("gpu_info", "GPU identity; value 1", None),
             // A lost GPU keeps its identity, as far as it was ever read.
-            gpus.iter()
+            unshared
+                .iter()
                 .filter(|g| g.up || g.name.is_some() || g.pci_bus_id.is_some())
                 .map(|g| {
                     let extra = [
@@ -278,7 +284,7 @@ impl Collector for SnapshotCollector {
                 "1 when the GPU answers NVML, 0 when it is lost",
                 None,
             ),
-            gpus.iter().map(|g| (labels(g), i64::from(g.up))),
+            unshared.iter().map(|g| (labels(g), i64::from(g.up))),
         )?;
         gauges(
             e,
@@ -405,7 +411,7 @@ impl Collector for SnapshotCollector {
                 "Device memory used by one compute process",
                 Some("bytes"),
             ),
-            gpus.iter().filter(|g| g.up).flat_map(|g| {
+            unshared.iter().filter(|g| g.up).flat_map(|g| {
                 g.process_memory.iter().flatten().filter_map(move |p| {
                     let extra = (
                         [("pid", p.pid)],
@@ -463,7 +469,7 @@ impl<'a> GpuView<'a> {
 /// The views of a snapshot's GPUs, given who holds each (by GPU index).
 pub(super) fn views<'a>(
     gpus: &'a [GpuSample],
-    pods: &'a std::collections::BTreeMap<u32, Vec<PodRef>>,
+    pods: &'a BTreeMap<u32, Vec<PodRef>>,
 ) -> Vec<GpuView<'a>> {
     let mut out = Vec::with_capacity(gpus.len());
     for g in gpus {

@@ -27,6 +27,10 @@ pub struct KubernetesView {
 
 pub type KubernetesMetrics = Shared<KubernetesView>;
 
+/// The most pods one GPU's series are labelled with (time-slicing rarely passes a few dozen):
+/// a bound on the series one GPU can make.
+const MAX_PODS_PER_GPU: usize = 64;
+
 impl KubernetesView {
     /// Who holds each GPU, by index: a device named by UUID or by index is matched to the
     /// snapshot's GPUs; one held through several time-slicing replicas counts once per
@@ -41,7 +45,7 @@ impl KubernetesView {
             };
             if let Some(g) = gpu {
                 let held = out.entry(g.index).or_default();
-                if !held.contains(&a.pod) {
+                if held.len() < MAX_PODS_PER_GPU && !held.contains(&a.pod) {
                     held.push(a.pod.clone());
                 }
             }

@@ -41,6 +41,12 @@ pub struct Assignment {
 
 /// The longest name believed from the kubelet (pod and namespace names are at most 253).
 const MAX_NAME: usize = 253;
+/// The most GPU assignments kept from one answer: far beyond any node (a node of 16 GPUs, each
+/// time-sliced 48 ways, has 768), and a bound on what a broken kubelet can make gpuwatch hold.
+pub const MAX_ASSIGNMENTS: usize = 4096;
+/// Consecutive failed calls after which the last assignments are dropped: one slow answer
+/// does not strip the pod labels (which would start new series), a kubelet that is gone does.
+const FORGET_AFTER: u32 = 3;
 
 /// Reads a device id as the NVIDIA device plugin writes it. A time-sliced GPU's replicas carry
 /// `::N` after the GPU's own id (`GPU-…::3`); each replica is its GPU. Anything else is `None`.
@@ -79,6 +85,9 @@ fn assignments(response: ListPodResourcesResponse) -> Vec<Assignment> {
                     continue;
                 }
                 for id in &devices.device_ids {
+                    if out.len() >= MAX_ASSIGNMENTS {
+                        break;
+                    }
                     if let Some(device) = parse_device_id(id) {
                         out.push(Assignment {
                             device,
@@ -156,10 +165,18 @@ pub async fn poll(socket: PathBuf, every: Duration, view: Arc<KubernetesMetrics>
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut last_error: Option<String> = None;
+    let mut failures = 0u32;
     loop {
         ticker.tick().await;
         match list(&socket).await {
             Ok(assignments) => {
+                failures = 0;
+                if assignments.len() >= MAX_ASSIGNMENTS {
+                    tracing::warn!(
+                        kept = MAX_ASSIGNMENTS,
+                        "the kubelet lists more GPU assignments than any node has; the rest are ignored"
+                    );
+                }
                 if last_error.take().is_some() {
                     tracing::info!(socket = %socket.display(), "the kubelet's pod resources answer again");
                 }
@@ -177,9 +194,12 @@ pub async fn poll(socket: PathBuf, every: Duration, view: Arc<KubernetesMetrics>
                     tracing::warn!(error = %text, "cannot read the kubelet's pod resources; GPU series carry no pod labels until it answers");
                     last_error = Some(text);
                 }
+                failures = failures.saturating_add(1);
                 view.update(|v| {
                     v.up = false;
-                    v.assignments.clear();
+                    if failures >= FORGET_AFTER {
+                        v.assignments.clear();
+                    }
                     v.errors += 1;
                 });
             }
