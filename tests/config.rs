@@ -9,15 +9,7 @@ use std::process::Command;
 use gpuwatch::config::{Config, RawConfig};
 
 fn fixtures(kind: &str) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/config")
-        .join(kind);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
-        .collect();
-    files.sort();
+    let files = common::files_in(&format!("tests/data/config/{kind}"), "toml");
     assert!(!files.is_empty());
     files
 }

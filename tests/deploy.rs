@@ -8,14 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn manifests() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    files.sort();
-    files
+    common::files_in("deploy/kubernetes", "yaml")
 }
 
 /// Every document of every manifest, as JSON values.

@@ -212,6 +212,18 @@ impl Drop for Daemon {
     }
 }
 
+/// The files in `dir` (below the package root) whose names end in `.ext`, sorted.
+pub fn files_in(dir: &str, ext: &str) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == ext))
+        .collect();
+    files.sort();
+    files
+}
+
 /// Unix seconds from an RFC 3339 value in the audit log or an API answer.
 pub fn secs(v: &Value) -> f64 {
     gpuwatch::time::parse_rfc3339(v.as_str().unwrap()).unwrap()
