@@ -180,9 +180,17 @@ impl Executor {
         if rule.command.is_empty() {
             return Outcome::Refused("the rule has no command".into());
         }
+        // A pod-scoped rule's command is told which pod: `namespace/pod`.
+        let (namespace, pod) = rule
+            .subject
+            .as_deref()
+            .and_then(|s| s.split_once('/'))
+            .unwrap_or(("", ""));
         let env = [
             ("GPUWATCH_RULE", rule.name.as_str()),
             ("GPUWATCH_ACTION", "exec"),
+            ("GPUWATCH_NAMESPACE", namespace),
+            ("GPUWATCH_POD", pod),
         ];
         match crate::command::run(&rule.command, &env, self.exec_timeout).await {
             Ok(status) if status.success() => Outcome::Done,

@@ -94,13 +94,16 @@ impl App {
             gpu_series = gpu_series.with_pods(Arc::clone(view));
         }
         registry.register_collector(Box::new(gpu_series));
-        if let Some(view) = pods {
+        if let Some(view) = &pods {
             registry.register_collector(Box::new(KubernetesCollector {
-                view,
+                view: Arc::clone(view),
                 snapshots: snapshots.clone(),
             }));
         }
-        let series = WatchSeries::default();
+        let series = WatchSeries {
+            pods,
+            ..WatchSeries::default()
+        };
         series.watch.update(|v| {
             v.labels = config
                 .node
@@ -275,6 +278,8 @@ struct WatchSeries {
     watch: Arc<WatchMetrics>,
     cost: Arc<CostMetrics>,
     cloudwatch: Arc<crate::cloudwatch::Counters>,
+    /// Who holds which GPU, on Kubernetes: read by pod-scoped rules.
+    pods: Option<Arc<KubernetesMetrics>>,
 }
 
 /// Starts the cost watch: rules, actions, and (with `provider = "aws"`) instance metadata and the
@@ -291,6 +296,7 @@ async fn start_watch(
         watch: metrics,
         cost,
         cloudwatch,
+        pods,
     } = series;
     if config.rules.is_empty()
         && config.budgets.is_empty()
@@ -426,6 +432,7 @@ async fn start_watch(
         tracker: crate::spend::Tracker::new(config.clone(), node, readings),
         services,
         publishes: JoinSet::new(),
+        pods,
         config: config.clone(),
         state_dir,
         executor,

@@ -1,8 +1,8 @@
 //! `gpuwatch simulate`: replays a recorded trace through the rule engine and reports what it
 //! would have done, as `promtool test rules` does for alert rules.
 //!
-//! The trace is CSV, `timestamp,gpu,utilization[,memory_used_bytes,power_watts]`, with an optional
-//! header. Timestamps are RFC 3339 or Unix seconds; utilization is a ratio or a percent (`37%`).
+//! The trace is CSV, `timestamp,gpu,utilization[,memory_used_bytes,power_watts,pod]`, with an
+//! optional header; `pod` (`namespace/pod`) is who held the GPU, for pod-scoped rules. Timestamps are RFC 3339 or Unix seconds; utilization is a ratio or a percent (`37%`).
 //! A timestamp with no row for some GPU is unknown data for that GPU, which counts as busy. The
 //! memory and power columns become ratios given the GPU's memory and power limit; without them
 //! (or the columns) rules on those metrics see unknown data. Process counts are not in traces.
@@ -25,6 +25,8 @@ pub struct Row {
     pub utilization: Option<f64>,
     pub memory_used_bytes: Option<f64>,
     pub power_watts: Option<f64>,
+    /// The pod holding the GPU (`namespace/pod`), for pod-scoped rules.
+    pub pod: Option<String>,
 }
 
 /// A trace line that cannot be read.
@@ -126,12 +128,27 @@ pub fn parse_trace(text: &str) -> Result<Vec<Row>, TraceError> {
                 },
             }
         };
+        let pod = match cols.get(5).filter(|c| !c.is_empty()) {
+            None => None,
+            Some(p) => match p.split_once('/') {
+                Some((ns, name))
+                    if !ns.is_empty()
+                        && !name.is_empty()
+                        && p.len() <= 507
+                        && !p.chars().any(char::is_control) =>
+                {
+                    Some(p.to_string())
+                }
+                _ => return Err(err(format!("pod \"{p}\" is not namespace/pod"))),
+            },
+        };
         rows.push(Row {
             t,
             gpu,
             utilization,
             memory_used_bytes: number(3, "memory_used_bytes")?,
             power_watts: number(4, "power_watts")?,
+            pod,
         });
     }
     Ok(rows)
@@ -243,7 +260,7 @@ pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Repo
                 // The daemon completes an action once it has run; a replay runs none.
                 engine::complete(&mut state.engine, rule);
             }
-            let rule = settings.rules.iter().find(|r| r.name == event.rule());
+            let rule = outcome.rules.iter().find(|r| r.name == event.rule());
             if down.is_some() && rule.is_some_and(|r| r.action.is_instance_action()) {
                 // The node is gone: no instance action can happen to it again.
                 continue;
@@ -322,6 +339,7 @@ fn observation(
                 Metric::PowerRatio,
                 ratio(row.and_then(|r| r.power_watts), power_limit_watts),
             );
+            r.holders = row.and_then(|r| r.pod.clone()).into_iter().collect();
             r
         })
         .collect();
@@ -420,6 +438,7 @@ mod tests {
             utilization,
             memory_used_bytes,
             power_watts,
+            pod: None,
         };
         assert_eq!(
             rows,
@@ -439,6 +458,14 @@ mod tests {
             assert_eq!(e.line, 2, "{bad}");
             assert!(e.message.contains("between 1970 and 9999"), "{bad}: {e}");
         }
+        let rows = parse_trace("1,0,0.5,,,ml/train-a\n2,0,0.5\n").unwrap();
+        assert_eq!(rows[0].pod.as_deref(), Some("ml/train-a"));
+        assert_eq!(rows[1].pod, None);
+        let e = parse_trace("1,0,0.5,,,train-a\n").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "trace line 1: pod \"train-a\" is not namespace/pod"
+        );
         let e = parse_trace("1,0,150%\n").unwrap_err();
         assert_eq!(
             e.to_string(),

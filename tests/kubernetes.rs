@@ -202,3 +202,65 @@ fn a_missing_kubelet_socket_is_survived() {
     assert_eq!(s.named("gpu_utilization_ratio").len(), 4);
     assert!(!s.text.contains("pod=\""));
 }
+
+/// A pod-scoped rule judges each pod on the GPUs it holds: the pod that leaves its GPU idle is
+/// acted on (here `exec`, told the pod), the busy one is not, though the node is busy.
+#[test]
+fn a_pod_scoped_rule_acts_on_the_idle_pod_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("kubelet.sock");
+    let pods = dir.path().join("pods.json");
+    let marker = dir.path().join("acted");
+    std::fs::write(
+        &pods,
+        serde_json::json!([
+            pod("notebook", "ml", "jupyter", "nvidia.com/gpu", &[&uuid(0)]),
+            pod("train", "ml", "trainer", "nvidia.com/gpu", &[&uuid(1)]),
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    let _kubelet = fake_kubelet(&socket, &pods);
+    let config = format!(
+        "[kubernetes]\npod_resources_socket = \"{socket}\"\nrefresh = \"200ms\"\n\
+         [sampling]\ninterval = \"100ms\"\n\
+         [actions]\nmode = \"enforce\"\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\nstate_dir = \"{state}\"\n\
+         [[rules]]\nname = \"pod-idle\"\nscope = \"pod\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
+         threshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 2\naction = \"exec\"\n\
+         command = [\"/bin/sh\", \"-c\", \"echo \\\"$GPUWATCH_NAMESPACE/$GPUWATCH_POD $GPUWATCH_RULE\\\" >> {marker}\"]\n",
+        socket = socket.display(),
+        state = dir.path().join("state").display(),
+        marker = marker.display(),
+    );
+    let d = Daemon::start(
+        "[[gpu]]\nutilization = 0\n[[gpu]]\nutilization = 90\n",
+        &config,
+    );
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_actions_total")
+            .label("action", "exec")
+            .label("result", "done")
+            .get(s)
+            .unwrap_or(0.0)
+            >= 1.0
+    });
+    metric("gpuwatch_rule_breaching")
+        .label("rule", "pod-idle ml/notebook")
+        .value(1.0)
+        .assert_in(&s);
+    metric("gpuwatch_rule_breaching")
+        .label("rule", "pod-idle ml/train")
+        .value(0.0)
+        .assert_in(&s);
+    let acted = std::fs::read_to_string(&marker).unwrap();
+    assert!(!acted.is_empty());
+    for line in acted.lines() {
+        assert_eq!(line, "ml/notebook pod-idle ml/notebook");
+    }
+    let audit = d.audit();
+    let attempts = common::events(&audit, "action_attempt");
+    assert!(
+        attempts.iter().all(|a| a["rule"] == "pod-idle ml/notebook"),
+        "{audit:?}"
+    );
+}

@@ -69,6 +69,8 @@ pub(super) fn default_thresholds() -> Vec<f64> {
 pub(super) fn exhausted_rule(b: &BudgetConfig, action: Action) -> Rule {
     Rule {
         name: format!("budget {} exhausted", b.name),
+        scope: Scope::Node,
+        subject: None,
         trigger: Trigger::BudgetExhausted {
             budget: b.name.clone(),
         },

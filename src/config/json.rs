@@ -126,6 +126,7 @@ pub fn parse(text: &str, source: &str) -> Result<Vec<RawRule>, ConfigError> {
                 period: format!("{}s", r.trigger.period),
                 evaluation_periods: r.trigger.evaluation_periods,
                 datapoints_to_alarm: r.trigger.datapoints_to_alarm,
+                scope: None,
                 gpus: r.trigger.gpus.as_deref().map(str::to_ascii_lowercase),
                 lifecycle: r.lifecycle.clone(),
                 action: a.kind.to_ascii_lowercase(),

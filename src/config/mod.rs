@@ -31,8 +31,8 @@ pub use rules::*;
 pub use server::*;
 
 use crate::rules::{
-    Action, Aggregation, BudgetGate, Comparison, Condition, Lifecycle, Metric, Rule, Statistic,
-    Trigger,
+    Action, Aggregation, BudgetGate, Comparison, Condition, Lifecycle, Metric, Rule, Scope,
+    Statistic, Trigger,
 };
 
 /// Where `gpuwatch run` looks for its config when `--config` is not given.

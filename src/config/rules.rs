@@ -28,6 +28,9 @@ pub struct RawRule {
     pub datapoints_to_alarm: Option<u32>,
     #[serde(default)]
     pub gpus: Option<String>,
+    /// "node" (the default) or "pod".
+    #[serde(default)]
+    pub scope: Option<String>,
     #[serde(default)]
     pub lifecycle: Option<String>,
     pub action: String,
@@ -120,6 +123,12 @@ impl RawRule {
             "gpus",
             self.gpus.as_deref().unwrap_or("every"),
             &[("every", Aggregation::Every), ("any", Aggregation::Any)],
+        );
+        let scope = pick(
+            &mut invalid,
+            "scope",
+            self.scope.as_deref().unwrap_or("node"),
+            &[("node", Scope::Node), ("pod", Scope::Pod)],
         );
         let lifecycle = match self.lifecycle.as_deref() {
             None => Some(None),
@@ -215,19 +224,30 @@ impl RawRule {
                     .into(),
             );
         }
+        if let (Some(Scope::Pod), Some(a)) = (scope, action) {
+            if a.is_instance_action() {
+                invalid(
+                    "action",
+                    format!("\"{a}\" acts on the instance, and a pod-scoped rule judges one pod: on Kubernetes the cluster autoscaler owns the node; use \"alert\" or \"exec\""),
+                );
+            }
+        }
         match (
-            metric, statistic, comparison, gpus, lifecycle, action, period,
+            metric, statistic, comparison, gpus, scope, lifecycle, action, period,
         ) {
             (
                 Some(metric),
                 Some(statistic),
                 Some(comparison),
                 Some(gpus),
+                Some(scope),
                 Some(lifecycle),
                 Some(action),
                 Some(period),
             ) if errors.is_empty() => Ok(Rule {
                 name: self.name.clone(),
+                scope,
+                subject: None,
                 trigger: Trigger::Idle(Condition {
                     metric,
                     statistic,

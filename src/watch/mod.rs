@@ -23,7 +23,7 @@ use gpuwatch_core::cost::ledger::Closed;
 use gpuwatch_core::step::{rule_views, step, Decision, Inputs, RuleView, Settings};
 
 use crate::rules::engine::{self, Event};
-use crate::rules::{GpuReading, Lifecycle, Metric, Observation, Rule};
+use crate::rules::{GpuReading, Lifecycle, Metric, Observation, Rule, Scope};
 use crate::state::{HoldStatus, LoadError, Persisted, StateDir};
 
 /// What the node is told from outside its GPUs (its lifecycle, a hold tag, a spot interruption
@@ -97,6 +97,8 @@ pub struct Watch {
     pub services: Option<crate::cloud::services::Services>,
     /// Budget alerts being published to SNS.
     pub publishes: tokio::task::JoinSet<()>,
+    /// Who holds which GPU, on Kubernetes (for pod-scoped rules).
+    pub pods: Option<Arc<crate::kubernetes::metrics::KubernetesMetrics>>,
 }
 
 impl Watch {
@@ -137,6 +139,8 @@ impl Watch {
 
             // Step.
             let mut outcome = step(&settings, &mut persisted, &obs, &inputs);
+            // The rules judged this time: the configured ones, pod-scoped ones once per pod.
+            let judged = std::mem::take(&mut outcome.rules);
             self.record_closed(&outcome.closed);
 
             // Warnings (and the breaches, recoveries and postponements beside them) are on record
@@ -149,8 +153,7 @@ impl Watch {
                 .into_iter()
                 .partition(|e| !matches!(e, Event::Cancelled { .. } | Event::Action { .. }));
             for event in before {
-                self.handle(&settings.rules, &mut persisted, event, now)
-                    .await;
+                self.handle(&judged, &mut persisted, event, now).await;
             }
 
             // Persist: durably when anything was decided or alerted, and once a minute.
@@ -178,12 +181,11 @@ impl Watch {
                     self.not_recorded(&mut persisted, rule, *action, "state.json");
                     continue;
                 }
-                self.handle(&settings.rules, &mut persisted, event, now)
-                    .await;
+                self.handle(&judged, &mut persisted, event, now).await;
             }
 
             // Publish: an action withdrawn or completed above shows in this cycle's metrics.
-            let rules = rule_views(&settings, &persisted);
+            let rules = rule_views(&judged, &persisted);
             self.publish(&snap, outcome, rules, &inputs, interruption);
         }
         self.save(&persisted, true);
@@ -201,6 +203,18 @@ impl Watch {
         warned_hold: &mut Option<String>,
     ) -> (Observation, Inputs, Option<f64>) {
         let mut obs = observation(snap);
+        // On Kubernetes, the pods holding each GPU, for pod-scoped rules.
+        if let Some(pods) = &self.pods {
+            let held = pods.view().by_gpu(&snap.gpus);
+            for g in &mut obs.gpus {
+                if let Some(list) = held.get(&g.index) {
+                    g.holders = list
+                        .iter()
+                        .map(|p| format!("{}/{}", p.namespace, p.pod))
+                        .collect();
+                }
+            }
+        }
         // Scanning /proc and reading the hold file block: keep them off the async workers.
         let (veto, local) = crate::state::off_async(|| {
             (
@@ -320,8 +334,13 @@ impl Watch {
         persisted
             .engine
             .rules
-            .retain(|name, _| rules.iter().any(|r| &r.name == name));
+            .retain(|name, _| rules.iter().any(|r| r.owns_state(name)));
         self.resume_in_flight(&mut persisted).await;
+        if self.pods.is_none() && rules.iter().any(|r| r.scope == Scope::Pod) {
+            tracing::warn!(
+                "pod-scoped rules judge the pods that hold GPUs, which gpuwatch learns from the kubelet: set [kubernetes] pod_resources_socket, or they never breach"
+            );
+        }
         let spoofable = crate::vetoes::spoofable(&self.config.vetoes);
         if !spoofable.is_empty() {
             tracing::warn!(

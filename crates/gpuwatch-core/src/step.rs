@@ -16,7 +16,7 @@ use crate::cost::calendar::Period;
 use crate::cost::ledger::{Closed, Ledger};
 use crate::cost::price::{Price, Source};
 use crate::rules::engine::{self, Context, Event};
-use crate::rules::{Comparison, Lifecycle, Metric, Observation, Rule};
+use crate::rules::{Comparison, Lifecycle, Metric, Observation, Rule, Scope};
 
 /// Everything the step remembers between samples. The daemon keeps it in `state.json`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -151,6 +151,9 @@ pub struct Inputs {
 /// What one step produced.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Decision {
+    /// The rules this step judged: every configured node rule, and each pod-scoped rule once
+    /// per pod that held a GPU. Events name one of these.
+    pub rules: Vec<Rule>,
     /// Rule events, in rule order. An `Event::Action` is in flight in the state: the edge must
     /// make that durable, then `complete` or `withdraw` it.
     pub events: Vec<Event>,
@@ -211,7 +214,20 @@ pub fn step(
     inputs: &Inputs,
 ) -> Decision {
     let now = inputs.now;
-    engine::ingest(&settings.rules, &mut state.engine, obs);
+    let rules = rules_for(&settings.rules, obs);
+    for rule in &rules {
+        let one = std::slice::from_ref(rule);
+        match &rule.subject {
+            None => engine::ingest(one, &mut state.engine, obs),
+            Some(pod) => engine::ingest(one, &mut state.engine, &pod_observation(obs, pod)),
+        }
+    }
+    // A pod that holds no GPU any more is done with: its rules' state goes (unless an action
+    // of it is in flight, which the edge settles).
+    state
+        .engine
+        .rules
+        .retain(|name, rs| rules.iter().any(|r| &r.name == name) || rs.in_flight.is_some());
 
     if let (Some(p), Some(Lifecycle::Spot)) = (inputs.price, inputs.lifecycle) {
         if p.source == Source::Spot {
@@ -269,7 +285,7 @@ pub fn step(
         warning: settings.warning,
         slack: settings.slack,
     };
-    let events = engine::evaluate(&settings.rules, &engine_settings, &mut state.engine, &ctx);
+    let events = engine::evaluate(&rules, &engine_settings, &mut state.engine, &ctx);
 
     let mut gpu_idle = Vec::with_capacity(obs.gpus.len());
     for g in &obs.gpus {
@@ -296,9 +312,10 @@ pub fn step(
         }
     }
     accrue_idle_dollars(settings, state, inputs, &gpu_idle, obs.gpus.len());
-    let rules = rule_views(settings, state);
+    let views = rule_views(&rules, state);
 
     Decision {
+        rules,
         events,
         closed,
         crossings,
@@ -307,7 +324,7 @@ pub fn step(
             spent,
             forecast,
             budgets,
-            rules,
+            rules: views,
             gpu_idle,
             idle_dollars: state.idle_dollars,
         },
@@ -337,11 +354,49 @@ fn accrue_idle_dollars(
     }
 }
 
+/// The rules one sample is judged by: every node rule, and each pod-scoped rule once for each
+/// pod that holds a GPU now, named `rule namespace/pod` and judged on that pod's GPUs only.
+pub fn rules_for(rules: &[Rule], obs: &Observation) -> Vec<Rule> {
+    let mut pods: Vec<&str> = obs
+        .gpus
+        .iter()
+        .flat_map(|g| g.holders.iter().map(String::as_str))
+        .collect();
+    pods.sort_unstable();
+    pods.dedup();
+    let mut out = Vec::with_capacity(rules.len());
+    for rule in rules {
+        match rule.scope {
+            Scope::Node => out.push(rule.clone()),
+            Scope::Pod => out.extend(pods.iter().map(|pod| Rule {
+                name: format!("{} {pod}", rule.name),
+                subject: Some((*pod).to_string()),
+                ..rule.clone()
+            })),
+        }
+    }
+    out
+}
+
+/// What a pod's rules see: the GPUs the pod holds, nothing else.
+fn pod_observation(obs: &Observation, pod: &str) -> Observation {
+    Observation {
+        t: obs.t,
+        complete: obs.complete,
+        gpus: obs
+            .gpus
+            .iter()
+            .filter(|g| g.holders.iter().any(|h| h == pod))
+            .cloned()
+            .collect(),
+        veto: obs.veto.clone(),
+    }
+}
+
 /// Each rule as the state has it now: breaching, and its pending action. The edge calls this
 /// again after it has carried out (or withdrawn) the step's actions.
-pub fn rule_views(settings: &Settings, state: &State) -> Vec<RuleView> {
-    settings
-        .rules
+pub fn rule_views(rules: &[Rule], state: &State) -> Vec<RuleView> {
+    rules
         .iter()
         .map(|r| {
             let rs = state.engine.rules.get(&r.name);
@@ -378,6 +433,8 @@ mod tests {
     fn settings(budgets: Vec<Budget>) -> Settings {
         let idle = Rule {
             name: "idle".into(),
+            scope: Scope::Node,
+            subject: None,
             trigger: Trigger::Idle(Condition {
                 metric: Metric::GpuUtilization,
                 statistic: Statistic::Average,
@@ -569,5 +626,77 @@ mod tests {
         assert!((run(1121.0, 0.0, 0.0, None) - 0.6).abs() < 1e-9);
         // Busy GPUs cost, but are not waste.
         assert!((run(1122.0, 0.9, 0.9, price) - 0.6).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_pod_rule_judges_each_pod_on_its_own_gpus_and_forgets_pods_that_go() {
+        let mut settings = settings(Vec::new());
+        settings.rules[0].scope = Scope::Pod;
+        settings.rules[0].action = Action::Alert;
+        let mut state = State::default();
+        // GPU 0 held by ml/idle (unused), GPU 1 by ml/busy (at work), GPU 2 by nobody (idle).
+        let sample = |t: f64, busy_pod_there: bool| {
+            let gpu = |index: u32, u: f64, holder: Option<&str>| {
+                let mut g = GpuReading {
+                    index,
+                    holders: holder.map(String::from).into_iter().collect(),
+                    ..GpuReading::default()
+                };
+                g.set(Metric::GpuUtilization, Some(u));
+                g
+            };
+            Observation {
+                t,
+                complete: true,
+                gpus: vec![
+                    gpu(0, 0.0, Some("ml/idle")),
+                    gpu(1, 0.9, busy_pod_there.then_some("ml/busy")),
+                    gpu(2, 0.0, None),
+                ],
+                veto: None,
+            }
+        };
+        let mut events = Vec::new();
+        for t in 0..20 {
+            let out = step(
+                &settings,
+                &mut state,
+                &sample(f64::from(t), true),
+                &Inputs {
+                    now: f64::from(t),
+                    ..Inputs::default()
+                },
+            );
+            let names: Vec<&str> = out.rules.iter().map(|r| r.name.as_str()).collect();
+            assert_eq!(names, ["idle ml/busy", "idle ml/idle"]);
+            events.extend(
+                out.events
+                    .iter()
+                    .map(|e| (t, e.rule().to_string(), e.kind())),
+            );
+        }
+        // Only the pod that holds an idle GPU breaches; the node as a whole (GPU 1 at work)
+        // would not, and the unheld idle GPU 2 is no pod's.
+        assert_eq!(
+            events,
+            [
+                (10, "idle ml/idle".to_string(), "breach"),
+                (10, "idle ml/idle".to_string(), "warning"),
+                (15, "idle ml/idle".to_string(), "action"),
+            ]
+        );
+        assert!(state.engine.rules.contains_key("idle ml/busy"));
+        // ml/busy is gone: its rule and state go with it.
+        let out = step(
+            &settings,
+            &mut state,
+            &sample(20.0, false),
+            &Inputs {
+                now: 20.0,
+                ..Inputs::default()
+            },
+        );
+        assert_eq!(out.rules.len(), 1);
+        assert!(!state.engine.rules.contains_key("idle ml/busy"));
     }
 }

@@ -361,7 +361,7 @@ pub fn complete(state: &mut State, rule: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::{Comparison, GpuReading, Metric, Statistic};
+    use crate::rules::{Comparison, GpuReading, Metric, Scope, Statistic};
 
     fn condition(period: u64, n: u32, m: u32) -> Condition {
         Condition {
@@ -379,6 +379,8 @@ mod tests {
     fn rule(period: u64, n: u32, m: u32) -> Rule {
         Rule {
             name: "idle".into(),
+            scope: Scope::Node,
+            subject: None,
             trigger: Trigger::Idle(condition(period, n, m)),
             lifecycle: None,
             action: Action::Stop,

@@ -16,12 +16,28 @@ use serde::{Deserialize, Serialize};
 pub struct Rule {
     pub name: String,
     pub trigger: Trigger,
+    /// Whether the rule judges the node's GPUs, or each pod's.
+    pub scope: Scope,
+    /// For a pod-scoped rule expanded for one pod (`namespace/pod`): that pod. The step makes
+    /// these; a configured rule has none.
+    pub subject: Option<String>,
     pub lifecycle: Option<Lifecycle>,
     pub action: Action,
     /// The command for `exec`.
     pub command: Vec<String>,
     /// Only act while a budget's spend is at least this share of its limit.
     pub budget: Option<BudgetGate>,
+}
+
+/// What a rule judges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scope {
+    /// The node's GPUs (`gpus = "every"` or `"any"` of them).
+    #[default]
+    Node,
+    /// Each pod's GPUs, on Kubernetes: a pod that holds GPUs it does not use. Alerts and
+    /// `exec` only; the cluster autoscaler owns the node.
+    Pod,
 }
 
 /// What makes a rule breach.
@@ -35,6 +51,18 @@ pub enum Trigger {
 }
 
 impl Rule {
+    /// Whether the engine state kept under `name` is this configured rule's: its own, or, for a
+    /// pod-scoped rule, that of one of its pods (`rule namespace/pod`).
+    pub fn owns_state(&self, name: &str) -> bool {
+        match self.scope {
+            Scope::Node => name == self.name,
+            Scope::Pod => name
+                .strip_prefix(self.name.as_str())
+                .and_then(|rest| rest.strip_prefix(' '))
+                .is_some_and(|pod| pod.contains('/')),
+        }
+    }
+
     /// The GPU condition, for a rule triggered by one.
     pub fn condition(&self) -> Option<&Condition> {
         match &self.trigger {
@@ -196,6 +224,8 @@ impl fmt::Display for Action {
 pub struct GpuReading {
     pub index: u32,
     pub values: [Option<f64>; 5],
+    /// The pods holding the GPU (`namespace/pod`), on Kubernetes.
+    pub holders: Vec<String>,
 }
 
 impl GpuReading {
