@@ -264,3 +264,47 @@ fn a_pod_scoped_rule_acts_on_the_idle_pod_only() {
         "{audit:?}"
     );
 }
+
+/// The device plugin names a MIG device by its own UUID: the pod holding it is attributed to
+/// the GPU the MIG device is part of (NVML's MIG device handles, read each sample).
+#[test]
+fn a_mig_device_is_attributed_to_its_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("kubelet.sock");
+    let pods = dir.path().join("pods.json");
+    let mig = "MIG-11111111-2222-4333-8444-555555555555";
+    std::fs::write(
+        &pods,
+        serde_json::json!([pod(
+            "small",
+            "ml",
+            "worker",
+            "nvidia.com/mig-1g.10gb",
+            &[mig]
+        )])
+        .to_string(),
+    )
+    .unwrap();
+    let _kubelet = fake_kubelet(&socket, &pods);
+    let scenario = format!(
+        "[[gpu]]\nutilization = 10\nmig_devices = [\"MIG-00000000-0000-4000-8000-000000000000\", \"{mig}\"]\n[[gpu]]\nutilization = 20\n"
+    );
+    let d = Daemon::start(
+        &scenario,
+        &format!(
+            "[kubernetes]\npod_resources_socket = \"{}\"\nrefresh = \"200ms\"\n",
+            socket.display()
+        ),
+    );
+    let s = d.await_scrape(LIMIT, |s| {
+        s.named("gpuwatch_pod_gpu_allocated").len() == 1
+            && holders(s, "gpu_utilization_ratio", 0) == [held("small", "ml", "worker")]
+    });
+    assert_eq!(holders(&s, "gpu_utilization_ratio", 1), [held("", "", "")]);
+    let a = &s.named("gpuwatch_pod_gpu_allocated")[0];
+    assert_eq!(a.labels["gpu"], "0");
+    assert_eq!(a.labels["uuid"], uuid(0));
+    let snap = d.snapshot_after(0);
+    assert_eq!(snap["gpus"][0]["mig_uuids"][1], mig, "{snap}");
+    assert!(snap["gpus"][1].get("mig_uuids").is_none(), "{snap}");
+}

@@ -76,6 +76,9 @@ pub struct GpuSample {
     pub process_memory: Option<Vec<ProcessSample>>,
     /// XID errors seen since the daemon started, by XID code.
     pub xid_errors: BTreeMap<u64, u64>,
+    /// The UUIDs of the GPU's MIG devices, while MIG mode is on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_uuids: Vec<String>,
     /// The last XID error seen since the daemon started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_xid: Option<u64>,

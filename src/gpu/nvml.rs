@@ -19,6 +19,9 @@ use super::metrics::{SampleError, SamplerMetrics};
 use super::xid::{self, XidCounts};
 use super::{GpuSample, GpuSource, NvmlStatus, ProcessSample, Sample, ThrottleReason};
 
+/// The most MIG devices read from one GPU (a GPU has at most 7).
+const MAX_MIG_DEVICES: u32 = 16;
+
 /// Retry delays for a library that will not load or initialise.
 const INIT_BACKOFF_FIRST: Duration = Duration::from_secs(1);
 const INIT_BACKOFF_MAX: Duration = Duration::from_secs(60);
@@ -238,6 +241,7 @@ impl NvmlSource {
             up: false,
             xid_errors: xids.0,
             last_xid: xids.1,
+            mig_uuids: Vec::new(),
             ..GpuSample::default()
         }
     }
@@ -345,6 +349,19 @@ impl GpuReader<'_> {
             known.pci_bus_id.clone(),
         );
 
+        // MIG devices, by UUID, so that a pod holding one is known to hold this GPU.
+        let mig_uuids = match self.get("mig_mode", || d.mig_mode()) {
+            Some(mode) if mode.current == 1 => {
+                let n = self
+                    .get("mig_devices", || d.mig_device_count())
+                    .unwrap_or(0);
+                (0..n.min(MAX_MIG_DEVICES))
+                    .filter_map(|i| d.mig_device_by_index(i).ok()?.uuid().ok())
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+
         let util = self.get("utilization", || d.utilization_rates());
         let gpu_util = self.check("utilization", util.as_ref().map(|u| u.gpu), |v| v <= 100);
         let mem_util = self.check("memory_utilization", util.as_ref().map(|u| u.memory), |v| {
@@ -432,6 +449,7 @@ impl GpuReader<'_> {
             up: true,
             xid_errors: xids.0,
             last_xid: xids.1,
+            mig_uuids,
             uuid,
             name,
             pci_bus_id,

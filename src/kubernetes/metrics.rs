@@ -33,7 +33,7 @@ const MAX_PODS_PER_GPU: usize = 64;
 
 impl KubernetesView {
     /// Who holds each GPU, by index: a device named by UUID or by index is matched to the
-    /// snapshot's GPUs; one held through several time-slicing replicas counts once per
+    /// snapshot's GPUs, a MIG device to the GPU it is part of; one held through several time-slicing replicas counts once per
     /// container.
     pub fn by_gpu(&self, gpus: &[GpuSample]) -> BTreeMap<u32, Vec<PodRef>> {
         let mut out: BTreeMap<u32, Vec<PodRef>> = BTreeMap::new();
@@ -41,7 +41,7 @@ impl KubernetesView {
             let gpu = match &a.device {
                 DeviceId::Uuid(u) => gpus.iter().find(|g| !g.uuid.is_empty() && g.uuid == *u),
                 DeviceId::Index(i) => gpus.iter().find(|g| g.index == *i),
-                DeviceId::Mig(_) => None,
+                DeviceId::Mig(u) => gpus.iter().find(|g| g.mig_uuids.contains(u)),
             };
             if let Some(g) = gpu {
                 let held = out.entry(g.index).or_default();

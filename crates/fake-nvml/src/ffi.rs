@@ -77,6 +77,21 @@ fn handle(index: u32) -> nvmlDevice_t {
     (index as usize + 1) as nvmlDevice_t
 }
 
+/// MIG device handles: the parent's index and the MIG device's, above the GPU handles' range.
+const MIG_BASE: usize = 1 << 20;
+
+fn mig_handle(gpu: u32, mig: u32) -> nvmlDevice_t {
+    (MIG_BASE + ((gpu as usize) << 8) + mig as usize) as nvmlDevice_t
+}
+
+/// The (GPU, MIG device) a MIG handle stands for.
+fn mig_of(st: &State, device: nvmlDevice_t) -> Option<(u32, u32)> {
+    let v = (device as usize).checked_sub(MIG_BASE)?;
+    let (gpu, mig) = ((v >> 8) as u32, (v & 0xff) as u32);
+    let g = st.scenario.gpus.get(gpu as usize)?;
+    ((mig as usize) < g.mig_devices.len()).then_some((gpu, mig))
+}
+
 fn index_of(st: &State, device: nvmlDevice_t) -> Result<u32, nvmlReturn_t> {
     let i = (device as usize).wrapping_sub(1);
     if device.is_null() || i >= st.scenario.gpus.len() {
@@ -342,7 +357,66 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     uuid: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
+    if let Ok(st) = state() {
+        if let Some((gpu, mig)) = mig_of(st, device) {
+            let g = &st.scenario.gpus[gpu as usize];
+            return write_str(uuid, length, &g.mig_devices[mig as usize]);
+        }
+    }
     device_str(device, uuid, length, |g| &g.uuid)
+}
+
+/// MIG mode: on (1) when the scenario gives the GPU MIG devices; the pending mode is the same.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: nvmlDevice_t,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> nvmlReturn_t {
+    if pending.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let rc = query(device, Field::Identity, current, |g, _| {
+        c_uint::from(!g.mig_devices.is_empty())
+    });
+    if rc == nvmlReturn_enum_NVML_SUCCESS {
+        pending.write(current.read());
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+) -> nvmlReturn_t {
+    query(device, Field::Identity, count, |g, _| {
+        g.mig_devices.len() as c_uint
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    device: nvmlDevice_t,
+    index: c_uint,
+    mig_device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    if mig_device.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let st = match state() {
+        Ok(st) => st,
+        Err(e) => return e,
+    };
+    let gpu = match index_of(st, device) {
+        Ok(i) => i,
+        Err(e) => return e,
+    };
+    if index as usize >= st.scenario.gpus[gpu as usize].mig_devices.len() {
+        return nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
+    }
+    mig_device.write(mig_handle(gpu, index));
+    nvmlReturn_enum_NVML_SUCCESS
 }
 
 #[no_mangle]

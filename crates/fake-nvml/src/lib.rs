@@ -30,6 +30,7 @@
 //! ecc_corrected = 0                   # also ecc_uncorrected
 //! throttle_supported = ["gpu_idle", "sw_power_cap", ...]  # default: every reason
 //! throttle_active = ["sw_power_cap"]
+//! mig_devices = ["MIG-..."]            # MIG devices, by UUID: MIG mode is on when there are any
 //!
 //! [[fault]]
 //! at = "90s"                          # simulated time the fault begins

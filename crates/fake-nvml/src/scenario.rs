@@ -48,6 +48,8 @@ pub struct Gpu {
     pub throttle_supported: u64,
     /// NVML clock-throttle reason bits that are active.
     pub throttle_active: u64,
+    /// The UUIDs of the GPU's MIG devices; MIG mode is on when there are any.
+    pub mig_devices: Vec<String>,
 }
 
 /// The readings a fault can turn into `NVML_ERROR_NOT_SUPPORTED`.
@@ -465,6 +467,8 @@ struct RawGpu {
     throttle_supported: Vec<String>,
     #[serde(default)]
     throttle_active: Vec<String>,
+    #[serde(default)]
+    mig_devices: Vec<String>,
 }
 
 fn default_name() -> String {
@@ -673,6 +677,7 @@ impl RawGpu {
             ecc_uncorrected: series("ecc_uncorrected", self.ecc_uncorrected, 0.0)?,
             throttle_supported: bits("throttle_supported", &self.throttle_supported)?,
             throttle_active: bits("throttle_active", &self.throttle_active)?,
+            mig_devices: self.mig_devices,
             process_name: self.process_name,
             name: self.name,
         })
