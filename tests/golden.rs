@@ -52,6 +52,7 @@ fn snapshot() -> Snapshot {
         }]),
         xid_errors: BTreeMap::from([(48, 1)]),
         last_xid: Some(48),
+        mig_uuids: Vec::new(),
     };
     // Everything unknown: not supported, failed or out of range.
     let sparse = GpuSample {
