@@ -94,6 +94,24 @@ pub enum Command {
         #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
         config: PathBuf,
     },
+    /// Print the audit log as sentences, rotated files included, oldest first
+    Audit {
+        /// Only what happened in this last while, such as 2h or 30m
+        #[arg(long, value_name = "DURATION")]
+        since: Option<String>,
+        /// Only this rule's records
+        #[arg(long, value_name = "NAME")]
+        rule: Option<String>,
+        /// Only actions, warnings, cancellations or budget records
+        #[arg(long, value_parser = ["action", "warning", "cancel", "budget"])]
+        kind: Option<String>,
+        /// The records as they are, one JSON object per line
+        #[arg(long)]
+        json: bool,
+        /// Config file whose [actions] state_dir to read
+        #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
+        config: PathBuf,
+    },
     /// Remove a hold
     Release {
         /// Config file whose [actions] state_dir to use
@@ -161,6 +179,31 @@ pub fn run(cli: Cli) -> ExitCode {
             reason,
             config,
         } => with_config(&config, None, |c| cmd::hold::hold(&c, &duration, &reason)),
+        Command::Audit {
+            since,
+            rule,
+            kind,
+            json,
+            config,
+        } => with_config(&config, None, |c| {
+            let since = match since.as_deref().map(humantime::parse_duration) {
+                None => None,
+                Some(Ok(d)) => Some(crate::time::now() - d.as_secs_f64()),
+                Some(Err(_)) => {
+                    eprintln!(
+                        "audit: --since: \"{}\" is not a duration, such as \"2h\"",
+                        since.unwrap_or_default()
+                    );
+                    return cmd::exit::USAGE.into();
+                }
+            };
+            let filter = cmd::audit::Filter {
+                since,
+                rule,
+                kind: kind.as_deref().and_then(cmd::audit::Kind::parse),
+            };
+            cmd::audit::run(&c, &filter, json)
+        }),
         Command::Release { config } => with_config(&config, None, |c| cmd::hold::release(&c)),
         Command::Demo { listen } => cmd::demo::run(&listen),
         Command::Snapshot { json, config } => {

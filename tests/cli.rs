@@ -241,3 +241,134 @@ fn run_reports_the_port_it_listens_on() {
     );
     assert!(out.stdout.is_empty());
 }
+
+/// `gpuwatch audit` reads the audit log and its rotated files oldest first, says each record
+/// in words (local time, here UTC), filters by time, rule and kind, passes JSON through, and
+/// reports a malformed line with its place, skipping it.
+#[test]
+fn audit_tells_what_happened_in_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let now = gpuwatch::time::now().floor();
+    let at = |ago: f64| gpuwatch::time::rfc3339(now - ago);
+    let record = |v: serde_json::Value| v.to_string();
+    let oldest = [record(serde_json::json!({
+        "event": "started", "time": at(10_800.0), "mode": "enforce", "rules": ["idle-2h"],
+        "grace_until": at(9_900.0)}))];
+    let older = [
+        record(
+            serde_json::json!({"event": "breach", "time": at(7_200.0), "mode": "enforce",
+            "rule": "idle-2h", "evidence": {"breaching": true, "breaching_periods": 2,
+            "threshold": 0.05, "periods": [{}, {}]}}),
+        ),
+        "not json".to_string(),
+        record(
+            serde_json::json!({"event": "warning", "time": at(7_200.0), "mode": "enforce",
+            "rule": "idle-2h", "action": "stop", "due_at": at(6_600.0)}),
+        ),
+    ];
+    let newest = [
+        record(
+            serde_json::json!({"event": "action_attempt", "time": at(600.0), "mode": "enforce",
+            "rule": "idle-2h", "action": "stop"}),
+        ),
+        record(
+            serde_json::json!({"event": "action_result", "time": at(600.0), "mode": "enforce",
+            "rule": "idle-2h", "action": "stop", "result": "done", "detail": ""}),
+        ),
+        record(
+            serde_json::json!({"event": "budget_alert", "time": at(60.0), "mode": "enforce",
+            "budget": "team", "basis": "actual", "ratio": 0.8, "limit": 100.0, "threshold": 0.8}),
+        ),
+    ];
+    std::fs::write(state.join("audit.jsonl.2"), oldest.join("\n") + "\n").unwrap();
+    std::fs::write(state.join("audit.jsonl.1"), older.join("\n") + "\n").unwrap();
+    let mut current = newest.join("\n").into_bytes();
+    current.extend_from_slice(b"\n\xff\xfe\n");
+    std::fs::write(state.join("audit.jsonl"), current).unwrap();
+    let config = dir.path().join("gpuwatch.toml");
+    std::fs::write(
+        &config,
+        format!("[actions]\nstate_dir = \"{}\"\n", state.display()),
+    )
+    .unwrap();
+    let audit = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .arg("audit")
+            .arg("--config")
+            .arg(&config)
+            .args(args)
+            .env("TZ", "UTC")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    let clock = |ago: f64| {
+        let t = at(ago);
+        format!("{} {}", &t[..10], &t[11..16])
+    };
+    let (text, errors) = audit(&[]);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 6, "{text}");
+    assert_eq!(
+        lines[0],
+        format!(
+            "{}  gpuwatch started (enforce mode, boot grace until {})",
+            clock(10_800.0),
+            &clock(9_900.0)[11..]
+        )
+    );
+    assert_eq!(
+        lines[1],
+        format!(
+            "{}  rule idle-2h breached (2 of 2 periods past the threshold 0.05)",
+            clock(7_200.0)
+        )
+    );
+    assert_eq!(
+        lines[2],
+        format!(
+            "{}  rule idle-2h warns: stop at {} unless the GPUs are used again",
+            clock(7_200.0),
+            &clock(6_600.0)[11..]
+        )
+    );
+    assert_eq!(
+        lines[4],
+        format!("{}  rule idle-2h: stop done", clock(600.0))
+    );
+    assert_eq!(
+        lines[5],
+        format!(
+            "{}  budget team actual spend at 80% of $100.0 (threshold 80%)",
+            clock(60.0)
+        )
+    );
+    assert!(
+        errors.contains("audit.jsonl.1:2: not a JSON record, skipped"),
+        "{errors}"
+    );
+    assert!(
+        errors.contains("audit.jsonl:4: not UTF-8, skipped"),
+        "{errors}"
+    );
+
+    let (warnings, _) = audit(&["--kind", "warning"]);
+    assert_eq!(warnings.lines().count(), 1, "{warnings}");
+    assert!(warnings.contains("warns: stop"));
+    let (recent, _) = audit(&["--since", "1h"]);
+    assert_eq!(recent.lines().count(), 3, "{recent}");
+    let (rule, _) = audit(&["--rule", "idle-2h", "--kind", "action"]);
+    assert_eq!(rule.lines().count(), 2, "{rule}");
+    let (json, _) = audit(&["--json", "--since", "1h"]);
+    assert_eq!(json, newest.join("\n") + "\n");
+}

@@ -1,6 +1,7 @@
 //! One module per subcommand, each a `run` that returns the exit status, and the exit
 //! statuses themselves, named once (sysexits).
 
+pub mod audit;
 pub mod check_config;
 pub mod demo;
 pub mod hold;
