@@ -1,0 +1,347 @@
+use super::*;
+use crate::rules::{Comparison, GpuReading, Metric, Scope, Statistic};
+
+fn condition(period: u64, n: u32, m: u32) -> Condition {
+    Condition {
+        metric: Metric::GpuUtilization,
+        statistic: Statistic::Average,
+        comparison: Comparison::LessThan,
+        threshold: 0.05,
+        period: Duration::from_secs(period),
+        evaluation_periods: n,
+        datapoints_to_alarm: m,
+        gpus: Aggregation::Every,
+    }
+}
+
+fn rule(period: u64, n: u32, m: u32) -> Rule {
+    Rule {
+        name: "idle".into(),
+        scope: Scope::Node,
+        subject: None,
+        trigger: Trigger::Idle(condition(period, n, m)),
+        lifecycle: None,
+        action: Action::Stop,
+        command: Vec::new(),
+        budget: None,
+    }
+}
+
+fn settings() -> Settings {
+    Settings {
+        warning: Duration::from_secs(30),
+        slack: 2.5,
+    }
+}
+
+fn obs(t: f64, utils: &[Option<f64>]) -> Observation {
+    Observation {
+        t,
+        complete: utils.iter().all(Option::is_some),
+        gpus: utils
+            .iter()
+            .enumerate()
+            .map(|(i, u)| {
+                let mut g = GpuReading {
+                    index: i as u32,
+                    ..GpuReading::default()
+                };
+                g.set(Metric::GpuUtilization, *u);
+                g
+            })
+            .collect(),
+        veto: None,
+    }
+}
+
+/// Runs one observation per second from `from` to `to` (exclusive), evaluating after each,
+/// and returns (time, kind) of every event.
+fn run(
+    r: &Rule,
+    state: &mut State,
+    ctx: &Context,
+    from: u64,
+    to: u64,
+    util: impl Fn(u64) -> Vec<Option<f64>>,
+) -> Vec<(u64, &'static str)> {
+    let mut out = Vec::new();
+    for t in from..to {
+        ingest(std::slice::from_ref(r), state, &obs(t as f64, &util(t)));
+        let c = Context {
+            now: t as f64,
+            ..ctx.clone()
+        };
+        for e in evaluate(std::slice::from_ref(r), &settings(), state, &c) {
+            out.push((t, e.kind()));
+        }
+    }
+    out
+}
+
+#[test]
+fn datapoints_table() {
+    // (values per 60 s period, N, M, breaching?)
+    let cases: &[(&[f64], u32, u32, bool)] = &[
+        (&[0.01, 0.02], 2, 2, true),
+        (&[0.01, 0.20], 2, 2, false),
+        (&[0.20, 0.01, 0.01], 3, 2, true),
+        (&[0.20, 0.01, 0.30], 3, 2, false),
+        (&[0.049], 1, 1, true),
+        (&[0.05], 1, 1, false),
+    ];
+    for (values, n, m, want) in cases {
+        let r = condition(60, *n, *m);
+        let mut w = Window::default();
+        for (p, v) in values.iter().enumerate() {
+            for s in 0..60 {
+                w.ingest(&r, &obs((p * 60 + s) as f64, &[Some(*v), Some(*v)]));
+            }
+        }
+        let now = (values.len() * 60) as f64;
+        let a = w.assess(&r, now, 2.5, 0.0);
+        assert_eq!(a.breaching, *want, "{values:?} {n}/{m}: {a:?}");
+    }
+}
+
+#[test]
+fn every_gpu_must_be_idle_by_default() {
+    let r = rule(10, 1, 1);
+    let mut state = State::default();
+    let events = run(&r, &mut state, &Context::default(), 0, 60, |_| {
+        vec![Some(0.0), Some(0.0), Some(0.9), Some(0.0)]
+    });
+    assert!(events.is_empty(), "{events:?}");
+
+    let mut any = r.clone();
+    any.trigger = Trigger::Idle(Condition {
+        gpus: Aggregation::Any,
+        ..condition(10, 1, 1)
+    });
+    let mut state = State::default();
+    let events = run(&any, &mut state, &Context::default(), 0, 12, |_| {
+        vec![Some(0.0), Some(0.9)]
+    });
+    assert_eq!(events, vec![(10, "breach"), (10, "warning")]);
+}
+
+#[test]
+fn unknown_is_busy() {
+    let r = rule(10, 1, 1);
+    // One GPU reading missing for one second in every period: never a breach.
+    let mut state = State::default();
+    let events = run(&r, &mut state, &Context::default(), 0, 100, |t| {
+        vec![Some(0.0), if t % 10 == 5 { None } else { Some(0.0) }]
+    });
+    assert!(events.is_empty(), "{events:?}");
+    // A gap in the samples longer than the slack: that period is unknown.
+    let c = condition(10, 1, 1);
+    let mut w = Window::default();
+    for t in (0..10).chain(15..20) {
+        w.ingest(&c, &obs(t as f64, &[Some(0.0)]));
+    }
+    let a = w.assess(&c, 20.0, 2.5, 0.0);
+    assert!(!a.breaching, "{a:?}");
+}
+
+#[test]
+fn warns_then_acts_once() {
+    let r = rule(10, 2, 2);
+    let mut state = State::default();
+    let events = run(&r, &mut state, &Context::default(), 0, 120, |_| {
+        vec![Some(0.01)]
+    });
+    // Two complete idle periods by t=20; the warning lasts 30 s.
+    assert_eq!(
+        events,
+        vec![(20, "breach"), (20, "warning"), (50, "action")]
+    );
+    assert!(state.rules["idle"].in_flight.is_some());
+    // An action withdrawn (its record was not durable) falls due again at once.
+    let mut withdrawn = state.clone();
+    withdraw(&mut withdrawn, "idle");
+    assert!(withdrawn.rules["idle"].in_flight.is_none());
+    let again = run(&r, &mut withdrawn, &Context::default(), 120, 121, |_| {
+        vec![Some(0.01)]
+    });
+    assert_eq!(again, vec![(120, "action")]);
+    complete(&mut state, "idle");
+    // After the action, a completely fresh window is needed: next warning at 50+20.
+    let events = run(&r, &mut state, &Context::default(), 120, 130, |_| {
+        vec![Some(0.01)]
+    });
+    assert!(events.iter().all(|e| e.1 != "action"), "{events:?}");
+}
+
+#[test]
+fn activity_during_the_warning_cancels() {
+    let r = rule(10, 1, 1);
+    let mut state = State::default();
+    let events = run(&r, &mut state, &Context::default(), 0, 60, |t| {
+        vec![Some(if t == 25 { 0.8 } else { 0.0 })]
+    });
+    // The busy second makes its period not breaching; the action is cancelled at once, and
+    // the rule re-arms only with periods that start after the cancellation.
+    assert_eq!(
+        events,
+        vec![
+            (10, "breach"),
+            (10, "warning"),
+            (25, "cancelled"),
+            (30, "recovered"),
+            (40, "breach"),
+            (40, "warning")
+        ],
+    );
+}
+
+#[test]
+fn boot_grace_holds_and_interruptions_block() {
+    let r = rule(10, 1, 1);
+    let grace = Context {
+        grace_until: 45.0,
+        ..Context::default()
+    };
+    let mut state = State::default();
+    let events = run(&r, &mut state, &grace, 0, 50, |_| vec![Some(0.0)]);
+    assert_eq!(events, vec![(10, "breach"), (45, "warning")]);
+
+    let held = Context {
+        hold_until: Some(100.0),
+        ..Context::default()
+    };
+    let mut state = State::default();
+    let events = run(&r, &mut state, &held, 0, 130, |_| vec![Some(0.0)]);
+    assert_eq!(events, vec![(10, "breach"), (100, "warning")]);
+    let events = run(&r, &mut state, &held, 130, 131, |_| vec![Some(0.0)]);
+    assert_eq!(events, vec![(130, "action")]);
+
+    // A pending action that falls due during a hold waits for it, then runs.
+    let mut state = State::default();
+    run(&r, &mut state, &Context::default(), 0, 15, |_| {
+        vec![Some(0.0)]
+    });
+    let hold = Context {
+        hold_until: Some(60.0),
+        ..Context::default()
+    };
+    let events = run(&r, &mut state, &hold, 15, 61, |_| vec![Some(0.0)]);
+    assert_eq!(events, vec![(40, "postponed"), (60, "action")]);
+
+    let interrupted = Context {
+        interruption: true,
+        ..Context::default()
+    };
+    let mut state = State::default();
+    let events = run(&r, &mut state, &interrupted, 0, 100, |_| vec![Some(0.0)]);
+    assert_eq!(events, vec![(10, "breach")]);
+}
+
+#[test]
+fn lifecycle_filter() {
+    let mut r = rule(10, 1, 1);
+    r.lifecycle = Some(Lifecycle::Spot);
+    for (lifecycle, want) in [
+        (None, 0),
+        (Some(Lifecycle::OnDemand), 0),
+        (Some(Lifecycle::Spot), 2),
+    ] {
+        let ctx = Context {
+            lifecycle,
+            ..Context::default()
+        };
+        let mut state = State::default();
+        let events = run(&r, &mut state, &ctx, 0, 12, |_| vec![Some(0.0)]);
+        assert_eq!(events.len(), want, "{lifecycle:?}: {events:?}");
+    }
+}
+
+#[test]
+fn bursty_training_never_breaches_a_two_hour_rule() {
+    // Busy 50 min, idle 40 min (a checkpoint), repeating, for 12 hours.
+    let r = rule(3600, 2, 2);
+    let mut state = State::default();
+    let mut events = Vec::new();
+    for t in 0..12 * 3600u64 {
+        let u = if t % 5400 < 3000 { 0.95 } else { 0.0 };
+        ingest(
+            std::slice::from_ref(&r),
+            &mut state,
+            &obs(t as f64, &[Some(u), Some(u)]),
+        );
+        if t % 60 == 0 {
+            let ctx = Context {
+                now: t as f64,
+                ..Context::default()
+            };
+            events.extend(evaluate(
+                std::slice::from_ref(&r),
+                &settings(),
+                &mut state,
+                &ctx,
+            ));
+        }
+    }
+    assert!(events.is_empty(), "{events:?}");
+}
+
+#[test]
+fn a_budget_gate_opens_at_its_share_and_not_below() {
+    let mut r = rule(10, 1, 1);
+    r.budget = Some(crate::rules::BudgetGate {
+        name: "team".into(),
+        spent_at_least: 0.8,
+    });
+    for (ratio, want) in [(None, 0), (Some(0.79), 0), (Some(0.80), 2), (Some(0.95), 2)] {
+        let ctx = Context {
+            budgets: ratio.map(|r| ("team".to_string(), r)).into_iter().collect(),
+            ..Context::default()
+        };
+        let mut state = State::default();
+        let events = run(&r, &mut state, &ctx, 0, 12, |_| vec![Some(0.0)]);
+        assert_eq!(events.len(), want, "{ratio:?}: {events:?}");
+    }
+}
+
+#[test]
+fn an_exhausted_budget_acts_even_when_busy_but_waits_for_holds() {
+    let mut r = rule(10, 1, 1);
+    r.trigger = Trigger::BudgetExhausted {
+        budget: "team".into(),
+    };
+    let spent = |ratio: f64| Context {
+        budgets: [("team".to_string(), ratio)].into_iter().collect(),
+        ..Context::default()
+    };
+    let mut state = State::default();
+    assert!(run(&r, &mut state, &spent(0.99), 0, 5, |_| vec![Some(0.9)]).is_empty());
+    let events = run(&r, &mut state, &spent(1.0), 5, 40, |_| vec![Some(0.9)]);
+    assert_eq!(events, vec![(5, "breach"), (5, "warning"), (35, "action")]);
+    complete(&mut state, "idle");
+    // Not again at once (if the stop failed, say), but an hour later.
+    assert!(run(&r, &mut state, &spent(1.0), 40, 3634, |_| vec![Some(0.9)]).is_empty());
+    let events = run(&r, &mut state, &spent(1.0), 3635, 3636, |_| vec![Some(0.9)]);
+    assert_eq!(events, vec![(3635, "warning")]);
+
+    let mut held = spent(1.0);
+    held.hold_until = Some(100.0);
+    let mut state = State::default();
+    let events = run(&r, &mut state, &held, 0, 100, |_| vec![Some(0.9)]);
+    assert_eq!(events, vec![(0, "breach")]);
+}
+
+#[test]
+fn state_survives_a_round_trip_mid_warning() {
+    let r = rule(10, 1, 1);
+    let mut state = State::default();
+    run(&r, &mut state, &Context::default(), 0, 20, |_| {
+        vec![Some(0.0)]
+    });
+    assert!(state.rules["idle"].pending.is_some());
+    let json = serde_json::to_string(&state).unwrap();
+    let mut restored: State = serde_json::from_str(&json).unwrap();
+    assert_eq!(restored, state);
+    let events = run(&r, &mut restored, &Context::default(), 20, 41, |_| {
+        vec![Some(0.0)]
+    });
+    assert_eq!(events, vec![(40, "action")]);
+}
