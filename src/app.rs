@@ -46,6 +46,10 @@ pub struct App {
     watch: Option<WatchTask>,
     /// Every other task: the sampler's driver, pollers, notification delivery, CloudWatch.
     tasks: JoinSet<()>,
+    /// What systemd's readiness, status and watchdog report on.
+    watched: crate::systemd::Watched,
+    interval: std::time::Duration,
+    timeout: std::time::Duration,
 }
 
 impl App {
@@ -104,6 +108,25 @@ impl App {
             pods,
             ..WatchSeries::default()
         };
+        let views = Arc::clone(&series.watch);
+        let progress = Arc::clone(&series.progress);
+        let mut status = crate::status::Sources {
+            snapshots: snapshots.clone(),
+            watch: Arc::clone(&series.watch),
+            cost: Arc::clone(&series.cost),
+            audit: None,
+            watching: false,
+            hostname: hostname(&config),
+            thresholds: config
+                .budgets
+                .iter()
+                .map(|b| (b.name.clone(), b.thresholds.clone()))
+                .collect(),
+            // Absolute, so that the `gpuwatch hold --config` it shows works from anywhere.
+            config_path: std::fs::canonicalize(&config.path).unwrap_or(config.path.clone()),
+            progress: None,
+            events: Arc::default(),
+        };
         series.watch.update(|v| {
             v.labels = config
                 .node
@@ -157,10 +180,28 @@ impl App {
             if tls.is_some() { "https" } else { "http" },
             display_addr(addr)
         );
+        if watch.is_some() {
+            status.watching = true;
+            status.progress = Some(Arc::clone(&progress));
+            status.audit = Some(StateDir::new(&config.actions.state_dir).audit_path());
+        }
+        let watched = crate::systemd::Watched {
+            snapshots: snapshots.clone(),
+            progress: watch.as_ref().map(|_| progress),
+            pending: Box::new(move || {
+                views
+                    .view()
+                    .rules
+                    .iter()
+                    .filter(|r| r.pending.is_some())
+                    .count()
+            }),
+        };
         let mut router = router(ServerState {
             registry: Arc::new(registry),
             snapshots,
             long_polls: Arc::new(tokio::sync::Semaphore::new(config.server.max_long_polls)),
+            status,
         });
         if let Some(w) = web {
             router = router.layer(axum::middleware::from_fn_with_state(
@@ -182,6 +223,9 @@ impl App {
             stop,
             watch,
             tasks,
+            watched,
+            interval: config.sampling.interval,
+            timeout: config.sampling.timeout,
         })
     }
 
@@ -198,6 +242,9 @@ impl App {
             stop,
             watch,
             mut tasks,
+            watched,
+            interval,
+            timeout,
         } = self;
         // The readiness signal, an interface: one line on stdout once the listener is bound and
         // everything has started. With `--listen 127.0.0.1:0` it carries the port the kernel
@@ -208,9 +255,16 @@ impl App {
             let _ = writeln!(out, "listening on {scheme}://{}/", display_addr(addr));
             let _ = out.flush();
         }
+        // systemd: ready once the first sample is in, then status lines and watchdog pings.
+        let first = watched.snapshots.clone();
+        tasks.spawn(async move {
+            crate::systemd::ready(&first, interval + timeout).await;
+            crate::systemd::watchdog(watched, interval, timeout).await;
+        });
         let grace = limits.shutdown_grace;
         let shutdown = async move {
             shutdown.await;
+            crate::systemd::stopping();
             tracing::info!("shutting down: no new decisions");
             // Decisions stop first; then the listener drains.
             let _ = stop.send(true);
@@ -280,6 +334,8 @@ struct WatchSeries {
     cloudwatch: Arc<crate::cloudwatch::Counters>,
     /// Who holds which GPU, on Kubernetes: read by pod-scoped rules.
     pods: Option<Arc<KubernetesMetrics>>,
+    /// How far the decision loop has come, for the systemd watchdog.
+    progress: Arc<crate::systemd::Progress>,
 }
 
 /// Starts the cost watch: rules, actions, and (with `provider = "aws"`) instance metadata and the
@@ -297,6 +353,7 @@ async fn start_watch(
         cost,
         cloudwatch,
         pods,
+        progress,
     } = series;
     if config.rules.is_empty()
         && config.budgets.is_empty()
@@ -433,6 +490,7 @@ async fn start_watch(
         services,
         publishes: JoinSet::new(),
         pods,
+        progress,
         config: config.clone(),
         state_dir,
         executor,

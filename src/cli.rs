@@ -112,6 +112,32 @@ pub enum Command {
         #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
         config: PathBuf,
     },
+    /// Show the node at a glance: GPUs, rules and pending actions, holds, spend, recent events
+    ///
+    /// It asks the running daemon (over its HTTP endpoint, with the config's TLS), or with
+    /// --state-dir reads the state files when the daemon is down. Exit status: 0 all is well,
+    /// 1 an action is pending, 2 NVML or a GPU is down, 3 the status cannot be read.
+    Status {
+        /// The daemon's address, such as https://gpu-7:9400/ (default: from [server] listen)
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
+        /// Read the state files in this directory instead of asking the daemon
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
+        /// User for basic auth; the password is read from GPUWATCH_PASSWORD
+        #[arg(long, value_name = "NAME")]
+        user: Option<String>,
+        /// CA certificate (PEM) to trust for the daemon's TLS certificate (default: the
+        /// certificate in the web config, then the system's roots)
+        #[arg(long, value_name = "PATH")]
+        cacert: Option<PathBuf>,
+        /// Print the status as JSON, as /api/v1/status serves it
+        #[arg(long)]
+        json: bool,
+        /// Config file whose [server] and web config to use
+        #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
+        config: PathBuf,
+    },
     /// Remove a hold
     Release {
         /// Config file whose [actions] state_dir to use
@@ -203,6 +229,20 @@ pub fn run(cli: Cli) -> ExitCode {
                 kind: kind.as_deref().and_then(cmd::audit::Kind::parse),
             };
             cmd::audit::run(&c, &filter, json)
+        }),
+        Command::Status {
+            url,
+            state_dir,
+            user,
+            cacert,
+            json,
+            config,
+        } => with_config(&config, None, |c| {
+            let how = match state_dir {
+                Some(dir) => cmd::status::From::StateDir(dir),
+                None => cmd::status::From::Daemon { url, user, cacert },
+            };
+            cmd::status::run(&c, how, json)
         }),
         Command::Release { config } => with_config(&config, None, |c| cmd::hold::release(&c)),
         Command::Demo { listen } => cmd::demo::run(&listen),

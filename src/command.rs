@@ -1,6 +1,6 @@
 //! Runs the commands a user configures (`exec` actions, the spot interruption hook): in a
 //! process group of their own, so that a timeout kills everything they started, and without the
-//! daemon's AWS credentials, which they have no need of.
+//! daemon's AWS credentials or systemd's notify socket, which they have no need of.
 
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -13,6 +13,9 @@ const CREDENTIALS: [&str; 5] = [
     "AWS_SECURITY_TOKEN",
     "AWS_CONTAINER_AUTHORIZATION_TOKEN",
 ];
+
+/// systemd's notify variables: they are the daemon's, not a command's to use.
+const SYSTEMD: [&str; 3] = ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -41,7 +44,7 @@ pub async fn run(
         .stdin(Stdio::null())
         .process_group(0)
         .kill_on_drop(true);
-    for var in CREDENTIALS {
+    for var in CREDENTIALS.iter().chain(&SYSTEMD) {
         cmd.env_remove(var);
     }
     let mut child = cmd.spawn().map_err(|source| RunError::Spawn {

@@ -23,6 +23,8 @@ pub mod server;
 pub mod simulate;
 pub mod spend;
 pub mod state;
+pub mod status;
+pub mod systemd;
 pub use gpuwatch_core::step;
 pub mod time;
 pub mod vetoes;

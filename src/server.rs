@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use prometheus_client::registry::Registry;
@@ -22,6 +22,8 @@ pub struct ServerState {
     pub snapshots: Snapshots,
     /// Permits for long-polls in progress; when none is left, a long-poll gets 503.
     pub long_polls: Arc<tokio::sync::Semaphore>,
+    /// What the status page and `/api/v1/status` show.
+    pub status: crate::status::Sources,
 }
 
 pub fn router(state: ServerState) -> Router {
@@ -31,6 +33,9 @@ pub fn router(state: ServerState) -> Router {
         .route("/-/healthy", get(healthy))
         .route("/-/ready", get(ready))
         .route("/api/v1/snapshot", get(snapshot))
+        .route("/api/v1/status", get(status))
+        .route("/static/status.js", get(script))
+        .route("/static/status.css", get(style))
         .with_state(state)
 }
 
@@ -56,90 +61,142 @@ async fn ready(State(state): State<ServerState>) -> Response {
 }
 
 #[derive(Debug, Deserialize)]
-struct SnapshotQuery {
-    /// Wait for a snapshot newer than this sequence number.
+struct WaitQuery {
+    /// Wait for a sample newer than this sequence number.
     after: Option<u64>,
-    /// How long to wait, as a duration such as "5s" (default 10s, at most 60s).
+    /// How long to wait, as a duration such as "5s" (default 10s, at most 30s).
     timeout: Option<String>,
 }
 
-/// The latest snapshot as JSON. With `?after=SEQ` it waits (long-poll) for a newer one, which is
-/// how a client awaits the next sample without sleeping.
-async fn snapshot(State(state): State<ServerState>, Query(q): Query<SnapshotQuery>) -> Response {
+/// The latest snapshot, or with `?after=SEQ` the first newer one (long-poll): how a client
+/// awaits the next sample without sleeping. An error is the response to send.
+async fn await_sample(
+    state: &ServerState,
+    q: &WaitQuery,
+) -> Result<Arc<crate::gpu::Snapshot>, Response> {
     let next = state.snapshots.latest().seq.saturating_add(1);
-    let snap = match q.after {
-        None => state.snapshots.latest(),
-        Some(after) if after > next => {
-            return (
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "after: {after} is beyond the next sample ({next}); use the seq of a snapshot you have\n"
-                ),
-            )
-                .into_response()
-        }
+    match q.after {
+        None => Ok(state.snapshots.latest()),
+        Some(after) if after > next => Err((
+            StatusCode::BAD_REQUEST,
+            format!(
+                "after: {after} is beyond the next sample ({next}); use the seq of a snapshot you have\n"
+            ),
+        )
+            .into_response()),
         Some(after) => {
             let Ok(_permit) = state.long_polls.try_acquire() else {
-                return (
+                return Err((
                     StatusCode::SERVICE_UNAVAILABLE,
                     [(header::RETRY_AFTER, "1")],
                     "too many long-polls in progress; retry shortly\n",
                 )
-                    .into_response();
+                    .into_response());
             };
             let wait = match q.timeout.as_deref().map(humantime::parse_duration) {
                 None => Duration::from_secs(10),
                 Some(Ok(d)) => d.min(MAX_WAIT),
                 Some(Err(_)) => {
-                    return (
+                    return Err((
                         StatusCode::BAD_REQUEST,
                         "timeout: not a duration, such as \"5s\"\n",
                     )
-                        .into_response()
+                        .into_response())
                 }
             };
-            match tokio::time::timeout(wait, state.snapshots.next_after(after)).await {
-                Ok(s) => s,
-                Err(_) => state.snapshots.latest(),
-            }
+            Ok(
+                match tokio::time::timeout(wait, state.snapshots.next_after(after)).await {
+                    Ok(s) => s,
+                    Err(_) => state.snapshots.latest(),
+                },
+            )
         }
-    };
-    match serde_json::to_string(&*snap) {
+    }
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Response {
+    match serde_json::to_string(value) {
         Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
 }
 
-async fn landing(State(state): State<ServerState>) -> Html<String> {
-    let snap = state.snapshots.latest();
-    let nvml = if snap.nvml.up {
-        format!(
-            "NVML up, driver {}",
-            snap.nvml.driver_version.as_deref().unwrap_or("unknown")
-        )
-    } else if snap.is_ready() {
-        format!(
-            "NVML down: {}",
-            html_escape(snap.nvml.error.as_deref().unwrap_or("unknown"))
-        )
-    } else {
-        "waiting for the first sample".to_string()
-    };
-    let up = snap.gpus.iter().filter(|g| g.up).count();
-    Html(format!(
-        "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>gpuwatch</title></head>\n\
-         <body><h1>gpuwatch {}</h1>\n<p>{nvml}; {up} of {} GPUs up.</p>\n<ul>\n\
-         <li><a href=\"/metrics\">/metrics</a>: Prometheus metrics</li>\n\
-         <li><a href=\"/api/v1/snapshot\">/api/v1/snapshot</a>: the latest sample as JSON</li>\n\
-         <li><a href=\"/-/healthy\">/-/healthy</a>, <a href=\"/-/ready\">/-/ready</a></li>\n\
-         </ul></body></html>\n",
-        env!("CARGO_PKG_VERSION"),
-        snap.gpus.len()
-    ))
+/// The latest snapshot as JSON; `?after=SEQ` long-polls for a newer one.
+async fn snapshot(State(state): State<ServerState>, Query(q): Query<WaitQuery>) -> Response {
+    match await_sample(&state, &q).await {
+        Ok(snap) => json(&*snap),
+        Err(r) => r,
+    }
 }
 
-fn html_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+/// The node's status (what the page at `/` shows) as JSON; `?after=SEQ` long-polls for the
+/// status of a newer sample.
+async fn status(State(state): State<ServerState>, Query(q): Query<WaitQuery>) -> Response {
+    let snap = match await_sample(&state, &q).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    // The rules, holds and spend of this sample come a moment after it, from the decision loop.
+    if let Some(p) = &state.status.progress {
+        p.await_stepped(snap.seq, Duration::from_secs(2)).await;
+    }
+    match gather(&state).await {
+        Some(s) => json(&s),
+        None => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "cannot gather the status\n",
+        )
+            .into_response(),
+    }
+}
+
+/// The status, gathered off the async workers (it reads the audit log's tail).
+async fn gather(state: &ServerState) -> Option<crate::status::Status> {
+    let sources = state.status.clone();
+    tokio::task::spawn_blocking(move || sources.gather())
+        .await
+        .ok()
+}
+
+/// The status page: rendered here, kept current by its script.
+async fn landing(State(state): State<ServerState>) -> Response {
+    let Some(s) = gather(&state).await else {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "cannot gather the status\n",
+        )
+            .into_response();
+    };
+    let page = crate::status::page::render(&s, crate::time::now());
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CONTENT_SECURITY_POLICY, crate::status::page::CSP),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        page,
+    )
+        .into_response()
+}
+
+async fn script() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/javascript; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        crate::status::page::SCRIPT,
+    )
+        .into_response()
+}
+
+async fn style() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        crate::status::page::STYLE,
+    )
+        .into_response()
 }

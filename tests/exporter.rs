@@ -595,7 +595,12 @@ fn endpoints_and_content_type() {
     assert!(m.body.ends_with("# EOF\n"));
     let landing = d.get("/");
     assert_eq!(landing.status, 200);
-    assert!(landing.body.contains("href=\"/metrics\""));
+    // The status page links the metrics relative to itself (it may sit behind a path prefix).
+    assert!(
+        landing.body.contains("href=\"metrics\""),
+        "{}",
+        landing.body
+    );
     assert_eq!(d.get("/nope").status, 404);
     assert_eq!(d.get("/api/v1/snapshot?after=0&timeout=soon").status, 400);
 }

@@ -11,6 +11,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use common::dashboards;
 use common::prometheus::Prometheus;
 use common::{Daemon, Scrape};
 
@@ -126,19 +127,19 @@ fn a_fleet_sums_by_team_on_a_real_prometheus() {
         );
     }
 
-    // Every query of the fleet dashboard returns data, for every team.
-    let dash: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(root.join("dashboards/gpuwatch-fleet.json")).unwrap(),
-    )
-    .unwrap();
+    // Every query of the fleet dashboard returns data, for every team ("All": `.*`).
     let mut queries = 0;
-    for panel in dash["panels"].as_array().unwrap() {
-        for target in panel["targets"].as_array().unwrap() {
-            let expr = target["expr"].as_str().unwrap().replace("$team", ".*");
-            let result = prom.await_query(&expr, |r| !r.is_empty());
-            assert!(!result.is_empty(), "{:?}: {expr}", panel["title"]);
-            queries += 1;
+    for q in dashboards::queries(&root.join("dashboards/gpuwatch-fleet.json")) {
+        let expr = dashboards::substitute(&q.expr, &[("team", ".*")]);
+        if q.kind == dashboards::Kind::Variable {
+            let (selector, label) = dashboards::label_values(&expr).unwrap();
+            let teams = prom.try_label_values(selector, label).unwrap();
+            assert_eq!(teams.len(), TEAMS.len(), "{:?}: {expr}", q.panel);
+            continue;
         }
+        let result = prom.await_query(&expr, |r| !r.is_empty());
+        assert!(!result.is_empty(), "{}: {:?}: {expr}", q.dashboard, q.panel);
+        queries += 1;
     }
     assert!(queries >= 12);
     // Wasted dollars accrue on the teams with idle GPUs.

@@ -50,7 +50,13 @@ fn only_tls_with_the_right_password_gets_in() {
     assert_eq!(ok.status, Some(200), "{:?}", ok.error);
 
     // Every endpoint follows the same rules, /-/healthy too.
-    for path in ["/metrics", "/-/healthy", "/api/v1/snapshot", "/"] {
+    for path in [
+        "/metrics",
+        "/-/healthy",
+        "/api/v1/snapshot",
+        "/api/v1/status",
+        "/",
+    ] {
         assert_eq!(
             tls_get(addr, path, &s.ca, None, None).status,
             Some(401),

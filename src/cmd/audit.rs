@@ -138,7 +138,7 @@ fn str_of<'a>(r: &'a Value, key: &str) -> &'a str {
     r.get(key).and_then(Value::as_str).unwrap_or("")
 }
 
-fn time_of(r: &Value) -> Option<f64> {
+pub fn time_of(r: &Value) -> Option<f64> {
     crate::time::parse_rfc3339(str_of(r, "time"))
 }
 

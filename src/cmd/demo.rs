@@ -1,17 +1,25 @@
 //! `gpuwatch demo`: the daemon over four simulated GPUs, from the shipped scenario.
 
 use std::io::Write as _;
-use std::path::Path;
 use std::process::ExitCode;
 
 use super::exit;
 use crate::config::Config;
 
 /// The demo's rule: short periods, so that within two minutes GPU 3 goes idle, the warning
-/// comes, and the dry-run "would stop" follows. The cloud stays "none": nothing leaves loopback.
+/// comes, and the dry-run "would stop" follows. A price and a budget make spend, forecast and
+/// idle dollars show. The cloud stays "none": nothing leaves loopback. The library, state
+/// directory and address are added when the file is written.
 const DEMO_CONFIG: &str = r#"
 [sampling]
 interval = "1s"
+
+[cost]
+hourly_price_usd = 49.16
+
+[[budgets]]
+name = "demo-monthly"
+limit_usd = 5000.0
 
 [actions]
 mode = "dry-run"
@@ -31,7 +39,7 @@ action = "stop"
 "#;
 
 pub fn run(listen: &str) -> ExitCode {
-    let listen = match listen.parse() {
+    let listen: std::net::SocketAddr = match listen.parse() {
         Ok(a) => a,
         Err(_) => {
             eprintln!("demo: --listen: \"{listen}\" is not an IP address and port, such as \"127.0.0.1:9400\"");
@@ -59,24 +67,48 @@ pub fn run(listen: &str) -> ExitCode {
     }
     // Set before any thread starts; the fake library reads it at nvmlInit.
     std::env::set_var(gpuwatch_fake_nvml::SCENARIO_ENV, &scenario);
-    let mut config = match Config::parse(DEMO_CONFIG, Path::new("demo")) {
+    // The config is a file, so that `gpuwatch hold --config` (which the status page shows)
+    // finds the demo's state directory.
+    let path = dir.path().join("gpuwatch.toml");
+    let text = format!(
+        "{DEMO_CONFIG}\n[server]\nlisten = {}\n\n[nvml]\nlibrary = {}\n",
+        toml_string(&listen.to_string()),
+        toml_string(&library.to_string_lossy()),
+    )
+    .replacen(
+        "[actions]\n",
+        &format!(
+            "[actions]\nstate_dir = {}\n",
+            toml_string(&dir.path().join("state").to_string_lossy())
+        ),
+        1,
+    );
+    if let Err(e) = std::fs::write(&path, text) {
+        eprintln!("demo: cannot write {}: {e}", path.display());
+        return ExitCode::FAILURE;
+    }
+    let config = match Config::load(&path) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("demo: {e}");
             return ExitCode::FAILURE;
         }
     };
-    config.server.listen = listen;
-    config.nvml.library = library;
-    config.actions.state_dir = dir.path().join("state");
     // Written, not printed: a closed stdout must not stop the demo.
     let _ = writeln!(
         std::io::stdout(),
         "gpuwatch demo: 4 simulated GPUs (two training in bursts, one steady, one going idle)\n\
          rule \"demo-any-gpu-idle\" (dry-run): stop when any GPU idles for 2 periods of 15 s\n\
-         open http://{}/ or scrape http://{}/metrics; Ctrl-C stops",
+         price $49.16/h, budget \"demo-monthly\" $5000; config in {}\n\
+         open http://{}/ for the status page, or scrape http://{}/metrics; Ctrl-C stops",
+        path.display(),
         crate::app::display_addr(listen),
         crate::app::display_addr(listen)
     );
     super::run::run(config)
+}
+
+/// A TOML basic string holding `s`.
+fn toml_string(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
 }

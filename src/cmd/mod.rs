@@ -8,6 +8,7 @@ pub mod hold;
 pub mod run;
 pub mod simulate;
 pub mod snapshot;
+pub mod status;
 
 use crate::config::ConfigErrors;
 

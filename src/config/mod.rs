@@ -57,6 +57,9 @@ pub struct Config {
     pub budgets: Vec<BudgetConfig>,
     /// The `[[rules]]`, and one rule per budget with `on_exhausted`.
     pub rules: Vec<Rule>,
+    /// The file it was read from (empty for the built-in defaults): what `gpuwatch hold`
+    /// must be given to find the same state directory.
+    pub path: std::path::PathBuf,
 }
 
 impl Default for Config {
@@ -93,6 +96,7 @@ impl Config {
                 "server.web_config_file",
             )?);
         }
+        config.path = path.to_path_buf();
         Ok(config)
     }
 
@@ -217,6 +221,7 @@ impl RawConfig {
                 node,
                 budgets,
                 rules,
+                path: std::path::PathBuf::new(),
             }),
             _ => Err(ConfigErrors(errors)),
         }
@@ -306,9 +311,9 @@ mod tests {
 
     #[test]
     fn empty_file_is_the_defaults() {
-        assert_eq!(
-            Config::parse("", Path::new("x.toml")).unwrap(),
-            Config::default()
-        );
+        let mut c = Config::parse("", Path::new("x.toml")).unwrap();
+        assert_eq!(c.path, Path::new("x.toml"));
+        c.path = PathBuf::new();
+        assert_eq!(c, Config::default());
     }
 }

@@ -171,6 +171,14 @@ impl StateDir {
         serde_json::from_str(&text).map_err(|e| self.set_aside(&path, &e.to_string()))
     }
 
+    /// Reads the state and changes nothing, not even a corrupt file (for `gpuwatch status`).
+    pub fn peek(&self) -> Result<Persisted, String> {
+        let path = self.dir.join(STATE_FILE);
+        let text = read_capped(&path, MAX_STATE_BYTES)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        serde_json::from_str(&text).map_err(|e| format!("{} is corrupt: {e}", path.display()))
+    }
+
     /// Keeps a corrupt state file as `state.json.corrupt`, for a person to look at.
     fn set_aside(&self, path: &Path, why: &str) -> LoadError {
         let aside = self.dir.join("state.json.corrupt");
@@ -210,10 +218,23 @@ impl StateDir {
         }
     }
 
+    /// Writes `hold.json`. Root may hold for a daemon that runs as another user (systemd's
+    /// `DynamicUser=yes`): the directory is then that user's, and the file is handed to them,
+    /// since the daemon reads only a hold file of its own user or root.
     pub fn set_hold(&self, hold: &Hold) -> io::Result<()> {
-        self.create().map_err(io::Error::other)?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        let owner = match fs::metadata(&self.dir) {
+            Ok(m) if root && m.uid() != 0 => Some(m),
+            _ => None,
+        };
+        match &owner {
+            Some(m) => check_private_of(&self.dir, m, m.uid()).map_err(io::Error::other)?,
+            None => self.create().map_err(io::Error::other)?,
+        }
         let body = serde_json::to_vec_pretty(hold).map_err(io::Error::other)?;
-        write_atomic(&self.dir.join(HOLD_FILE), &body, true)
+        let owner = owner.map(|m| (m.uid(), m.gid()));
+        write_atomic_as(&self.dir.join(HOLD_FILE), &body, true, owner)
     }
 
     /// Removes the local hold; `Ok(false)` when there was none.
@@ -229,7 +250,11 @@ impl StateDir {
 /// Refuses a path that another user can write: through its mode, or by owning it.
 fn check_private(path: &Path, meta: &fs::Metadata) -> Result<(), DirError> {
     // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
+    check_private_of(path, meta, unsafe { libc::geteuid() })
+}
+
+/// Refuses a path that anyone but `me` (or root) can write.
+fn check_private_of(path: &Path, meta: &fs::Metadata, me: u32) -> Result<(), DirError> {
     if meta.uid() != me && meta.uid() != 0 {
         return Err(DirError::Owner {
             path: path.to_path_buf(),
@@ -291,6 +316,17 @@ pub fn off_async<T>(f: impl FnOnce() -> T) -> T {
 /// and is created exclusively with mode 0600, so a symlink planted in the directory is never
 /// followed, and two writers never share one.
 pub fn write_atomic(path: &Path, body: &[u8], durable: bool) -> io::Result<()> {
+    write_atomic_as(path, body, durable, None)
+}
+
+/// `write_atomic`, with the file given to `owner` (uid, gid) before it takes its name: the
+/// name never points at a file of anyone else, and nothing is changed by following a link.
+fn write_atomic_as(
+    path: &Path,
+    body: &[u8],
+    durable: bool,
+    owner: Option<(u32, u32)>,
+) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
@@ -302,6 +338,9 @@ pub fn write_atomic(path: &Path, body: &[u8], durable: bool) -> io::Result<()> {
         .permissions(fs::Permissions::from_mode(0o600))
         .tempfile_in(dir)?;
     tmp.write_all(body)?;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::fchown(tmp.as_file(), Some(uid), Some(gid))?;
+    }
     if durable {
         tmp.as_file().sync_all()?;
     }

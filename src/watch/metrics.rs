@@ -20,6 +20,8 @@ pub struct WatchView {
     pub gpu_idle: Vec<IdleGpu>,
     pub actions: BTreeMap<ActionResult, u64>,
     pub hold_until: Option<f64>,
+    /// The holds in place: `gpuwatch hold` and the instance tag, with their reasons.
+    pub holds: Vec<crate::status::Hold>,
     pub interruption: Option<f64>,
     /// When the current spot rebalance recommendation was issued.
     pub rebalance: Option<f64>,

@@ -99,6 +99,8 @@ pub struct Watch {
     pub publishes: tokio::task::JoinSet<()>,
     /// Who holds which GPU, on Kubernetes (for pod-scoped rules).
     pub pods: Option<Arc<crate::kubernetes::metrics::KubernetesMetrics>>,
+    /// How far the loop has come, for the systemd watchdog.
+    pub progress: Arc<crate::systemd::Progress>,
 }
 
 impl Watch {
@@ -115,7 +117,14 @@ impl Watch {
             grace_until,
             booted.unwrap_or(0.0),
         );
-        let mut persisted = self.start(&snapshots, &settings).await;
+        let mut persisted = {
+            // Settling an action left in flight may retry EC2 for `retry_for`.
+            let _acting = self
+                .progress
+                .acting(self.action_limit(), std::time::Duration::ZERO);
+            self.start(&snapshots, &settings).await
+        };
+        self.progress.stepped(snapshots.latest().seq);
         let mut last_durable = started;
         // The unreadable hold last warned about, so that it is warned about once.
         let mut warned_hold = None;
@@ -185,8 +194,9 @@ impl Watch {
             }
 
             // Publish: an action withdrawn or completed above shows in this cycle's metrics.
-            let rules = rule_views(&judged, &persisted);
+            let rules = rule_views(&judged, &persisted, &settings, now);
             self.publish(&snap, outcome, rules, &inputs, interruption);
+            self.progress.stepped(seq);
         }
         self.save(&persisted, true);
         tracing::info!("cost watch stopped");
@@ -240,6 +250,23 @@ impl Watch {
             );
         }
         *warned_hold = unreadable;
+        let holds = [("local", &local), ("tag", &tag)]
+            .into_iter()
+            .filter_map(|(source, h)| {
+                let (until, reason) = match h {
+                    HoldStatus::None => return None,
+                    HoldStatus::Until(t, _) if *t <= snap.timestamp => return None,
+                    HoldStatus::Until(t, reason) => (Some(*t), reason.clone()),
+                    HoldStatus::Unreadable(why) => (None, why.clone()),
+                };
+                Some(crate::status::Hold {
+                    source: source.to_string(),
+                    until,
+                    reason,
+                })
+            })
+            .collect();
+        self.metrics.update(|v| v.holds = holds);
         let interruption = self.signals.interruption.lock().map(|i| *i).unwrap_or(None);
         let inputs = Inputs {
             now: snap.timestamp,
@@ -408,6 +435,8 @@ impl Watch {
                         reported = Some(line);
                     }
                     seq = snapshots.next_after(seq).await.seq;
+                    // Waiting for a readable disk is not a wedge.
+                    self.progress.stepped(seq);
                 }
             }
         }
@@ -500,7 +529,12 @@ impl Watch {
             Event::Action { action, .. } => {
                 // The state already says "in flight" durably: a restart from here on never
                 // repeats the action.
-                let outcome = self.executor.execute(rule, *action, &evidence, at).await;
+                let outcome = {
+                    let _acting = self
+                        .progress
+                        .acting(self.action_limit(), crate::systemd::ACTED_GRACE);
+                    self.executor.execute(rule, *action, &evidence, at).await
+                };
                 if let Outcome::NotRecorded(_) = outcome {
                     self.not_recorded(persisted, &rule.name, *action, "audit.jsonl");
                     self.save(persisted, true);
@@ -514,6 +548,13 @@ impl Watch {
                 }
             }
         }
+    }
+
+    /// The longest an action takes before its own limits end it: an `exec` its timeout, an EC2
+    /// call its retries (and one last attempt).
+    fn action_limit(&self) -> std::time::Duration {
+        let a = &self.config.actions;
+        a.exec_timeout.max(a.retry_for) + std::time::Duration::from_secs(60)
     }
 
     fn count(&self, action: crate::rules::Action, result: &str) {

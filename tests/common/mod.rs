@@ -3,7 +3,9 @@
 #![allow(dead_code)]
 
 pub mod aws;
+pub mod browser;
 pub mod certs;
+pub mod dashboards;
 pub mod prometheus;
 
 use std::collections::BTreeMap;
@@ -67,6 +69,11 @@ impl Daemon {
     /// on a port of the kernel's choosing (`--listen 127.0.0.1:0`), which the readiness line on
     /// stdout reports.
     pub fn start_with(dir: tempfile::TempDir, config: &str) -> Daemon {
+        Daemon::start_with_env(dir, config, &[])
+    }
+
+    /// Like `start_with`, with these variables in the daemon's environment too.
+    pub fn start_with_env(dir: tempfile::TempDir, config: &str, env: &[(&str, &str)]) -> Daemon {
         let path = dir.path().join("gpuwatch.toml");
         std::fs::write(&path, config).unwrap();
         let mut command = Command::new(BIN);
@@ -81,6 +88,7 @@ impl Daemon {
             )
             .env("GPUWATCH_LOG", "info")
             .envs(aws::SAFE_ENV.iter().copied())
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -200,6 +208,26 @@ impl Daemon {
         self.child.id()
     }
 
+    /// Sends SIGTERM, as systemd stops a service.
+    pub fn terminate(&self) {
+        // SAFETY: kill has no memory effects; the PID is our own child's.
+        assert_eq!(unsafe { libc::kill(self.pid() as i32, libc::SIGTERM) }, 0);
+    }
+
+    /// Waits up to `limit` for the daemon to exit; its status, or `None` while it still runs.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn is_running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()
     }
@@ -291,6 +319,14 @@ pub struct Response {
     pub status: u16,
     pub headers: String,
     pub body: String,
+}
+
+impl Response {
+    /// The body as JSON; fails the test when it is not.
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {} {}", self.status, self.body))
+    }
 }
 
 /// A plain HTTP/1.1 GET, with a 15 s read timeout.

@@ -108,11 +108,97 @@ impl Prometheus {
         }
     }
 
+    /// One query, instant (now) or over `range` (start and end, Unix seconds) by 1 s steps, as
+    /// Grafana runs a panel's: the result, or why Prometheus refused it (a query that does not
+    /// parse, say). Err also while Prometheus is not answering yet.
+    pub fn try_query(
+        &self,
+        query: &str,
+        range: Option<(f64, f64)>,
+    ) -> Result<Vec<serde_json::Value>, QueryError> {
+        let path = match range {
+            None => format!("/api/v1/query?query={}", encode(query)),
+            Some((start, end)) => format!(
+                "/api/v1/query_range?query={}&start={start:.3}&end={end:.3}&step=1",
+                encode(query)
+            ),
+        };
+        self.api(&path)
+            .map(|v| v["result"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// The values of `label` on the series that `selector` matches, as Grafana's
+    /// `label_values(SELECTOR, LABEL)` asks for them.
+    pub fn try_label_values(&self, selector: &str, label: &str) -> Result<Vec<String>, QueryError> {
+        let path = format!("/api/v1/label/{label}/values?match[]={}", encode(selector));
+        self.api(&path).map(|v| {
+            v.as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
+    }
+
+    /// A GET of the HTTP API: its `data`, or its error.
+    fn api(&self, path: &str) -> Result<serde_json::Value, QueryError> {
+        let r = super::try_get(self.addr, path).map_err(|e| QueryError::NotYet(e.to_string()))?;
+        // Answers past a few KiB come chunked.
+        let body = if r.headers.contains("transfer-encoding: chunked") {
+            dechunk(&r.body)
+        } else {
+            r.body.clone()
+        };
+        let v: serde_json::Value = match serde_json::from_str(&body) {
+            Ok(v) => v,
+            Err(_) => return Err(QueryError::NotYet(format!("{} {body}", r.status))),
+        };
+        match (r.status, v["status"].as_str()) {
+            (200, Some("success")) => Ok(v["data"].clone()),
+            (400 | 422, _) => Err(QueryError::Refused(format!(
+                "{}: {}",
+                v["errorType"].as_str().unwrap_or(""),
+                v["error"].as_str().unwrap_or(&r.body)
+            ))),
+            _ => Err(QueryError::NotYet(format!("{} {}", r.status, r.body))),
+        }
+    }
+
     /// The last scrape of gpuwatch succeeded: a bad line would have failed all of it.
     pub fn assert_up(&self) {
         let up = self.await_query("up{job=\"gpuwatch\"}", |r| !r.is_empty());
         assert_eq!(up[0]["value"][1], "1", "{up:?}");
     }
+}
+
+/// Why a query returned nothing.
+#[derive(Debug, Clone)]
+pub enum QueryError {
+    /// Prometheus refused the query (it does not parse, or cannot be run): waiting won't help.
+    Refused(String),
+    /// Prometheus did not answer, or not yet with a result.
+    NotYet(String),
+}
+
+/// The body of a chunked HTTP/1.1 answer: hexadecimal sizes, each chunk ended by CRLF.
+fn dechunk(raw: &str) -> String {
+    let raw = raw.as_bytes();
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(eol) = raw[at..].windows(2).position(|w| w == b"\r\n") {
+        let line = String::from_utf8_lossy(&raw[at..at + eol]);
+        let n = usize::from_str_radix(line.split(';').next().unwrap().trim(), 16).unwrap_or(0);
+        let start = at + eol + 2;
+        if n == 0 || raw.len() < start + n {
+            break;
+        }
+        out.extend_from_slice(&raw[start..start + n]);
+        at = start + n + 2;
+        if at > raw.len() {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Percent-encodes a query for a URL.

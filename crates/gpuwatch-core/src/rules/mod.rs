@@ -63,6 +63,53 @@ impl Rule {
         }
     }
 
+    /// The rule in words, for people: "stop when every GPU's average gpu_utilization is below
+    /// 5% in 2 of 2 periods of 5m".
+    pub fn describe(&self) -> String {
+        let when = match &self.trigger {
+            Trigger::BudgetExhausted { budget } => format!("budget \"{budget}\" is spent"),
+            Trigger::Idle(c) => {
+                let gpus = match (self.scope, c.gpus) {
+                    (Scope::Pod, _) => "a pod's GPUs'",
+                    (_, Aggregation::Every) => "every GPU's",
+                    (_, Aggregation::Any) => "any GPU's",
+                };
+                let statistic = match c.statistic {
+                    Statistic::Average => "average",
+                    Statistic::Maximum => "maximum",
+                };
+                let comparison = match c.comparison {
+                    Comparison::LessThan => "below",
+                    Comparison::LessThanOrEqual => "at most",
+                    Comparison::GreaterThan => "above",
+                    Comparison::GreaterThanOrEqual => "at least",
+                };
+                // Rounded to a millionth, so that 0.07 reads "7%", not "7.000000000000001%".
+                let round = |v: f64| (v * 1e6).round() / 1e6;
+                let threshold = if c.metric.is_ratio() {
+                    format!("{}%", round(c.threshold * 100.0))
+                } else {
+                    format!("{}", round(c.threshold))
+                };
+                format!(
+                    "{gpus} {statistic} {} is {comparison} {threshold} in {} of {} periods of {}",
+                    c.metric.as_str(),
+                    c.datapoints_to_alarm,
+                    c.evaluation_periods,
+                    humantime::format_duration(c.period)
+                )
+            }
+        };
+        let gate = self.budget.as_ref().map_or(String::new(), |g| {
+            format!(
+                ", once budget \"{}\" is {}% spent",
+                g.name,
+                (g.spent_at_least * 1e8).round() / 1e6
+            )
+        });
+        format!("{} when {when}{gate}", self.action)
+    }
+
     /// The GPU condition, for a rule triggered by one.
     pub fn condition(&self) -> Option<&Condition> {
         match &self.trigger {

@@ -204,9 +204,22 @@ pub struct BudgetView {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RuleView {
     pub name: String,
+    /// The rule in words.
+    pub summary: String,
     pub breaching: bool,
+    /// For a rule on the GPUs' readings: its last complete periods, as they count now.
+    pub counted: Option<Counted>,
     /// The pending action: which, and when it is due.
     pub pending: Option<engine::Pending>,
+}
+
+/// How a rule's last periods count: `breaching` of `of` complete periods breach, and it takes
+/// `needed` of them to act.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counted {
+    pub breaching: u32,
+    pub of: u32,
+    pub needed: u32,
 }
 
 /// Runs one step: feeds the observation to the rules, accrues spend, checks budgets, and
@@ -316,7 +329,7 @@ pub fn step(
         }
     }
     accrue_idle_dollars(settings, state, inputs, &gpu_idle, obs.gpus.len());
-    let views = rule_views(&rules, state);
+    let views = rule_views(&rules, state, settings, now);
 
     Decision {
         rules,
@@ -360,14 +373,28 @@ fn accrue_idle_dollars(
 
 /// Each rule as the state has it now: breaching, and its pending action. The edge calls this
 /// again after it has carried out (or withdrawn) the step's actions.
-pub fn rule_views(rules: &[Rule], state: &State) -> Vec<RuleView> {
+pub fn rule_views(rules: &[Rule], state: &State, settings: &Settings, now: f64) -> Vec<RuleView> {
     rules
         .iter()
         .map(|r| {
             let rs = state.engine.rules.get(&r.name);
+            let counted = r.condition().map(|c| {
+                let a = rs.map(|s| {
+                    s.window
+                        .assess(c, now, settings.slack, f64::NEG_INFINITY)
+                        .breaching_periods
+                });
+                Counted {
+                    breaching: a.unwrap_or(0),
+                    of: c.evaluation_periods,
+                    needed: c.datapoints_to_alarm,
+                }
+            });
             RuleView {
                 name: r.name.clone(),
+                summary: r.describe(),
                 breaching: rs.is_some_and(|s| s.breaching),
+                counted,
                 pending: rs.and_then(|s| s.pending.clone()),
             }
         })

@@ -345,3 +345,26 @@ fn state_survives_a_round_trip_mid_warning() {
     });
     assert_eq!(events, vec![(40, "action")]);
 }
+
+#[test]
+fn a_rule_reads_as_a_sentence() {
+    let mut r = rule(300, 3, 2);
+    if let Trigger::Idle(c) = &mut r.trigger {
+        c.threshold = 0.07;
+    }
+    assert_eq!(
+        r.describe(),
+        "stop when every GPU's average gpu_utilization is below 7% in 2 of 3 periods of 5m"
+    );
+    r.budget = Some(crate::rules::BudgetGate {
+        name: "team".into(),
+        spent_at_least: 0.29,
+    });
+    r.trigger = Trigger::BudgetExhausted {
+        budget: "team".into(),
+    };
+    assert_eq!(
+        r.describe(),
+        "stop when budget \"team\" is spent, once budget \"team\" is 29% spent"
+    );
+}

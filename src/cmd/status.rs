@@ -1,0 +1,239 @@
+//! `gpuwatch status`: the status page's facts for a terminal, from the running daemon or, with
+//! `--state-dir`, from its state files. The exit status says the health: 0 ok, 1 an action is
+//! pending, 2 NVML or a GPU is down, 3 the status cannot be read.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::state::{HoldStatus, StateDir};
+use crate::status::{Health, Hold, Pending, Rule, Status};
+
+/// The exit status when the status cannot be read at all (as monitoring checks say UNKNOWN).
+pub const UNKNOWN: u8 = 3;
+
+/// Where the status comes from.
+pub enum From {
+    Daemon {
+        url: Option<String>,
+        user: Option<String>,
+        cacert: Option<PathBuf>,
+    },
+    StateDir(PathBuf),
+}
+
+pub fn run(config: &Config, from: From, json: bool) -> ExitCode {
+    let status = match from {
+        From::Daemon { url, user, cacert } => ask_daemon(config, url, user, cacert),
+        From::StateDir(dir) => read_state(config, &StateDir::new(&dir)),
+    };
+    let status = match status {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("status: {e}");
+            return UNKNOWN.into();
+        }
+    };
+    let out = if json {
+        serde_json::to_string_pretty(&status).unwrap_or_default() + "\n"
+    } else {
+        crate::status::text::render(&status, crate::time::now())
+    };
+    // A closed stdout (`| head`) is no failure of the status.
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), out.as_bytes());
+    status.health.exit_code().into()
+}
+
+/// The daemon's URL: `--url`, else `[server] listen` with a wildcard address read as loopback,
+/// and https when the web config has TLS.
+fn base_url(config: &Config, url: Option<String>) -> String {
+    if let Some(u) = url {
+        return if u.ends_with('/') { u } else { u + "/" };
+    }
+    let mut addr = config.server.listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let tls = config.server.web.as_ref().is_some_and(|w| w.tls.is_some());
+    format!("{}://{addr}/", if tls { "https" } else { "http" })
+}
+
+fn ask_daemon(
+    config: &Config,
+    url: Option<String>,
+    user: Option<String>,
+    cacert: Option<PathBuf>,
+) -> Result<Status, String> {
+    let base = base_url(config, url);
+    let web = config.server.web.as_ref();
+    let mut client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .connect_timeout(Duration::from_secs(3))
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none());
+    // Trust what the daemon presents: the CA given, else its own certificate.
+    let cert = match (&cacert, web.and_then(|w| w.tls.as_ref())) {
+        (Some(path), _) => Some(read_pem(path)?),
+        (None, Some(tls)) => match &tls.cert {
+            crate::web::Pem::File(path) => read_pem(path).ok(),
+            crate::web::Pem::Inline(text) => Some(text.as_bytes().to_vec()),
+        },
+        (None, None) => None,
+    };
+    if let Some(pem) = cert {
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| format!("the CA certificate is not PEM: {e}"))?;
+        for c in certs {
+            client = client.add_root_certificate(c);
+        }
+    }
+    let client = client
+        .build()
+        .map_err(|e| format!("cannot set up an HTTP client: {e}"))?;
+    let password = std::env::var("GPUWATCH_PASSWORD").ok();
+    if password.is_some() && user.is_some() && base.starts_with("http://") && !loopback(&base) {
+        return Err(format!(
+            "{base} is plain HTTP beyond this machine: the password would cross the network in the clear; use https"
+        ));
+    }
+    let needs_auth = web.is_some_and(|w| !w.users.is_empty());
+    if needs_auth && (user.is_none() || password.is_none()) {
+        return Err(
+            "the daemon asks for basic auth: give --user NAME, with the password in GPUWATCH_PASSWORD"
+                .into(),
+        );
+    }
+    let url = format!("{base}api/v1/status");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    runtime.block_on(async {
+        let mut request = client.get(&url);
+        if let Some(u) = &user {
+            request = request.basic_auth(u, password.as_deref());
+        }
+        let response = request.send().await.map_err(|e| {
+            format!(
+                "cannot reach the daemon at {url}: {}; is it running? (--state-dir reads its state files instead)",
+                chain(&e)
+            )
+        })?;
+        let code = response.status();
+        let body = response
+            .text()
+            .await
+            .map_err(|e| format!("{url}: {}", chain(&e)))?;
+        if !code.is_success() {
+            let mut body = body.trim().to_string();
+            if body.len() > 300 {
+                let mut end = 300;
+                while !body.is_char_boundary(end) {
+                    end -= 1;
+                }
+                body.truncate(end);
+                body.push('…');
+            }
+            return Err(format!(
+                "{url} answered {code}: {}",
+                crate::status::text::plain(&body)
+            ));
+        }
+        serde_json::from_str(&body).map_err(|e| format!("{url} answered what is not a status: {e}"))
+    })
+}
+
+/// Whether the URL's host is this machine.
+fn loopback(url: &str) -> bool {
+    reqwest::Url::parse(url)
+        .ok()
+        .and_then(|u| {
+            let host = u.host_str()?.trim_start_matches('[').trim_end_matches(']');
+            Some(
+                host == "localhost"
+                    || host
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip.is_loopback()),
+            )
+        })
+        .unwrap_or(false)
+}
+
+fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+/// An error and its sources, as one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// The status from the state files, while the daemon is down: the rules' states and pending
+/// actions, holds, idle dollars and the last events. The GPUs are not read, and not judged.
+fn read_state(config: &Config, dir: &StateDir) -> Result<Status, String> {
+    let persisted = dir.peek()?;
+    let hold = crate::status::hold_command(&config.path);
+    let mut status = Status {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        watching: true,
+        ..Status::default()
+    };
+    status.node.hostname = format!("{} (state files only)", dir.path().display());
+    status.rules = persisted
+        .engine
+        .rules
+        .iter()
+        .map(|(name, rs)| Rule {
+            name: name.clone(),
+            summary: config
+                .rules
+                .iter()
+                .find(|r| r.owns_state(name))
+                .map_or_else(|| "not in this config".to_string(), |r| r.describe()),
+            breaching: rs.breaching,
+            counted: None,
+            pending: rs.pending.as_ref().map(|p| Pending {
+                action: p.action.to_string(),
+                warned_at: p.warned_at,
+                due_at: p.due_at,
+                hold_command: hold.clone(),
+            }),
+        })
+        .collect();
+    let now = crate::time::now();
+    status.holds = match dir.hold() {
+        HoldStatus::Until(t, reason) if t > now => vec![Hold {
+            source: "local".into(),
+            until: Some(t),
+            reason,
+        }],
+        HoldStatus::Unreadable(why) => vec![Hold {
+            source: "local".into(),
+            until: None,
+            reason: why,
+        }],
+        _ => Vec::new(),
+    };
+    status.cost.idle_dollars = persisted.idle_dollars;
+    status.events = crate::status::recent_events(&dir.audit_path(), crate::status::EVENTS);
+    // With the daemon down nothing says all is well: unknown, unless an action is pending.
+    status.health = if status.rules.iter().any(|r| r.pending.is_some()) {
+        Health::Pending
+    } else {
+        Health::Unknown
+    };
+    status.nvml.error =
+        Some("not read: the daemon is down, and the state files say nothing of the GPUs".into());
+    Ok(status)
+}

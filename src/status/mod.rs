@@ -1,0 +1,458 @@
+//! What an operator asks of a node at a glance, before a machine goes down, and afterwards: the
+//! GPUs, NVML, the node, each rule and its pending action (with the command that holds it),
+//! holds, spend against budgets, and the last audit events in words. One model serves the
+//! status page (`page`), `/api/v1/status` and `gpuwatch status` (`text`).
+
+pub mod page;
+pub mod text;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::gpu::sampler::Snapshots;
+use crate::gpu::Snapshot;
+use crate::spend::metrics::CostMetrics;
+use crate::watch::metrics::WatchMetrics;
+
+/// Below this utilization, with a compute process running, a GPU is underfed rather than idle
+/// (the `GpuwatchGpuUnderutilized` alert uses the same line over 30 minutes).
+pub const UNDERUTILIZED_BELOW: f64 = 0.6;
+
+/// The audit events the status shows.
+pub const EVENTS: usize = 20;
+
+/// The state of a node, as `/api/v1/status` serves it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub version: String,
+    /// The sample this status is built on (0: none yet); a long-poll waits for a newer one.
+    pub seq: u64,
+    /// When that sample was taken, Unix seconds.
+    pub at: f64,
+    /// When this status was put together, Unix seconds: the clock countdowns run on.
+    pub now: f64,
+    pub health: Health,
+    pub nvml: Nvml,
+    pub node: NodeInfo,
+    pub gpus: Vec<Gpu>,
+    /// Whether the cost watch runs (rules, budgets or a cloud are configured).
+    pub watching: bool,
+    pub rules: Vec<Rule>,
+    pub holds: Vec<Hold>,
+    /// When a spot interruption notice says the instance goes, Unix seconds.
+    pub interruption: Option<f64>,
+    pub cost: Cost,
+    /// The last audit events, oldest first.
+    pub events: Vec<Event>,
+}
+
+/// The one-word summary that `gpuwatch status` exits with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Health {
+    /// Everything is fine.
+    #[default]
+    Ok,
+    /// An action is in its warning period.
+    Pending,
+    /// NVML or a GPU is down (or no sample has been taken yet).
+    Down,
+    /// Not known: the daemon is down, and only its state files were read.
+    Unknown,
+}
+
+impl Health {
+    /// `gpuwatch status`'s exit status: 0, 1 or 2.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Health::Ok => 0,
+            Health::Pending => 1,
+            Health::Down => 2,
+            Health::Unknown => 3,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Nvml {
+    pub up: bool,
+    pub driver: Option<String>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub hostname: String,
+    pub instance_id: Option<String>,
+    pub instance_type: Option<String>,
+    pub availability_zone: Option<String>,
+    pub lifecycle: Option<String>,
+    /// `[node] labels` and the instance tags copied as labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Gpu {
+    pub index: u32,
+    pub uuid: String,
+    pub name: Option<String>,
+    pub up: bool,
+    /// 0 to 1.
+    pub utilization: Option<f64>,
+    pub memory_used_bytes: Option<u64>,
+    pub memory_total_bytes: Option<u64>,
+    pub temperature_celsius: Option<f64>,
+    pub power_watts: Option<f64>,
+    pub power_limit_watts: Option<f64>,
+    /// Compute processes on it.
+    pub process_count: Option<u32>,
+    pub processes: Vec<Process>,
+    /// How long it has been idle without a break; `None` while busy or unknown.
+    pub idle_seconds: Option<f64>,
+    /// Busy, but underfed: see [`UNDERUTILIZED_BELOW`].
+    pub underutilized: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Process {
+    pub pid: u32,
+    pub name: Option<String>,
+    pub used_memory_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Rule {
+    pub name: String,
+    /// The rule in words.
+    pub summary: String,
+    pub breaching: bool,
+    /// Its last complete periods: how many breach, of how many, and how many it takes.
+    pub counted: Option<gpuwatch_core::step::Counted>,
+    pub pending: Option<Pending>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Pending {
+    pub action: String,
+    pub warned_at: f64,
+    pub due_at: f64,
+    /// The exact command that postpones it.
+    pub hold_command: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Hold {
+    /// `local` (`gpuwatch hold`) or `tag` (the instance's hold tag).
+    pub source: String,
+    /// Unix seconds; `None` when its expiry cannot be read (it then holds without end).
+    pub until: Option<f64>,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Cost {
+    pub usd_per_hour: Option<f64>,
+    pub price_source: Option<String>,
+    /// Spent in this budget period, USD.
+    pub spent: Option<f64>,
+    pub forecast: Option<f64>,
+    /// USD spent on idle GPUs since gpuwatch started tracking.
+    pub idle_dollars: f64,
+    pub budgets: Vec<Budget>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Budget {
+    pub name: String,
+    pub limit_usd: f64,
+    pub spent_ratio: Option<f64>,
+    pub forecast_ratio: Option<f64>,
+    pub thresholds: Vec<f64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// Unix seconds, when the record says.
+    pub at: Option<f64>,
+    pub text: String,
+}
+
+/// Where the daemon's status comes from; cheap to clone.
+#[derive(Clone)]
+pub struct Sources {
+    pub snapshots: Snapshots,
+    pub watch: Arc<WatchMetrics>,
+    pub cost: Arc<CostMetrics>,
+    /// The audit log, when the cost watch runs.
+    pub audit: Option<PathBuf>,
+    pub watching: bool,
+    pub hostname: String,
+    /// Each budget's alert thresholds.
+    pub thresholds: BTreeMap<String, Vec<f64>>,
+    /// What `gpuwatch hold` needs to find this daemon's state directory.
+    pub config_path: PathBuf,
+    /// How far the decision loop has come: a status waits (briefly) for its view of a sample.
+    pub progress: Option<Arc<crate::systemd::Progress>>,
+    /// The last events read, and the audit file's identity and size when they were read.
+    pub events: Arc<std::sync::Mutex<EventsCache>>,
+}
+
+/// Recent audit events, read again only when the file changes.
+#[derive(Debug, Default)]
+pub struct EventsCache {
+    key: Option<(u64, u64, i64, i64)>,
+    events: Vec<Event>,
+}
+
+impl Sources {
+    /// The status now. Reads the tail of the audit log (bounded), so call it off the async
+    /// workers.
+    pub fn gather(&self) -> Status {
+        let snap = self.snapshots.latest();
+        let watch = self.watch.view();
+        let cost = self.cost.view();
+        let mut status = from_snapshot(&snap);
+        status.node.hostname.clone_from(&self.hostname);
+        if let Some(n) = &watch.node {
+            status.node.instance_id = Some(n.instance_id.clone());
+            status.node.instance_type = Some(n.instance_type.clone());
+            status.node.availability_zone = Some(n.availability_zone.clone());
+            status.node.lifecycle = Some(n.lifecycle_label().to_string());
+        }
+        for l in watch.labels.iter().chain(&watch.tag_labels) {
+            status.node.labels.insert(l.name.clone(), l.value.clone());
+        }
+        for g in &mut status.gpus {
+            g.idle_seconds = watch
+                .gpu_idle
+                .iter()
+                .find(|i| i.gpu == g.index && i.seconds > 0.0)
+                .map(|i| i.seconds);
+        }
+        status.watching = self.watching;
+        let hold = hold_command(&self.config_path);
+        status.rules = watch
+            .rules
+            .iter()
+            .map(|r| Rule {
+                name: r.name.clone(),
+                summary: r.summary.clone(),
+                breaching: r.breaching,
+                counted: r.counted,
+                pending: r.pending.as_ref().map(|p| Pending {
+                    action: p.action.to_string(),
+                    warned_at: p.warned_at,
+                    due_at: p.due_at,
+                    hold_command: hold.clone(),
+                }),
+            })
+            .collect();
+        status.holds.clone_from(&watch.holds);
+        status.interruption = watch.interruption;
+        status.cost = Cost {
+            usd_per_hour: cost.price.map(|p| p.usd_per_hour),
+            price_source: cost.price.map(|p| p.source.as_str().to_string()),
+            spent: cost.spent,
+            forecast: cost.forecast,
+            idle_dollars: cost.idle_dollars,
+            budgets: cost
+                .budgets
+                .iter()
+                .map(|b| Budget {
+                    name: b.name.clone(),
+                    limit_usd: b.limit,
+                    spent_ratio: b.spent_ratio,
+                    forecast_ratio: b.forecast_ratio,
+                    thresholds: self.thresholds.get(&b.name).cloned().unwrap_or_default(),
+                })
+                .collect(),
+        };
+        if let Some(audit) = &self.audit {
+            status.events = self.recent_events(audit);
+        }
+        status.now = crate::time::now();
+        status.health = health(&status);
+        status
+    }
+}
+
+impl Sources {
+    /// The last events of the audit log, from the cache while the file is unchanged.
+    fn recent_events(&self, audit: &Path) -> Vec<Event> {
+        use std::os::unix::fs::MetadataExt;
+        let key = std::fs::metadata(audit)
+            .ok()
+            .map(|m| (m.ino(), m.len(), m.mtime(), m.mtime_nsec()));
+        let Ok(mut cache) = self.events.lock() else {
+            return recent_events(audit, EVENTS);
+        };
+        if key.is_none() || cache.key != key {
+            cache.events = recent_events(audit, EVENTS);
+            cache.key = key;
+        }
+        cache.events.clone()
+    }
+}
+
+/// The GPU and NVML part of a status, from one sample.
+pub fn from_snapshot(snap: &Snapshot) -> Status {
+    let gpus = snap
+        .gpus
+        .iter()
+        .map(|g| Gpu {
+            index: g.index,
+            uuid: g.uuid.clone(),
+            name: g.name.clone(),
+            up: g.up,
+            utilization: g.utilization_ratio,
+            memory_used_bytes: g.memory_used_bytes,
+            memory_total_bytes: g.memory_total_bytes,
+            temperature_celsius: g.temperature_celsius,
+            power_watts: g.power_watts,
+            power_limit_watts: g.power_limit_watts,
+            process_count: g.processes,
+            processes: g
+                .process_memory
+                .iter()
+                .flatten()
+                .map(|p| Process {
+                    pid: p.pid,
+                    name: p.name.clone(),
+                    used_memory_bytes: p.used_memory_bytes,
+                })
+                .collect(),
+            idle_seconds: None,
+            underutilized: g.up
+                && g.processes.is_some_and(|n| n > 0)
+                && g.utilization_ratio.is_some_and(|u| u < UNDERUTILIZED_BELOW),
+        })
+        .collect();
+    Status {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        seq: snap.seq,
+        at: snap.timestamp,
+        nvml: Nvml {
+            up: snap.nvml.up,
+            driver: snap.nvml.driver_version.clone(),
+            error: snap.nvml.error.clone(),
+        },
+        gpus,
+        ..Status::default()
+    }
+}
+
+/// Down when NVML or a GPU is (or nothing is sampled yet); else pending while an action waits.
+pub fn health(s: &Status) -> Health {
+    if s.seq == 0 || !s.nvml.up || s.gpus.iter().any(|g| !g.up) {
+        Health::Down
+    } else if s.rules.iter().any(|r| r.pending.is_some()) {
+        Health::Pending
+    } else {
+        Health::Ok
+    }
+}
+
+/// The command that holds every action of the daemon that reads `config`: for an hour, which
+/// the operator edits to taste.
+pub fn hold_command(config: &Path) -> String {
+    let mut command = "gpuwatch hold 1h --reason \"still in use\"".to_string();
+    if !config.as_os_str().is_empty() && config != Path::new(crate::config::DEFAULT_PATH) {
+        command.push_str(" --config ");
+        command.push_str(&shell_quote(&config.to_string_lossy()));
+    }
+    command
+}
+
+/// Quotes a word for a POSIX shell when it needs it.
+fn shell_quote(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._-+:=@,".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+/// The last `n` events of the audit log, in words: read from at most its last 256 KiB.
+pub fn recent_events(path: &Path, n: usize) -> Vec<Event> {
+    use std::io::{Read, Seek, SeekFrom};
+    const TAIL: u64 = 256 * 1024;
+    use std::os::unix::fs::OpenOptionsExt;
+    // Not through a link: root reading the status must not follow one planted in the directory.
+    let Ok(mut file) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    else {
+        return Vec::new();
+    };
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return Vec::new();
+    }
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = len.saturating_sub(TAIL);
+    if file.seek(SeekFrom::Start(start)).is_err() {
+        return Vec::new();
+    }
+    let mut bytes = Vec::new();
+    if file.take(TAIL).read_to_end(&mut bytes).is_err() {
+        return Vec::new();
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let mut lines: Vec<&str> = text.lines().collect();
+    // A read that starts mid-file starts mid-line: that first piece is not a record.
+    if start > 0 && !lines.is_empty() {
+        lines.remove(0);
+    }
+    let mut events: Vec<Event> = lines
+        .iter()
+        .rev()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r.is_object())
+        .take(n)
+        .map(|r| Event {
+            at: crate::cmd::audit::time_of(&r),
+            text: crate::cmd::audit::sentence(&r),
+        })
+        .collect();
+    events.reverse();
+    events
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hold_command_names_a_config_that_is_not_the_default() {
+        assert_eq!(
+            hold_command(Path::new(crate::config::DEFAULT_PATH)),
+            "gpuwatch hold 1h --reason \"still in use\""
+        );
+        assert_eq!(
+            hold_command(Path::new("/tmp/demo 1/it's.toml")),
+            "gpuwatch hold 1h --reason \"still in use\" --config '/tmp/demo 1/it'\\''s.toml'"
+        );
+    }
+
+    #[test]
+    fn recent_events_are_the_last_records_in_words() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let mut text = String::from("not json\n");
+        for i in 0..30 {
+            text.push_str(&format!(
+                "{{\"time\":\"2026-11-30T14:{i:02}:00Z\",\"event\":\"cancelled\",\"rule\":\"r{i}\",\"action\":\"stop\",\"reason\":\"busy\"}}\n"
+            ));
+        }
+        std::fs::write(&path, text).unwrap();
+        let events = recent_events(&path, EVENTS);
+        assert_eq!(events.len(), EVENTS);
+        assert!(events[0].text.contains("r10"), "{:?}", events[0]);
+        assert!(events[19].text.contains("r29"), "{:?}", events[19]);
+        assert!(events[19].at.is_some());
+    }
+}

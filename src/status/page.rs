@@ -1,0 +1,305 @@
+//! The status page at `/`: rendered here, so that it reads without JavaScript and `curl` shows
+//! the facts as text; `status.js` then keeps it current from `/api/v1/status` (long-poll) and
+//! renders the same markup. Nothing is fetched from anywhere but gpuwatch, and the page's
+//! Content-Security-Policy says so to the browser.
+
+use std::fmt::Write as _;
+
+use super::text::{duration, gib, percent, processes, underutilized_hint};
+use super::{Health, Status};
+
+/// The page's Content-Security-Policy: its own script, style and API, nothing else.
+pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+pub const SCRIPT: &str = include_str!("status.js");
+pub const STYLE: &str = include_str!("status.css");
+
+/// Escapes text for HTML content and attribute values.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c if c.is_control() && c != '\n' && c != '\t' => out.push('\u{fffd}'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn health_word(h: Health) -> &'static str {
+    match h {
+        Health::Ok => "ok",
+        Health::Pending => "action pending",
+        Health::Down => "down",
+        Health::Unknown => "unknown",
+    }
+}
+
+/// The whole page for `s`. `now` is the server's clock, for the first countdowns.
+pub fn render(s: &Status, now: f64) -> String {
+    let mut o = String::with_capacity(8192);
+    let _ = write!(
+        o,
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <meta name=\"color-scheme\" content=\"light dark\">\
+         <title>gpuwatch on {host}</title>\
+         <link rel=\"stylesheet\" href=\"static/status.css\">\
+         <script src=\"static/status.js\" defer></script></head>\n\
+         <body data-seq=\"{seq}\" data-at=\"{now}\">\n<header><h1>gpuwatch <small>{version}</small> on {host}</h1>\
+         <p class=\"links\"><a href=\"metrics\">metrics</a> · <a href=\"api/v1/status\">status JSON</a> · \
+         <a href=\"api/v1/snapshot\">snapshot JSON</a></p></header>\n<main id=\"main\">\n",
+        host = escape(&s.node.hostname),
+        seq = s.seq,
+        version = escape(&s.version),
+    );
+    main(&mut o, s, now);
+    o.push_str("</main>\n<footer id=\"live\">Updates live with JavaScript; without it, reload.</footer>\n</body></html>\n");
+    o
+}
+
+fn main(o: &mut String, s: &Status, now: f64) {
+    // Summary.
+    let nvml = if s.nvml.up {
+        format!(
+            "NVML up, driver {}",
+            s.nvml.driver.as_deref().unwrap_or("unknown")
+        )
+    } else if s.seq == 0 {
+        "waiting for the first sample".into()
+    } else {
+        format!(
+            "NVML down: {}",
+            s.nvml.error.as_deref().unwrap_or("unknown")
+        )
+    };
+    let up = s.gpus.iter().filter(|g| g.up).count();
+    let _ = write!(
+        o,
+        "<section id=\"summary\"><p><span class=\"health {cls}\" id=\"health\">{word}</span> \
+         <span id=\"nvml\">{nvml}</span>; <span id=\"gpus-up\">{up} of {n} GPUs up</span>.</p>",
+        cls = health_word(s.health).replace(' ', "-"),
+        word = health_word(s.health),
+        nvml = escape(&nvml),
+        n = s.gpus.len(),
+    );
+    let node = &s.node;
+    if let Some(id) = &node.instance_id {
+        let _ = write!(
+            o,
+            "<p id=\"node\">Instance {} ({}, {}, {})</p>",
+            escape(id),
+            escape(node.instance_type.as_deref().unwrap_or("?")),
+            escape(node.availability_zone.as_deref().unwrap_or("?")),
+            escape(node.lifecycle.as_deref().unwrap_or("unknown")),
+        );
+    }
+    if !node.labels.is_empty() {
+        o.push_str("<p id=\"labels\">");
+        for (k, v) in &node.labels {
+            let _ = write!(
+                o,
+                "<span class=\"label\">{}={}</span> ",
+                escape(k),
+                escape(v)
+            );
+        }
+        o.push_str("</p>");
+    }
+    o.push_str("</section>\n");
+
+    // GPUs.
+    o.push_str(
+        "<section id=\"gpus\"><h2>GPUs</h2><div class=\"scroll\"><table><thead><tr>\
+         <th>GPU</th><th>State</th><th>Utilization</th><th>Memory (GiB)</th><th>Temp</th>\
+         <th>Power (W)</th><th>Idle for</th><th>Processes</th></tr></thead><tbody>",
+    );
+    for g in &s.gpus {
+        let power = match (g.power_watts, g.power_limit_watts) {
+            (Some(p), Some(l)) => format!("{p:.0} of {l:.0}"),
+            (Some(p), None) => format!("{p:.0}"),
+            _ => "-".into(),
+        };
+        let _ = write!(
+            o,
+            "<tr class=\"gpu{lost}\" data-index=\"{i}\"><td><b>{i}</b> <span class=\"name\">{name}</span></td>\
+             <td class=\"state\">{state}</td>\
+             <td class=\"util\"><meter min=\"0\" max=\"1\" value=\"{u}\"></meter> {util}</td>\
+             <td class=\"memory\">{used} of {total}</td><td class=\"temp\">{temp}</td>\
+             <td class=\"power\">{power}</td><td class=\"idle\" data-idle=\"{idle_s}\">{idle}</td>\
+             <td class=\"procs\">{procs}</td></tr>",
+            lost = if g.up { "" } else { " lost" },
+            i = g.index,
+            name = escape(g.name.as_deref().unwrap_or("")),
+            state = if g.up { "up" } else { "lost" },
+            u = g.utilization.unwrap_or(0.0),
+            util = percent(g.utilization),
+            used = gib(g.memory_used_bytes),
+            total = gib(g.memory_total_bytes),
+            temp = g
+                .temperature_celsius
+                .map_or("-".into(), |t| format!("{t:.0} °C")),
+            idle_s = g.idle_seconds.unwrap_or(0.0),
+            idle = g.idle_seconds.map_or("-".into(), duration),
+            procs = escape(&processes(g)),
+        );
+    }
+    o.push_str("</tbody></table></div>");
+    for g in s.gpus.iter().filter(|g| g.underutilized) {
+        let _ = write!(
+            o,
+            "<p class=\"hint\">{}</p>",
+            escape(&underutilized_hint(g))
+        );
+    }
+    o.push_str("</section>\n");
+
+    // Rules and holds.
+    if s.watching {
+        o.push_str("<section id=\"rules\"><h2>Rules</h2>");
+        if s.rules.is_empty() {
+            o.push_str("<p>No rules.</p>");
+        }
+        for r in &s.rules {
+            let counted = r.counted.map_or(String::new(), |c| {
+                format!(
+                    "{} of the last {} periods breach ({} needed)",
+                    c.breaching, c.of, c.needed
+                )
+            });
+            let _ = write!(
+                o,
+                "<div class=\"rule{b}\" data-rule=\"{name}\"><h3>{name} <span class=\"state\">{state}</span></h3>\
+                 <p class=\"summary\">{summary}</p><p class=\"counted\">{counted}</p>",
+                b = if r.breaching { " breaching" } else { "" },
+                name = escape(&r.name),
+                state = if r.breaching { "breaching" } else { "not breaching" },
+                summary = escape(&r.summary),
+                counted = escape(&counted),
+            );
+            if let Some(p) = &r.pending {
+                let _ = write!(
+                    o,
+                    "<div class=\"pending\"><p><b>{action}</b> in <span class=\"countdown\" data-due=\"{due}\">{left}</span> \
+                     (at {at}) unless the GPUs are used again. To postpone it:</p><pre><code class=\"hold\">{cmd}</code></pre></div>",
+                    action = escape(&p.action),
+                    due = p.due_at,
+                    left = duration(p.due_at - now),
+                    at = crate::time::rfc3339(p.due_at),
+                    cmd = escape(&p.hold_command),
+                );
+            }
+            o.push_str("</div>");
+        }
+        o.push_str("<h2>Holds</h2><ul id=\"holds\">");
+        if s.holds.is_empty() {
+            o.push_str("<li>None.</li>");
+        }
+        for h in &s.holds {
+            let until = h
+                .until
+                .map_or("without end (its expiry cannot be read)".into(), |t| {
+                    format!("until {}", crate::time::rfc3339(t))
+                });
+            let _ = write!(
+                o,
+                "<li class=\"hold\">{} {}: {}</li>",
+                escape(&h.source),
+                escape(&until),
+                escape(&h.reason)
+            );
+        }
+        o.push_str("</ul>");
+        if let Some(t) = s.interruption {
+            let _ = write!(
+                o,
+                "<p class=\"interruption\">Spot interruption: the instance goes at {}.</p>",
+                crate::time::rfc3339(t)
+            );
+        }
+        o.push_str("</section>\n");
+    }
+
+    // Cost.
+    let c = &s.cost;
+    if c.usd_per_hour.is_some() || !c.budgets.is_empty() {
+        let money = |v: Option<f64>| v.map_or("-".into(), |v| format!("${v:.2}"));
+        let _ = write!(
+            o,
+            "<section id=\"cost\"><h2>Cost</h2><p>Price <b class=\"price\">{price}</b> per hour ({source}). \
+             This period: spent <b class=\"spent\">{spent}</b>, forecast <b class=\"forecast\">{forecast}</b>; \
+             on idle GPUs so far <b class=\"idle-dollars\">${idle:.2}</b>.</p>",
+            price = money(c.usd_per_hour),
+            source = escape(c.price_source.as_deref().unwrap_or("unknown")),
+            spent = money(c.spent),
+            forecast = money(c.forecast),
+            idle = c.idle_dollars,
+        );
+        for b in &c.budgets {
+            let thresholds: Vec<String> = b.thresholds.iter().map(|t| percent(Some(*t))).collect();
+            let low = b.thresholds.first().copied().unwrap_or(1.0);
+            let high = b.thresholds.last().copied().unwrap_or(1.0);
+            let _ = write!(
+                o,
+                "<div class=\"budget\" data-budget=\"{name}\"><p>{name}: {spent} of ${limit:.2} spent, forecast {forecast}; \
+                 alerts at {th}</p><meter min=\"0\" max=\"1\" low=\"{low}\" high=\"{high}\" optimum=\"0\" value=\"{v}\"></meter></div>",
+                name = escape(&b.name),
+                spent = percent(b.spent_ratio),
+                limit = b.limit_usd,
+                forecast = percent(b.forecast_ratio),
+                th = thresholds.join(", "),
+                v = b.spent_ratio.unwrap_or(0.0).min(1.0),
+            );
+        }
+        o.push_str("</section>\n");
+    }
+
+    // Events.
+    if s.watching {
+        o.push_str("<section id=\"events\"><h2>Last events</h2><ol>");
+        if s.events.is_empty() {
+            o.push_str("<li>None yet.</li>");
+        }
+        for e in &s.events {
+            let _ = write!(o, "<li>{}</li>", escape(&e.text));
+        }
+        o.push_str("</ol></section>\n");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_from_outside_is_escaped() {
+        let mut s = super::super::from_snapshot(&crate::gpu::Snapshot::default());
+        s.node.hostname = "<script>alert(1)</script>".into();
+        s.node.labels.insert("team".into(), "\"><img src=x>".into());
+        s.gpus.push(super::super::Gpu {
+            name: Some("<b>GPU</b>".into()),
+            up: true,
+            ..Default::default()
+        });
+        let page = render(&s, 0.0);
+        assert!(!page.contains("<script>alert"), "{page}");
+        assert!(!page.contains("<img"), "{page}");
+        assert!(!page.contains("<b>GPU"), "{page}");
+        assert!(page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    }
+
+    #[test]
+    fn the_page_names_no_other_host() {
+        for text in [render(&Status::default(), 0.0).as_str(), SCRIPT, STYLE] {
+            assert!(!text.contains("http://"), "{text}");
+            assert!(!text.contains("https://"), "{text}");
+            assert!(!text.contains("//cdn"), "{text}");
+            assert!(!text.contains("@import"), "{text}");
+        }
+    }
+}
