@@ -1,4 +1,5 @@
-//! Resource benchmark: `gpuwatch run` over 8 fake GPUs at a 1 s interval.
+//! Resource benchmark: `gpuwatch run` over 8 fake GPUs at a 1 s interval, with GPM off (GPUs
+//! without it) and on (Hopper GPUs, 13 GPM metrics each, two sample buffers per GPU), side by side.
 //!
 //!     cargo bench --bench exporter                      # 60 s window
 //!     GPUWATCH_BENCH_SECS=10 cargo bench --bench exporter
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 const GPUS: usize = 8;
 const SCRAPES: usize = 1000;
 
-fn scenario() -> String {
+fn scenario(gpm: bool) -> String {
     let mut s = String::from("driver_version = \"550.54.15\"\n");
     for i in 0..GPUS {
         s.push_str(&format!(
@@ -25,6 +26,15 @@ fn scenario() -> String {
             30 + i,
             30 + i
         ));
+        if gpm {
+            s.push_str(&format!(
+                "[gpu.gpm]\nsm_active = {{ kind = \"bursts\", busy = 85, idle = 2, period = \"{}s\", duty = 0.7 }}\n\
+                 sm_occupancy = 40\ngraphics_active = 90\ntensor_active = 55\ndram_active = 45\nfp64_active = 1\n\
+                 fp32_active = 12\nfp16_active = 30\ninteger_active = 5\npcie_tx_mib_per_second = 200\n\
+                 pcie_rx_mib_per_second = 2000\nnvlink_tx_mib_per_second = 40000\nnvlink_rx_mib_per_second = 40000\n",
+                30 + i
+            ));
+        }
     }
     s
 }
@@ -88,7 +98,13 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(if quick { 2 } else { 60 });
+    for gpm in [false, true] {
+        run(window, gpm);
+    }
+}
 
+/// Runs the daemon for `window` seconds, then scrapes it, and prints the figures.
+fn run(window: u64, gpm: bool) {
     let bin = env!("CARGO_BIN_EXE_gpuwatch");
     let lib = std::path::Path::new(bin)
         .parent()
@@ -103,7 +119,7 @@ fn main() {
             .join("deps/libgpuwatch_fake_nvml.so")
     };
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("scenario.toml"), scenario()).unwrap();
+    std::fs::write(dir.path().join("scenario.toml"), scenario(gpm)).unwrap();
     let config = dir.path().join("gpuwatch.toml");
     std::fs::write(
         &config,
@@ -165,7 +181,10 @@ fn main() {
     lat.sort();
     let rss_after = rss_kib(pid);
 
-    println!("gpuwatch run, {GPUS} fake GPUs, 1 s interval, {elapsed:.0} s window");
+    println!(
+        "gpuwatch run, {GPUS} fake GPUs, GPM {}, 1 s interval, {elapsed:.0} s window",
+        if gpm { "on" } else { "off" }
+    );
     println!(
         "  resident memory after {elapsed:.0} s: {:.1} MiB",
         rss_idle as f64 / 1024.0

@@ -58,7 +58,7 @@ pub enum Command {
         /// Config file whose rules and [actions] timings to use
         #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
         config: PathBuf,
-        /// CSV: timestamp,gpu,utilization[,memory_used_bytes,power_watts,pod]
+        /// CSV: timestamp,gpu,utilization[,memory_used_bytes,power_watts,pod,sm_active,tensor_active]
         #[arg(long, value_name = "FILE.csv")]
         trace: PathBuf,
         /// More rules, in the JSON form or as TOML [[rules]]

@@ -1,8 +1,10 @@
 //! `gpuwatch simulate`: replays a recorded trace through the rule engine and reports what it
 //! would have done, as `promtool test rules` does for alert rules.
 //!
-//! The trace is CSV, `timestamp,gpu,utilization[,memory_used_bytes,power_watts,pod]`, with an
-//! optional header; `pod` (`namespace/pod`) is who held the GPU, for pod-scoped rules. Timestamps are RFC 3339 or Unix seconds; utilization is a ratio or a percent (`37%`).
+//! The trace is CSV,
+//! `timestamp,gpu,utilization[,memory_used_bytes,power_watts,pod,sm_active,tensor_active]`, with
+//! an optional header; `pod` (`namespace/pod`) is who held the GPU, for pod-scoped rules, and
+//! `sm_active` and `tensor_active` are GPM's activities (ratios or percents), for rules on them. Timestamps are RFC 3339 or Unix seconds; utilization is a ratio or a percent (`37%`).
 //! A timestamp with no row for some GPU is unknown data for that GPU, which counts as busy. The
 //! memory and power columns become ratios given the GPU's memory and power limit; without them
 //! (or the columns) rules on those metrics see unknown data. Process counts are not in traces.
@@ -27,6 +29,9 @@ pub struct Row {
     pub power_watts: Option<f64>,
     /// The pod holding the GPU (`namespace/pod`), for pod-scoped rules.
     pub pod: Option<String>,
+    /// GPM SM and tensor activity, ratios, for rules on `sm_active` and `tensor_active`.
+    pub sm_active: Option<f64>,
+    pub tensor_active: Option<f64>,
 }
 
 /// A trace line that cannot be read.
@@ -95,30 +100,30 @@ pub fn parse_trace(text: &str) -> Result<Vec<Row>, TraceError> {
         let gpu = cols[1]
             .parse::<u32>()
             .map_err(|_| err(format!("gpu \"{}\" is not a GPU index", cols[1])))?;
-        let utilization = if cols[2].is_empty() {
-            None
-        } else if let Some(p) = cols[2].strip_suffix('%') {
-            Some(
-                p.trim()
+        // A ratio from 0 to 1, or a percent (`37%`); empty or absent is unknown.
+        let ratio = |i: usize, what: &str| -> Result<Option<f64>, TraceError> {
+            let Some(c) = cols.get(i).filter(|c| !c.is_empty()) else {
+                return Ok(None);
+            };
+            let v = match c.strip_suffix('%') {
+                Some(p) => {
+                    p.trim()
+                        .parse::<f64>()
+                        .map_err(|_| err(format!("{what} \"{c}\" is not a percent")))?
+                        / 100.0
+                }
+                None => c
                     .parse::<f64>()
-                    .map_err(|_| err(format!("utilization \"{}\" is not a percent", cols[2])))?
-                    / 100.0,
-            )
-        } else {
-            Some(
-                cols[2]
-                    .parse::<f64>()
-                    .map_err(|_| err(format!("utilization \"{}\" is not a ratio", cols[2])))?,
-            )
-        };
-        if let Some(u) = utilization {
-            if !(0.0..=1.0).contains(&u) {
+                    .map_err(|_| err(format!("{what} \"{c}\" is not a ratio")))?,
+            };
+            if !(0.0..=1.0).contains(&v) {
                 return Err(err(format!(
-                    "utilization \"{}\" is not between 0 and 1 (or 0% and 100%)",
-                    cols[2]
+                    "{what} \"{c}\" is not between 0 and 1 (or 0% and 100%)"
                 )));
             }
-        }
+            Ok(Some(v))
+        };
+        let utilization = ratio(2, "utilization")?;
         let number = |i: usize, what: &str| -> Result<Option<f64>, TraceError> {
             match cols.get(i).filter(|c| !c.is_empty()) {
                 None => Ok(None),
@@ -149,6 +154,8 @@ pub fn parse_trace(text: &str) -> Result<Vec<Row>, TraceError> {
             memory_used_bytes: number(3, "memory_used_bytes")?,
             power_watts: number(4, "power_watts")?,
             pod,
+            sm_active: ratio(6, "sm_active")?,
+            tensor_active: ratio(7, "tensor_active")?,
         });
     }
     Ok(rows)
@@ -339,6 +346,8 @@ fn observation(
                 Metric::PowerRatio,
                 ratio(row.and_then(|r| r.power_watts), power_limit_watts),
             );
+            r.set(Metric::SmActive, row.and_then(|r| r.sm_active));
+            r.set(Metric::TensorActive, row.and_then(|r| r.tensor_active));
             r.holders = row.and_then(|r| r.pod.clone()).into_iter().collect();
             r
         })
@@ -439,6 +448,8 @@ mod tests {
             memory_used_bytes,
             power_watts,
             pod: None,
+            sm_active: None,
+            tensor_active: None,
         };
         assert_eq!(
             rows,

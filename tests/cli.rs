@@ -170,7 +170,7 @@ fn demo_serves_four_gpus() {
     let mut first = String::new();
     stdout.read_line(&mut first).unwrap();
     assert!(
-        first.starts_with("gpuwatch demo: 4 simulated GPUs"),
+        first.starts_with("gpuwatch demo: 4 simulated Hopper GPUs"),
         "{first}"
     );
     // Keep draining the log, as a terminal would.
@@ -210,9 +210,18 @@ fn demo_serves_four_gpus() {
         .value(0.42)
         .assert_in(&scrape);
     assert_eq!(scrape.named("gpu_utilization_ratio").len(), 4);
-    // The demo's idle rule is loaded, in dry-run.
+    // GPU 1 spins: a kernel always running, so 100% utilization (its SM activity is 2%).
+    metric("gpu_utilization_ratio")
+        .gpu(1)
+        .value(1.0)
+        .assert_in(&scrape);
+    // The demo's idle rules are loaded: on utilization (dry-run stop) and on SM activity.
     metric("gpuwatch_rule_breaching")
         .label("rule", "demo-any-gpu-idle")
+        .value(0.0)
+        .assert_in(&scrape);
+    metric("gpuwatch_rule_breaching")
+        .label("rule", "demo-sm-idle")
         .value(0.0)
         .assert_in(&scrape);
     metric("gpuwatch_spot_interruption_pending")

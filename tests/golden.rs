@@ -9,6 +9,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use gpuwatch::config::Names;
+use gpuwatch::gpu::gpm::GpmReadings;
 use gpuwatch::gpu::metrics::{BuildInfo, SampleError, SamplerMetrics, SnapshotCollector};
 use gpuwatch::gpu::{GpuSample, NvmlStatus, ProcessSample, Snapshot, ThrottleReason};
 use gpuwatch::metrics::encode;
@@ -53,14 +54,32 @@ fn snapshot() -> Snapshot {
         xid_errors: BTreeMap::from([(48, 1)]),
         last_xid: Some(48),
         mig_uuids: Vec::new(),
+        gpm_supported: Some(true),
+        gpm: Some(GpmReadings {
+            sm_active: Some(0.88),
+            sm_occupancy: Some(0.46),
+            graphics_active: Some(0.96),
+            tensor_active: Some(0.63),
+            dram_active: Some(0.52),
+            fp64_active: Some(0.0),
+            fp32_active: Some(0.12),
+            fp16_active: Some(0.31),
+            integer_active: Some(0.05),
+            pcie_tx_bytes_per_second: Some(188_743_680.0),
+            pcie_rx_bytes_per_second: Some(2_516_582_400.0),
+            nvlink_tx_bytes_per_second: Some(42_991_616_000.0),
+            // One metric that failed: absent, the rest stay.
+            nvlink_rx_bytes_per_second: None,
+        }),
     };
-    // Everything unknown: not supported, failed or out of range.
+    // Everything unknown: not supported, failed or out of range; and no GPM.
     let sparse = GpuSample {
         index: 1,
         uuid: "GPU-66666666-7777-4888-8999-000000000000".into(),
         up: true,
         name: Some("NVIDIA A10G".into()),
         pci_bus_id: Some("00000000:1E:00.0".into()),
+        gpm_supported: Some(false),
         ..GpuSample::default()
     };
     let lost = GpuSample {

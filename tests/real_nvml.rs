@@ -95,3 +95,87 @@ fn snapshot_agrees_with_nvidia_smi() {
         assert_eq!(snap["nvml"]["driver_version"], row[12]);
     }
 }
+
+/// On a Hopper or later GPU: gpuwatch's GPM SM activity agrees with `nvidia-smi dmon
+/// --gpm-metrics` (SM activity, metric 2) within a few points. With `GPUWATCH_GPM_LOAD` set to a
+/// command (a CUDA program that keeps the GPU busy), it runs while both measure; otherwise the
+/// GPU is compared at rest.
+#[test]
+#[ignore = "needs a real Hopper GPU: GPUWATCH_REAL_NVML=1 ... -- --ignored"]
+fn gpm_sm_activity_agrees_with_nvidia_smi_dmon() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    assert!(enabled(), "set GPUWATCH_REAL_NVML=1 on a GPU machine");
+    let mut load = std::env::var("GPUWATCH_GPM_LOAD").ok().map(|cmd| {
+        Command::new("sh")
+            .args(["-c", &cmd])
+            .spawn()
+            .expect("start GPUWATCH_GPM_LOAD")
+    });
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
+        .args(["run", "--config", "/dev/null", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let line = BufReader::new(daemon.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.starts_with("listening on "))
+        .expect("gpuwatch listens");
+    let addr = line
+        .trim_start_matches("listening on http://")
+        .trim_end_matches('/')
+        .to_string();
+    // Five seconds of dmon (one line a second per GPU), while gpuwatch samples every second.
+    let dmon = Command::new("nvidia-smi")
+        .args(["dmon", "--gpm-metrics", "2", "-c", "5"])
+        .output()
+        .expect("nvidia-smi dmon");
+    let dmon = String::from_utf8_lossy(&dmon.stdout).into_owned();
+    println!("nvidia-smi dmon --gpm-metrics 2:\n{dmon}");
+    let started = Instant::now();
+    let mut body = String::new();
+    while started.elapsed() < Duration::from_secs(10) {
+        let out = Command::new("curl")
+            .args(["-s", &format!("http://{addr}/metrics")])
+            .output()
+            .unwrap();
+        body = String::from_utf8_lossy(&out.stdout).into_owned();
+        if body.contains("gpu_sm_active_ratio{") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    if let Some(l) = load.as_mut() {
+        let _ = l.kill();
+        let _ = l.wait();
+    }
+    let ours: Vec<f64> = body
+        .lines()
+        .filter(|l| l.starts_with("gpu_sm_active_ratio{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    println!("gpuwatch gpu_sm_active_ratio: {ours:?}");
+    assert!(
+        !ours.is_empty(),
+        "no GPM SM activity from gpuwatch:\n{body}"
+    );
+    // dmon's rows: "gpu  smact ..." with the value in the second column, per GPU, per second.
+    let theirs: Vec<f64> = dmon
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .collect();
+    assert!(!theirs.is_empty(), "no rows from dmon");
+    let mean = theirs.iter().sum::<f64>() / theirs.len() as f64;
+    let ours_mean = ours.iter().sum::<f64>() / ours.len() as f64 * 100.0;
+    println!("SM activity: nvidia-smi {mean:.1}%, gpuwatch {ours_mean:.1}%");
+    assert!(
+        (mean - ours_mean).abs() <= 5.0,
+        "nvidia-smi {mean:.1}% vs gpuwatch {ours_mean:.1}%"
+    );
+}

@@ -4,6 +4,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use gpuwatch::config::Config;
 
@@ -123,7 +124,7 @@ fn bad_rules_name_the_key() {
     assert_eq!(
         err,
         format!(
-            "config: {}: Rules[0].Trigger.Metric: \"GPUTemperature\" is not one of GPUUtilization, GPUMemoryUtilization, GPUMemoryUsedPercent, GPUPowerPercent, GPUProcessCount",
+            "config: {}: Rules[0].Trigger.Metric: \"GPUTemperature\" is not one of GPUUtilization, GPUMemoryUtilization, GPUMemoryUsedPercent, GPUPowerPercent, GPUProcessCount, SMActivity, TensorActivity, DRAMActivity",
             json.display()
         )
     );
@@ -312,6 +313,8 @@ fn an_instance_action_takes_the_node_down_once() {
             memory_used_bytes: None,
             power_watts: None,
             pod: None,
+            sm_active: None,
+            tensor_active: None,
         })
         .collect();
     let options = |lifecycle| gpuwatch::simulate::Options {
@@ -448,4 +451,73 @@ fn pod_scoped_rules_replay_per_pod() {
         err.contains("rules[0].action: \"terminate\" acts on the instance"),
         "{err}"
     );
+}
+
+/// `simulate` takes GPM's `sm_active` and `tensor_active` columns: a GPU at 100% utilization and
+/// 2% SM activity breaches an `sm_active` rule (TOML, or `SMActivity` in the JSON form, the
+/// same rule) and not a `gpu_utilization` one; a row without the column is unknown, so busy.
+#[test]
+fn simulate_replays_sm_activity() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gpuwatch.toml");
+    std::fs::write(
+        &config,
+        "[actions]\nboot_grace = \"0s\"\nwarning = \"1m\"\n\
+         [[rules]]\nname = \"sm\"\nmetric = \"sm_active\"\ncomparison = \"less_than\"\nthreshold = 0.05\n\
+         period = \"5m\"\nevaluation_periods = 2\naction = \"alert\"\n\
+         [[rules]]\nname = \"util\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
+         threshold = 0.05\nperiod = \"5m\"\nevaluation_periods = 2\naction = \"alert\"\n",
+    )
+    .unwrap();
+    let json = dir.path().join("rules.json");
+    std::fs::write(
+        &json,
+        r#"{"Rules": [{"Description": "sm-json", "Actions": [{"Type": "Alert"}],
+           "Trigger": {"Metric": "SMActivity", "Comparison": "LessThan", "Threshold": 5,
+                       "Period": 300, "EvaluationPeriods": 2}}]}"#,
+    )
+    .unwrap();
+    // An hour, a row a minute: 100% utilization, 2% SM activity (the last column empty).
+    let trace = dir.path().join("trace.csv");
+    let mut text = String::from(
+        "timestamp,gpu,utilization,memory_used_bytes,power_watts,pod,sm_active,tensor_active\n",
+    );
+    for m in 0..=60 {
+        text.push_str(&format!("{},0,100%,,,,2%,\n", 1_796_000_000 + m * 60));
+    }
+    std::fs::write(&trace, text).unwrap();
+    let out = Command::new(common::BIN)
+        .args(["simulate", "--json", "--config"])
+        .arg(&config)
+        .arg("--rules")
+        .arg(&json)
+        .arg("--trace")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let events: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let breaches = |rule: &str| {
+        events
+            .iter()
+            .filter(|e| e["rule"] == rule && e["kind"] == "breach")
+            .count()
+    };
+    assert_eq!(breaches("sm"), 1, "{events:?}");
+    assert_eq!(breaches("util"), 0, "{events:?}");
+    // The JSON rule is the same rule: it breaches at the same moment.
+    let at = |rule: &str| {
+        events
+            .iter()
+            .find(|e| e["rule"] == rule && e["kind"] == "breach")
+            .map(|e| e["at"].clone())
+    };
+    let json_rule = events
+        .iter()
+        .find(|e| e["rule"] != "sm" && e["rule"] != "util" && e["kind"] == "breach")
+        .unwrap_or_else(|| panic!("the JSON rule never breached: {events:?}"));
+    assert_eq!(Some(json_rule["at"].clone()), at("sm"));
 }

@@ -135,7 +135,7 @@ fn the_status_page_shows_the_demo_live_in_a_real_browser() {
     println!("GPU 3 idle for {first:.0} s, then {later:.0} s");
 
     // The warning: a countdown that counts down, and the command that postpones the action.
-    let countdown = "(document.querySelector('.pending .countdown') || {}).textContent || ''";
+    let countdown = "(document.querySelector('.rule[data-rule=\"demo-any-gpu-idle\"] .pending .countdown') || {}).textContent || ''";
     let left = b.await_value(Duration::from_secs(90), countdown, |v| {
         v.as_str().is_some_and(|s| !s.is_empty())
     });
@@ -145,7 +145,9 @@ fn the_status_page_shows_the_demo_live_in_a_real_browser() {
             .is_some_and(|s| !s.is_empty() && seconds(s) <= left - 2.0)
     });
     println!("countdown {left} s, then {sooner}");
-    let hold = b.eval("document.querySelector('.pending code.hold').textContent");
+    let hold = b.eval(
+        "document.querySelector('.rule[data-rule=\"demo-any-gpu-idle\"] .pending code.hold').textContent",
+    );
     let hold = hold.as_str().unwrap();
     assert!(
         hold.starts_with("gpuwatch hold 1h --reason") && hold.contains("--config "),

@@ -37,6 +37,10 @@ const METRICS: &[(&str, StandardUnit, Reader)] = &[
         g.temperature_celsius
     }),
     ("GPUPowerDraw", StandardUnit::None, |g| g.power_watts),
+    // GPM (Hopper and later): what the SMs really do; only where it is known.
+    ("GPUSMActivity", StandardUnit::Percent, |g| {
+        g.gpm.as_ref()?.sm_active.map(|r| r * 100.0)
+    }),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq)]

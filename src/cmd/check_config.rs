@@ -1,16 +1,78 @@
-//! `gpuwatch check-config`: validates a config file, naming every bad key.
+//! `gpuwatch check-config`: validates a config file, naming every bad key. When a rule judges a
+//! GPM metric (`sm_active`, `tensor_active`, `dram_active`), it also asks this node's NVML
+//! whether its GPUs have GPM, and warns when they do not: such a rule sees unknown data there,
+//! which counts as busy, so it never acts.
 
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use crate::config::Config;
+use crate::gpu::metrics::SamplerMetrics;
+use crate::gpu::nvml::NvmlSource;
+use crate::gpu::GpuSource;
 
 pub fn run(path: &Path) -> ExitCode {
     match Config::load(path) {
-        Ok(_) => {
+        Ok(config) => {
+            for warning in gpm_warnings(&config) {
+                eprintln!("config: {}: warning: {warning}", path.display());
+            }
             println!("config: {}: ok", path.display());
             ExitCode::SUCCESS
         }
         Err(e) => super::config_failure(&e),
     }
+}
+
+/// One warning per rule on a GPM metric that this node's GPUs cannot serve.
+fn gpm_warnings(config: &Config) -> Vec<String> {
+    let rules: Vec<_> = config
+        .rules
+        .iter()
+        .filter_map(|r| Some((r, r.condition()?.metric)))
+        .filter(|(_, m)| m.needs_gpm())
+        .collect();
+    if rules.is_empty() {
+        return Vec::new();
+    }
+    let sample = NvmlSource::new(
+        config.nvml.library.clone(),
+        false,
+        Arc::new(SamplerMetrics::default()),
+    )
+    .without_xid()
+    .sample();
+    let why = if !sample.nvml.up {
+        Some(format!(
+            "NVML is not available here ({}), so GPM support is not known",
+            sample.nvml.error.as_deref().unwrap_or("unknown error")
+        ))
+    } else {
+        let without: Vec<String> = sample
+            .gpus
+            .iter()
+            .filter(|g| g.gpm_supported != Some(true))
+            .map(|g| g.index.to_string())
+            .collect();
+        (!without.is_empty()).then(|| {
+            format!(
+                "GPU {} of this node has no GPM (Hopper and later have it)",
+                without.join(", ")
+            )
+        })
+    };
+    let Some(why) = why else {
+        return Vec::new();
+    };
+    rules
+        .into_iter()
+        .map(|(r, m)| {
+            format!(
+                "rules.{}: metric \"{}\": {why}; there the rule sees unknown data, which counts as busy, and never acts",
+                r.name,
+                m.as_str()
+            )
+        })
+        .collect()
 }

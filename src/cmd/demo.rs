@@ -6,8 +6,9 @@ use std::process::ExitCode;
 use super::exit;
 use crate::config::Config;
 
-/// The demo's rule: short periods, so that within two minutes GPU 3 goes idle, the warning
-/// comes, and the dry-run "would stop" follows. A price and a budget make spend, forecast and
+/// The demo's rules: short periods, so that within two minutes GPU 3 goes idle, the warning
+/// comes, and the dry-run "would stop" follows; and one on GPM's SM activity, which catches
+/// GPU 1 (100% utilization, 2% SM activity) where the utilization rule does not. A price and a budget make spend, forecast and
 /// idle dollars show. The cloud stays "none": nothing leaves loopback. The library, state
 /// directory and address are added when the file is written.
 const DEMO_CONFIG: &str = r#"
@@ -36,6 +37,16 @@ period = "15s"
 evaluation_periods = 2
 gpus = "any"
 action = "stop"
+
+[[rules]]
+name = "demo-sm-idle"
+metric = "sm_active"
+comparison = "less_than"
+threshold = 0.05
+period = "15s"
+evaluation_periods = 2
+gpus = "any"
+action = "alert"
 "#;
 
 pub fn run(listen: &str) -> ExitCode {
@@ -97,8 +108,10 @@ pub fn run(listen: &str) -> ExitCode {
     // Written, not printed: a closed stdout must not stop the demo.
     let _ = writeln!(
         std::io::stdout(),
-        "gpuwatch demo: 4 simulated GPUs (two training in bursts, one steady, one going idle)\n\
-         rule \"demo-any-gpu-idle\" (dry-run): stop when any GPU idles for 2 periods of 15 s\n\
+        "gpuwatch demo: 4 simulated Hopper GPUs (one training in bursts, one spinning at 100% \
+         utilization with 2% SM activity, one steady, one going idle)\n\
+         rule \"demo-any-gpu-idle\" (dry-run): stop when any GPU's utilization idles for 2 periods of 15 s\n\
+         rule \"demo-sm-idle\": alert when any GPU's SM activity idles for 2 periods of 15 s\n\
          price $49.16/h, budget \"demo-monthly\" $5000; config in {}\n\
          open http://{}/ for the status page, or scrape http://{}/metrics; Ctrl-C stops",
         path.display(),

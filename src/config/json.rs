@@ -80,11 +80,14 @@ pub fn parse(text: &str, source: &str) -> Result<Vec<RawRule>, ConfigError> {
             "GPUMemoryUsedPercent" => ("memory_used_ratio", 100.0),
             "GPUPowerPercent" => ("power_ratio", 100.0),
             "GPUProcessCount" => ("processes", 1.0),
+            "SMActivity" => ("sm_active", 100.0),
+            "TensorActivity" => ("tensor_active", 100.0),
+            "DRAMActivity" => ("dram_active", 100.0),
             other => {
                 return Err(ConfigError::Invalid {
                     key: key("Trigger.Metric"),
                     message: format!(
-                        "\"{other}\" is not one of GPUUtilization, GPUMemoryUtilization, GPUMemoryUsedPercent, GPUPowerPercent, GPUProcessCount"
+                        "\"{other}\" is not one of GPUUtilization, GPUMemoryUtilization, GPUMemoryUsedPercent, GPUPowerPercent, GPUProcessCount, SMActivity, TensorActivity, DRAMActivity"
                     ),
                 })
             }

@@ -14,6 +14,7 @@ use prometheus_client::encoding::{
     DescriptorEncoder, EncodeLabel, EncodeLabelSet, LabelSetEncoder,
 };
 
+use super::gpm::GpmReadings;
 use super::metrics::GpuView;
 use super::{GpuSample, Snapshot};
 use crate::metrics::encode::*;
@@ -187,5 +188,79 @@ pub(super) fn encode(
         "Total number of double-bit volatile ECC errors.",
         gpus,
         |g| g.ecc_uncorrected.map(|v| v as i64),
+    )?;
+    encode_prof(e, gpus)
+}
+
+/// The profiling families, from GPM, in dcgm-exporter's units: activities as ratios from 0 to
+/// 1, PCIe and NVLink traffic in bytes per second.
+fn encode_prof(e: &mut DescriptorEncoder, gpus: &Gpus<'_>) -> Result<(), fmt::Error> {
+    type Read = fn(&GpmReadings) -> Option<f64>;
+    let families: [(&'static str, &'static str, Read); 11] = [
+        (
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+            "Ratio of time the graphics engine is active.",
+            |m| m.graphics_active,
+        ),
+        (
+            "DCGM_FI_PROF_SM_ACTIVE",
+            "The ratio of cycles an SM has at least 1 warp assigned.",
+            |m| m.sm_active,
+        ),
+        (
+            "DCGM_FI_PROF_SM_OCCUPANCY",
+            "The ratio of number of warps resident on an SM.",
+            |m| m.sm_occupancy,
+        ),
+        (
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+            "Ratio of cycles the tensor (HMMA) pipe is active.",
+            |m| m.tensor_active,
+        ),
+        (
+            "DCGM_FI_PROF_DRAM_ACTIVE",
+            "Ratio of cycles the device memory interface is active sending or receiving data.",
+            |m| m.dram_active,
+        ),
+        (
+            "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+            "Ratio of cycles the fp64 pipes are active.",
+            |m| m.fp64_active,
+        ),
+        (
+            "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+            "Ratio of cycles the fp32 pipes are active.",
+            |m| m.fp32_active,
+        ),
+        (
+            "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+            "Ratio of cycles the fp16 pipes are active.",
+            |m| m.fp16_active,
+        ),
+        (
+            "DCGM_FI_PROF_PCIE_TX_BYTES",
+            "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
+            |m| m.pcie_tx_bytes_per_second,
+        ),
+        (
+            "DCGM_FI_PROF_PCIE_RX_BYTES",
+            "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
+            |m| m.pcie_rx_bytes_per_second,
+        ),
+        (
+            "DCGM_FI_PROF_NVLINK_TX_BYTES",
+            "The rate of data transmitted over NVLink, not including protocol headers, in bytes per second.",
+            |m| m.nvlink_tx_bytes_per_second,
+        ),
+    ];
+    for (name, help, read) in families {
+        family(e, name, help, gpus, |g| g.gpm.as_ref().and_then(read))?;
+    }
+    family(
+        e,
+        "DCGM_FI_PROF_NVLINK_RX_BYTES",
+        "The rate of data received over NVLink, not including protocol headers, in bytes per second.",
+        gpus,
+        |g| g.gpm.as_ref().and_then(|m| m.nvlink_rx_bytes_per_second),
     )
 }

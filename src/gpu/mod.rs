@@ -4,6 +4,7 @@
 //! range is `None`: unknown is never 0.
 
 mod dcgm;
+pub mod gpm;
 pub mod metrics;
 pub mod nvml;
 pub mod sampler;
@@ -82,6 +83,13 @@ pub struct GpuSample {
     /// The last XID error seen since the daemon started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_xid: Option<u64>,
+    /// Whether the GPU supports GPM (Hopper and later); `None` while unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpm_supported: Option<bool>,
+    /// GPM metrics over the last cycle; absent without GPM, on the first cycle, and after a
+    /// failed call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpm: Option<gpm::GpmReadings>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]

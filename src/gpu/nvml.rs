@@ -69,6 +69,8 @@ pub struct NvmlSource {
     identities: HashMap<u32, Identity>,
     /// (GPU, field) pairs already logged as bad, so that a broken sensor logs once.
     logged: HashSet<(u32, &'static str)>,
+    /// GPM sample buffers, per GPU that supports GPM.
+    gpm: super::gpm::Gpm,
 }
 
 /// What identifies a GPU; each field is kept once read.
@@ -105,6 +107,7 @@ impl NvmlSource {
             xids: Arc::new(XidCounts::default()),
             identities: HashMap::new(),
             logged: HashSet::new(),
+            gpm: super::gpm::Gpm::default(),
         }
     }
 
@@ -231,6 +234,8 @@ impl NvmlSource {
         if self.logged.insert((index, "device")) {
             tracing::error!(gpu = index, error = %e, "GPU unreachable; gpu_up is 0 until it answers again");
         }
+        // Its GPM buffers are freed: a GPU that comes back starts over.
+        self.gpm.forget(index);
         let id = self.identities.get(&index).cloned().unwrap_or_default();
         let xids = self.xids.for_gpu(index);
         GpuSample {
@@ -268,6 +273,7 @@ impl GpuSource for NvmlSource {
                 };
             }
         };
+        self.gpm.retain_below(count);
         let gpus = (0..count).map(|i| self.read_gpu(nvml, i)).collect();
         Sample {
             nvml: self.status(true, None),
@@ -322,6 +328,31 @@ impl GpuReader<'_> {
                 None
             }
             None => None,
+        }
+    }
+
+    /// GPM support and the metrics since the last cycle. A failed call leaves the metrics absent
+    /// this cycle, and is counted and logged (once).
+    fn read_gpm(
+        &mut self,
+        nvml: &'static Nvml,
+        d: &Device<'static>,
+    ) -> (Option<bool>, Option<super::gpm::GpmReadings>) {
+        use super::gpm::Read;
+        if self.lost.is_some() {
+            return (None, None);
+        }
+        match self.src.gpm.read(nvml, d, self.index) {
+            Read::Unsupported => (Some(false), None),
+            Read::Metrics(m) => (Some(true), m),
+            Read::Failed(_, NvmlError::GpuLost) => {
+                self.lost = Some(NvmlError::GpuLost);
+                (None, None)
+            }
+            Read::Failed(field, e) => {
+                self.src.read_failed(self.index, field, &e);
+                (Some(true), None)
+            }
         }
     }
 
@@ -443,10 +474,14 @@ impl GpuReader<'_> {
             )
         };
 
+        let (gpm_supported, gpm) = self.read_gpm(nvml, d);
+
         let xids = self.src.xids.for_gpu(index);
         GpuSample {
             index,
             up: true,
+            gpm_supported,
+            gpm,
             xid_errors: xids.0,
             last_xid: xids.1,
             mig_uuids,

@@ -65,6 +65,11 @@ pub fn observation(s: &crate::gpu::Snapshot) -> Observation {
                     },
                 );
                 r.set(Metric::Processes, g.processes.map(f64::from));
+                // Without GPM these stay unknown, which a rule counts as busy.
+                let gpm = g.gpm.as_ref();
+                r.set(Metric::SmActive, gpm.and_then(|m| m.sm_active));
+                r.set(Metric::TensorActive, gpm.and_then(|m| m.tensor_active));
+                r.set(Metric::DramActive, gpm.and_then(|m| m.dram_active));
             }
             r
         })

@@ -5,14 +5,14 @@
 //! The safety contract of every function is NVML's own: pointers must be valid for writes.
 #![allow(clippy::missing_safety_doc, non_upper_case_globals)]
 
-use std::ffi::{c_char, c_int, c_uint, c_ulonglong};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, CStr};
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use nvml_wrapper_sys::bindings::*;
 
-use crate::scenario::{Answer, Field, Gpu, Scenario};
+use crate::scenario::{Answer, Field, GpmMetric, Gpu, Scenario};
 use crate::SCENARIO_ENV;
 
 struct State {
@@ -128,6 +128,7 @@ unsafe fn query<T>(
         Answer::NotSupported => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
         Answer::Lost => nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST,
         Answer::InvalidArgument => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+        Answer::Unknown => nvmlReturn_enum_NVML_ERROR_UNKNOWN,
     }
 }
 
@@ -772,5 +773,180 @@ pub unsafe extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> nvmlReturn_t {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }
     drop(Box::from_raw(set.cast::<EventSet>()));
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+// ---- GPM ------------------------------------------------------------------------------------
+
+/// A GPM sample: which GPU, and when (simulated time). Allocated by `nvmlGpmSampleAlloc` and
+/// freed by `nvmlGpmSampleFree`, as the driver's are.
+struct GpmSample {
+    gpu: Option<u32>,
+    t: f64,
+}
+
+/// GPM samples allocated and not yet freed, for tests that check buffers are not leaked.
+pub static GPM_SAMPLES_LIVE: AtomicI64 = AtomicI64::new(0);
+
+/// The scenario's metric for an NVML GPM metric id, with the names NVML reports for it.
+fn gpm_metric(id: c_uint) -> Option<(GpmMetric, &'static CStr, &'static CStr)> {
+    use GpmMetric::*;
+    Some(match id {
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL => (GraphicsActive, c"GR_UTIL", c"%"),
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL => (SmActive, c"SM_UTIL", c"%"),
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_OCCUPANCY => (SmOccupancy, c"SM_OCCUPANCY", c"%"),
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_INTEGER_UTIL => (IntegerActive, c"INTEGER_UTIL", c"%"),
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_ANY_TENSOR_UTIL => {
+            (TensorActive, c"ANY_TENSOR_UTIL", c"%")
+        }
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_DRAM_BW_UTIL => (DramActive, c"DRAM_BW_UTIL", c"%"),
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_FP64_UTIL => (Fp64Active, c"FP64_UTIL", c"%"),
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_FP32_UTIL => (Fp32Active, c"FP32_UTIL", c"%"),
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_FP16_UTIL => (Fp16Active, c"FP16_UTIL", c"%"),
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_PCIE_TX_PER_SEC => (PcieTx, c"PCIE_TX", c"MiB/sec"),
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_PCIE_RX_PER_SEC => (PcieRx, c"PCIE_RX", c"MiB/sec"),
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC => {
+            (NvlinkTx, c"NVLINK_TOTAL_TX", c"MiB/sec")
+        }
+        nvmlGpmMetricId_t_NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC => {
+            (NvlinkRx, c"NVLINK_TOTAL_RX", c"MiB/sec")
+        }
+        _ => return None,
+    })
+}
+
+/// Whether the GPU supports GPM now: the scenario gives it a `gpm` table, and no fault says
+/// otherwise.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
+    device: nvmlDevice_t,
+    support: *mut nvmlGpmSupport_t,
+) -> nvmlReturn_t {
+    if support.is_null() || (*support).version != NVML_GPM_SUPPORT_VERSION {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    // Support is a property of the device: a `fails` fault on GPM fails the samples, not this;
+    // a `not_supported` fault on GPM makes the GPU say it has none.
+    let mut supported: c_uint = 0;
+    let rc = query(device, Field::Identity, &mut supported, |g, _| {
+        c_uint::from(g.gpm.is_some())
+    });
+    if rc != nvmlReturn_enum_NVML_SUCCESS {
+        return rc;
+    }
+    if let Ok(st) = state() {
+        if let Ok(gpu) = index_of(st, device) {
+            if st.scenario.unsupported(gpu, Field::Gpm, st.now()) {
+                supported = 0;
+            }
+        }
+    }
+    (*support).isSupportedDevice = supported;
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmSampleAlloc(sample: *mut nvmlGpmSample_t) -> nvmlReturn_t {
+    if sample.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    if let Err(e) = state() {
+        return e;
+    }
+    GPM_SAMPLES_LIVE.fetch_add(1, Ordering::SeqCst);
+    let s = Box::into_raw(Box::new(GpmSample { gpu: None, t: 0.0 }));
+    sample.write(s.cast());
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmSampleFree(sample: nvmlGpmSample_t) -> nvmlReturn_t {
+    if sample.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    GPM_SAMPLES_LIVE.fetch_sub(1, Ordering::SeqCst);
+    drop(Box::from_raw(sample.cast::<GpmSample>()));
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+/// Fills the sample with the GPU and the simulated time, applying the GPU's faults.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmSampleGet(
+    device: nvmlDevice_t,
+    sample: nvmlGpmSample_t,
+) -> nvmlReturn_t {
+    if sample.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let mut at: (u32, f64, bool) = (0, 0.0, false);
+    let rc = query(device, Field::Gpm, &mut at, |g, t| (0, t, g.gpm.is_some()));
+    if rc != nvmlReturn_enum_NVML_SUCCESS {
+        return rc;
+    }
+    if !at.2 {
+        return nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
+    }
+    let gpu = match state().and_then(|st| index_of(st, device)) {
+        Ok(g) => g,
+        Err(e) => return e,
+    };
+    let s = &mut *sample.cast::<GpmSample>();
+    s.gpu = Some(gpu);
+    s.t = at.1;
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+/// The metrics between two samples of one GPU: each the mean of its series over the interval,
+/// as the driver computes them from its counters.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmMetricsGet(get: *mut nvmlGpmMetricsGet_t) -> nvmlReturn_t {
+    if get.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let get = &mut *get;
+    if get.version != NVML_GPM_METRICS_GET_VERSION
+        || get.sample1.is_null()
+        || get.sample2.is_null()
+        || get.numMetrics as usize > get.metrics.len()
+    {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let st = match state() {
+        Ok(st) => st,
+        Err(e) => return e,
+    };
+    let (s1, s2) = (
+        &*get.sample1.cast::<GpmSample>(),
+        &*get.sample2.cast::<GpmSample>(),
+    );
+    let (Some(g1), Some(g2)) = (s1.gpu, s2.gpu) else {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    };
+    if g1 != g2 || s2.t < s1.t {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let Some(gpm) = st
+        .scenario
+        .gpus
+        .get(g1 as usize)
+        .and_then(|g| g.gpm.as_ref())
+    else {
+        return nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
+    };
+    if st.scenario.fails(g1, Field::Gpm, st.now()) {
+        return nvmlReturn_enum_NVML_ERROR_UNKNOWN;
+    }
+    for m in get.metrics.iter_mut().take(get.numMetrics as usize) {
+        match gpm_metric(m.metricId) {
+            Some((metric, name, unit)) => {
+                m.nvmlReturn = nvmlReturn_enum_NVML_SUCCESS;
+                m.value = gpm.mean(metric, s1.t, s2.t);
+                m.metricInfo.shortName = name.as_ptr().cast_mut();
+                m.metricInfo.longName = name.as_ptr().cast_mut();
+                m.metricInfo.unit = unit.as_ptr().cast_mut();
+            }
+            None => m.nvmlReturn = nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+        }
+    }
     nvmlReturn_enum_NVML_SUCCESS
 }

@@ -31,6 +31,11 @@
 //! throttle_supported = ["gpu_idle", "sw_power_cap", ...]  # default: every reason
 //! throttle_active = ["sw_power_cap"]
 //! mig_devices = ["MIG-..."]            # MIG devices, by UUID: MIG mode is on when there are any
+//! [gpu.gpm]                           # GPM (Hopper and later); without it the GPU has no GPM
+//! sm_active = 37                      # percent, as GPM reports: also sm_occupancy,
+//!                                     # graphics_active, tensor_active, dram_active, fp64_active,
+//!                                     # fp32_active, fp16_active, integer_active (default 0)
+//! pcie_tx_mib_per_second = 100        # MiB/s: also pcie_rx_, nvlink_tx_, nvlink_rx_mib_per_second
 //!
 //! [[fault]]
 //! at = "90s"                          # simulated time the fault begins
@@ -39,8 +44,9 @@
 //! kind = "lost"                       # every call answers NVML_ERROR_GPU_IS_LOST
 //! # kind = "lost", fields = ["utilization"]  only those calls: lost partway through a cycle
 //! # kind = "not_supported", fields = ["power", "ecc"]  answers NVML_ERROR_NOT_SUPPORTED
+//! # kind = "fails", fields = ["gpm"]   answers NVML_ERROR_UNKNOWN
 //! #   fields: identity, events, utilization, memory, temperature, power, power_limit,
-//! #           energy, clocks, throttle, ecc, processes
+//! #           energy, clocks, throttle, ecc, processes, gpm
 //! # kind = "delay", delay = "10s"     every device call sleeps (wall clock) first
 //! # kind = "xid", xid = 79            one critical XID event, delivered to every event set
 //! # kind = "init_failure"             nvmlInit answers NVML_ERROR_DRIVER_NOT_LOADED
@@ -50,6 +56,10 @@
 //! `trace`, or `live` (`{ kind = "live", file = "u.txt" }`: the number in the file, read at every
 //! call, for tests that drive a reading and await its effect). Energy is the exact integral of
 //! power since simulated time 0 (for `live` power, the current value times the elapsed time).
+//!
+//! GPM metrics between two samples are each series' mean over the interval between them (the
+//! integral over the interval divided by its length), as the driver computes them from its
+//! counters; samples are allocated and freed by the caller, as with the driver.
 //!
 //! Time starts at the first `nvmlInit` call (a failed one too) and runs with the wall clock
 //! times `time.speed`, so hours of a scenario can pass in seconds.

@@ -50,6 +50,8 @@ pub struct Gpu {
     pub throttle_active: u64,
     /// The UUIDs of the GPU's MIG devices; MIG mode is on when there are any.
     pub mig_devices: Vec<String>,
+    /// GPM metrics; `None`: the GPU does not support GPM.
+    pub gpm: Option<Gpm>,
 }
 
 /// The readings a fault can turn into `NVML_ERROR_NOT_SUPPORTED`.
@@ -70,6 +72,8 @@ pub enum Field {
     Throttle,
     Ecc,
     Processes,
+    /// GPM: support, samples and metrics.
+    Gpm,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -81,6 +85,8 @@ pub enum FaultKind {
     LostFor(BTreeSet<Field>),
     /// The named fields answer `NVML_ERROR_NOT_SUPPORTED`.
     NotSupported(BTreeSet<Field>),
+    /// Calls for the named fields fail with `NVML_ERROR_UNKNOWN`.
+    Fails(BTreeSet<Field>),
     /// Every device call sleeps this long (wall clock) before answering.
     Delay(Duration),
     /// One critical XID event with this code is delivered to event sets.
@@ -251,6 +257,8 @@ pub enum Answer<T> {
     NotSupported,
     Lost,
     InvalidArgument,
+    /// `NVML_ERROR_UNKNOWN`: a call that failed.
+    Unknown,
 }
 
 impl Scenario {
@@ -309,7 +317,16 @@ impl Scenario {
         })
     }
 
-    fn unsupported(&self, gpu: u32, field: Field, t: f64) -> bool {
+    /// Whether calls for `field` fail (`NVML_ERROR_UNKNOWN`) at `t`.
+    pub fn fails(&self, gpu: u32, field: Field, t: f64) -> bool {
+        self.faults.iter().any(|f| match &f.kind {
+            FaultKind::Fails(fields) => fields.contains(&field) && f.applies_to(gpu) && f.active(t),
+            _ => false,
+        })
+    }
+
+    /// Whether calls for `field` answer `NVML_ERROR_NOT_SUPPORTED` at `t`.
+    pub fn unsupported(&self, gpu: u32, field: Field, t: f64) -> bool {
         self.faults.iter().any(|f| match &f.kind {
             FaultKind::NotSupported(fields) => {
                 fields.contains(&field) && f.applies_to(gpu) && f.active(t)
@@ -344,6 +361,8 @@ impl Scenario {
             Answer::Lost
         } else if self.unsupported(gpu, field, t) {
             Answer::NotSupported
+        } else if self.fails(gpu, field, t) {
+            Answer::Unknown
         } else {
             Answer::Value(f(g))
         }
@@ -469,6 +488,7 @@ struct RawGpu {
     throttle_active: Vec<String>,
     #[serde(default)]
     mig_devices: Vec<String>,
+    gpm: Option<RawGpm>,
 }
 
 fn default_name() -> String {
@@ -593,6 +613,12 @@ impl RawScenario {
                     }
                     FaultKind::NotSupported(f.fields.into_iter().collect())
                 }
+                "fails" => {
+                    if f.fields.is_empty() {
+                        return Err(format!("{key}.fields: a fails fault names fields"));
+                    }
+                    FaultKind::Fails(f.fields.into_iter().collect())
+                }
                 "delay" => {
                     let text = f
                         .delay
@@ -609,7 +635,7 @@ impl RawScenario {
                 "init_failure" => FaultKind::InitFailure,
                 other => {
                     return Err(format!(
-                        "{key}.kind: \"{other}\" is not one of lost, not_supported, delay, xid, init_failure"
+                        "{key}.kind: \"{other}\" is not one of lost, not_supported, fails, delay, xid, init_failure"
                     ))
                 }
             };
@@ -678,6 +704,10 @@ impl RawGpu {
             throttle_supported: bits("throttle_supported", &self.throttle_supported)?,
             throttle_active: bits("throttle_active", &self.throttle_active)?,
             mig_devices: self.mig_devices,
+            gpm: match self.gpm {
+                Some(g) => Some(g.validate(&format!("{key}.gpm"), base)?),
+                None => None,
+            },
             process_name: self.process_name,
             name: self.name,
         })
@@ -817,6 +847,23 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9 * (1.0 + a.abs().max(b.abs()))
+    }
+
+    #[test]
+    fn gpm_metrics_are_means_over_the_interval() {
+        let s = Scenario::parse(
+            "[[gpu]]\n[gpu.gpm]\nsm_active = { kind = \"ramp\", from = 0, to = 100, over = \"100s\" }\n\
+             pcie_tx_mib_per_second = 10\n[[gpu]]\n",
+            Path::new("."),
+        )
+        .unwrap();
+        let gpm = s.gpus[0].gpm.as_ref().unwrap();
+        // A ramp's mean over [10, 30] is its value at 20.
+        assert!((gpm.mean(GpmMetric::SmActive, 10.0, 30.0) - 20.0).abs() < 1e-9);
+        assert_eq!(gpm.mean(GpmMetric::PcieTx, 0.0, 5.0), 10.0);
+        // Unnamed metrics read 0; a GPU without the table has no GPM.
+        assert_eq!(gpm.mean(GpmMetric::TensorActive, 0.0, 5.0), 0.0);
+        assert!(s.gpus[1].gpm.is_none());
     }
 
     #[test]
@@ -963,7 +1010,7 @@ mod tests {
     fn rejects_bad_scenarios_naming_the_key() {
         let cases = [
             ("[[gpu]]\nutilization = { kind = \"bursts\", busy = 1, idle = 0, period = \"1m\", duty = 2 }", "gpu[0].utilization.duty: \"2\" is not between 0 and 1"),
-            ("[[fault]]\nat = \"1s\"\nkind = \"explode\"", "fault[0].kind: \"explode\" is not one of lost, not_supported, delay, xid, init_failure"),
+            ("[[fault]]\nat = \"1s\"\nkind = \"explode\"", "fault[0].kind: \"explode\" is not one of lost, not_supported, fails, delay, xid, init_failure"),
             ("[[gpu]]\n[[fault]]\nat = \"soon\"\nkind = \"lost\"", "fault[0].at: \"soon\" is not a duration"),
             ("[[gpu]]\nthrottle_active = [\"hot\"]", "gpu[0].throttle_active: \"hot\" is not a throttle reason"),
         ];
@@ -983,5 +1030,109 @@ mod tests {
         assert!(parse_trace("0,1\n0,2\n")
             .unwrap_err()
             .contains("does not increase"));
+    }
+}
+
+// ---- GPM ------------------------------------------------------------------------------------
+
+/// A GPM metric a scenario can give a series (NVML's `nvmlGpmMetricId_t`, by name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum GpmMetric {
+    SmActive,
+    SmOccupancy,
+    GraphicsActive,
+    TensorActive,
+    DramActive,
+    Fp64Active,
+    Fp32Active,
+    Fp16Active,
+    IntegerActive,
+    PcieTx,
+    PcieRx,
+    NvlinkTx,
+    NvlinkRx,
+}
+
+/// A GPU's GPM metrics over simulated time, in NVML's units: percent for activities, MiB/s for
+/// PCIe and NVLink. A GPU without a `gpm` table does not support GPM.
+#[derive(Debug, Clone)]
+pub struct Gpm {
+    pub series: Vec<(GpmMetric, Series)>,
+}
+
+impl Gpm {
+    /// The metric's mean over `[t1, t2]`, as NVML computes it from two samples; `None` for a
+    /// metric the scenario does not name (it reads 0) is never returned: unnamed metrics are 0.
+    pub fn mean(&self, metric: GpmMetric, t1: f64, t2: f64) -> f64 {
+        let Some((_, s)) = self.series.iter().find(|(m, _)| *m == metric) else {
+            return 0.0;
+        };
+        if t2 > t1 {
+            (s.integral(t2) - s.integral(t1)) / (t2 - t1)
+        } else {
+            s.at(t2)
+        }
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawGpm {
+    sm_active: Option<RawSeries>,
+    sm_occupancy: Option<RawSeries>,
+    graphics_active: Option<RawSeries>,
+    tensor_active: Option<RawSeries>,
+    dram_active: Option<RawSeries>,
+    fp64_active: Option<RawSeries>,
+    fp32_active: Option<RawSeries>,
+    fp16_active: Option<RawSeries>,
+    integer_active: Option<RawSeries>,
+    pcie_tx_mib_per_second: Option<RawSeries>,
+    pcie_rx_mib_per_second: Option<RawSeries>,
+    nvlink_tx_mib_per_second: Option<RawSeries>,
+    nvlink_rx_mib_per_second: Option<RawSeries>,
+}
+
+impl RawGpm {
+    fn validate(self, key: &str, base: &Path) -> Result<Gpm, String> {
+        use GpmMetric::*;
+        let named = [
+            ("sm_active", SmActive, self.sm_active),
+            ("sm_occupancy", SmOccupancy, self.sm_occupancy),
+            ("graphics_active", GraphicsActive, self.graphics_active),
+            ("tensor_active", TensorActive, self.tensor_active),
+            ("dram_active", DramActive, self.dram_active),
+            ("fp64_active", Fp64Active, self.fp64_active),
+            ("fp32_active", Fp32Active, self.fp32_active),
+            ("fp16_active", Fp16Active, self.fp16_active),
+            ("integer_active", IntegerActive, self.integer_active),
+            (
+                "pcie_tx_mib_per_second",
+                PcieTx,
+                self.pcie_tx_mib_per_second,
+            ),
+            (
+                "pcie_rx_mib_per_second",
+                PcieRx,
+                self.pcie_rx_mib_per_second,
+            ),
+            (
+                "nvlink_tx_mib_per_second",
+                NvlinkTx,
+                self.nvlink_tx_mib_per_second,
+            ),
+            (
+                "nvlink_rx_mib_per_second",
+                NvlinkRx,
+                self.nvlink_rx_mib_per_second,
+            ),
+        ];
+        let mut series = Vec::new();
+        for (name, metric, raw) in named {
+            if let Some(r) = raw {
+                series.push((metric, r.validate(&format!("{key}.{name}"), base)?));
+            }
+        }
+        Ok(Gpm { series })
     }
 }

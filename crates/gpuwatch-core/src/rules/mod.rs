@@ -147,15 +147,24 @@ pub enum Metric {
     MemoryUsedRatio,
     PowerRatio,
     Processes,
+    /// GPM: the fraction of time the SMs had a warp resident (Hopper and later).
+    SmActive,
+    /// GPM: the fraction of time any tensor pipe was busy.
+    TensorActive,
+    /// GPM: the fraction of time the memory interface was busy.
+    DramActive,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 5] = [
+    pub const ALL: [Metric; 8] = [
         Metric::GpuUtilization,
         Metric::MemoryUtilization,
         Metric::MemoryUsedRatio,
         Metric::PowerRatio,
         Metric::Processes,
+        Metric::SmActive,
+        Metric::TensorActive,
+        Metric::DramActive,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -165,12 +174,23 @@ impl Metric {
             Metric::MemoryUsedRatio => "memory_used_ratio",
             Metric::PowerRatio => "power_ratio",
             Metric::Processes => "processes",
+            Metric::SmActive => "sm_active",
+            Metric::TensorActive => "tensor_active",
+            Metric::DramActive => "dram_active",
         }
     }
 
     /// Whether the threshold is a ratio (0 to 1) rather than a count.
     pub fn is_ratio(self) -> bool {
         self != Metric::Processes
+    }
+
+    /// Whether the metric comes from GPM, which only Hopper and later GPUs have.
+    pub fn needs_gpm(self) -> bool {
+        matches!(
+            self,
+            Metric::SmActive | Metric::TensorActive | Metric::DramActive
+        )
     }
 }
 
@@ -270,7 +290,7 @@ impl fmt::Display for Action {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GpuReading {
     pub index: u32,
-    pub values: [Option<f64>; 5],
+    pub values: [Option<f64>; Metric::ALL.len()],
     /// The pods holding the GPU (`namespace/pod`), on Kubernetes.
     pub holders: Vec<String>,
 }
