@@ -11,7 +11,7 @@ use std::sync::Arc;
 use gpuwatch::config::Names;
 use gpuwatch::gpu::gpm::GpmReadings;
 use gpuwatch::gpu::metrics::{BuildInfo, SampleError, SamplerMetrics, SnapshotCollector};
-use gpuwatch::gpu::{GpuSample, NvmlStatus, ProcessSample, Snapshot, ThrottleReason};
+use gpuwatch::gpu::{GpuSample, MigSample, NvmlStatus, ProcessSample, Snapshot, ThrottleReason};
 use gpuwatch::metrics::encode;
 use prometheus_client::registry::Registry;
 
@@ -71,6 +71,34 @@ fn snapshot() -> Snapshot {
             // One metric that failed: absent, the rest stay.
             nvlink_rx_bytes_per_second: None,
         }),
+        mig: Vec::new(),
+    };
+    // In MIG mode: the GPU's physical readings, no utilization, and one MIG device of its own.
+    let split = GpuSample {
+        index: 3,
+        uuid: "GPU-33333333-4444-4555-8666-777777777777".into(),
+        up: true,
+        name: Some("NVIDIA H100 80GB HBM3".into()),
+        pci_bus_id: Some("00000000:3A:00.0".into()),
+        temperature_celsius: Some(48.0),
+        power_watts: Some(210.5),
+        memory_total_bytes: Some(85_520_809_984),
+        gpm_supported: Some(true),
+        mig_uuids: vec!["MIG-33333333-4444-4555-8666-000000000001".into()],
+        mig: vec![MigSample {
+            uuid: "MIG-33333333-4444-4555-8666-000000000001".into(),
+            gpu_instance: Some(1),
+            compute_instance: Some(0),
+            profile: Some("3g.40gb".into()),
+            memory_used_bytes: Some(8_589_934_592),
+            memory_total_bytes: Some(42_949_672_960),
+            processes: Some(1),
+            gpm: Some(GpmReadings {
+                sm_active: Some(0.31),
+                ..GpmReadings::default()
+            }),
+        }],
+        ..GpuSample::default()
     };
     // Everything unknown: not supported, failed or out of range; and no GPM.
     let sparse = GpuSample {
@@ -101,7 +129,7 @@ fn snapshot() -> Snapshot {
             cuda_driver_version: Some("12.4".into()),
             error: None,
         },
-        gpus: vec![busy, sparse, lost],
+        gpus: vec![busy, sparse, lost, split],
     }
 }
 

@@ -296,9 +296,10 @@ fn a_mig_device_is_attributed_to_its_gpu() {
             socket.display()
         ),
     );
+    // In MIG mode the GPU has no utilization; its physical readings carry the pod.
     let s = d.await_scrape(LIMIT, |s| {
         s.named("gpuwatch_pod_gpu_allocated").len() == 1
-            && holders(s, "gpu_utilization_ratio", 0) == [held("small", "ml", "worker")]
+            && holders(s, "gpu_temperature_celsius", 0) == [held("small", "ml", "worker")]
     });
     assert_eq!(holders(&s, "gpu_utilization_ratio", 1), [held("", "", "")]);
     let a = &s.named("gpuwatch_pod_gpu_allocated")[0];

@@ -92,10 +92,11 @@ pub enum Read {
     Failed(&'static str, NvmlError),
 }
 
-/// The buffers of every GPU that supports GPM, by index.
+/// The buffers of every GPU that supports GPM, by index, and of every GPU instance of a GPU in
+/// MIG mode, by index and GPU instance id.
 #[derive(Default)]
 pub struct Gpm {
-    buffers: HashMap<u32, Buffers>,
+    buffers: HashMap<(u32, Option<u32>), Buffers>,
 }
 
 impl Gpm {
@@ -104,18 +105,32 @@ impl Gpm {
         self.buffers.len() * 2
     }
 
-    /// Frees the buffers of a GPU that is lost or gone.
+    /// Frees the buffers of a GPU that is lost or gone, its GPU instances' too.
     pub fn forget(&mut self, index: u32) {
-        self.buffers.remove(&index);
+        self.buffers.retain(|(i, _), _| *i != index);
     }
 
     /// Keeps only the buffers of the GPUs in `0..count`.
     pub fn retain_below(&mut self, count: u32) {
-        self.buffers.retain(|i, _| *i < count);
+        self.buffers.retain(|(i, _), _| *i < count);
     }
 
-    /// Takes this cycle's sample of GPU `index` and computes the metrics since the last one.
-    pub fn read(&mut self, nvml: &'static Nvml, d: &Device<'static>, index: u32) -> Read {
+    /// Frees the buffers of GPU instances of GPU `index` that no longer exist (the MIG layout
+    /// changed).
+    pub fn retain_instances(&mut self, index: u32, instances: &[u32]) {
+        self.buffers
+            .retain(|(i, gi), _| *i != index || gi.is_none_or(|gi| instances.contains(&gi)));
+    }
+
+    /// Takes this cycle's sample of GPU `index` (or, with `instance`, of that GPU instance of it)
+    /// and computes the metrics since the last one.
+    pub fn read(
+        &mut self,
+        nvml: &'static Nvml,
+        d: &Device<'static>,
+        index: u32,
+        instance: Option<u32>,
+    ) -> Read {
         match d.gpm_support() {
             Ok(true) => {}
             Ok(false) | Err(NvmlError::NotSupported) | Err(NvmlError::FailedToLoadSymbol(_)) => {
@@ -127,7 +142,7 @@ impl Gpm {
                 return Read::Failed("gpm_support", e);
             }
         }
-        let b = match self.buffers.entry(index) {
+        let b = match self.buffers.entry((index, instance)) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => match (alloc(nvml), alloc(nvml)) {
                 (Ok(a), Ok(b)) => e.insert(Buffers {
@@ -139,7 +154,7 @@ impl Gpm {
             },
         };
         let next = 1 - b.newer;
-        if let Err(e) = sample_into(nvml, d, &b.samples[next]) {
+        if let Err(e) = sample_into(nvml, d, instance, &b.samples[next]) {
             // The buffer may hold half a sample: nothing is compared with it.
             b.filled = false;
             return Read::Failed("gpm_sample", e);
@@ -182,14 +197,45 @@ fn alloc(nvml: &'static Nvml) -> Result<GpmSample<'static>, NvmlError> {
     }
 }
 
-/// Takes a sample of `d` into the buffer `s`, which is reused rather than allocated again.
+/// Takes a sample of `d` (or of its GPU instance `instance`) into the buffer `s`, which is
+/// reused rather than allocated again.
 fn sample_into(
     nvml: &'static Nvml,
     d: &Device<'static>,
+    instance: Option<u32>,
     s: &GpmSample<'static>,
 ) -> Result<(), NvmlError> {
-    let sym = nvml_sym(nvml.lib().nvmlGpmSampleGet.as_ref())?;
     // SAFETY: both handles are live: the device's for the library's life, the sample's while
-    // `s` is; the call writes only into the sample.
-    unsafe { nvml_try((*sym)(d.handle(), s.handle())) }
+    // `s` is; the calls write only into the sample.
+    unsafe {
+        match instance {
+            None => {
+                let sym = nvml_sym(nvml.lib().nvmlGpmSampleGet.as_ref())?;
+                nvml_try((*sym)(d.handle(), s.handle()))
+            }
+            Some(gi) => {
+                let sym = nvml_sym(nvml.lib().nvmlGpmMigSampleGet.as_ref())?;
+                nvml_try((*sym)(d.handle(), gi, s.handle()))
+            }
+        }
+    }
+}
+
+/// The GPU instance and compute instance ids of a MIG device.
+pub fn instance_ids(nvml: &'static Nvml, mig: &Device<'static>) -> (Option<u32>, Option<u32>) {
+    let lib = nvml.lib();
+    let mut gi = 0u32;
+    let mut ci = 0u32;
+    // SAFETY: the handle is live for the library's life, and each call writes one id.
+    unsafe {
+        let gi = nvml_sym(lib.nvmlDeviceGetGpuInstanceId.as_ref())
+            .and_then(|f| nvml_try(f(mig.handle(), &mut gi)))
+            .ok()
+            .map(|()| gi);
+        let ci = nvml_sym(lib.nvmlDeviceGetComputeInstanceId.as_ref())
+            .and_then(|f| nvml_try(f(mig.handle(), &mut ci)))
+            .ok()
+            .map(|()| ci);
+        (gi, ci)
+    }
 }

@@ -9,12 +9,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabel, EncodeLabelSet, EncodeLabelValue, LabelSetEncoder,
+    LabelValueEncoder,
+};
 use prometheus_client::registry::Registry;
 
 use super::gpm::GpmReadings;
 use super::sampler::Snapshots;
-use super::{GpuSample, Snapshot};
+use super::{GpuSample, MigSample, Snapshot};
 use crate::config::Names;
 use crate::kubernetes::metrics::KubernetesMetrics;
 use crate::kubernetes::PodRef;
@@ -305,20 +308,37 @@ impl Collector for SnapshotCollector {
             ),
             per_gpu(gpus, |g| g.memory_utilization_ratio),
         )?;
+        // A MIG device is a device of its own: its memory, processes and GPM metrics carry its
+        // UUID, GPU instance, compute instance and profile, beside its GPU's index.
         gauges(
             e,
             desc("gpu_memory_used", "Device memory in use", Some("bytes")),
-            per_gpu(gpus, |g| g.memory_used_bytes.map(|v| v as i64)),
+            per_device(
+                gpus,
+                &unshared,
+                |g| g.memory_used_bytes.map(|v| v as i64),
+                |m| m.memory_used_bytes.map(|v| v as i64),
+            ),
         )?;
         gauges(
             e,
             desc("gpu_memory_free", "Device memory free", Some("bytes")),
-            per_gpu(gpus, |g| g.memory_free_bytes.map(|v| v as i64)),
+            per_device(
+                gpus,
+                &unshared,
+                |g| g.memory_free_bytes.map(|v| v as i64),
+                |m| Some((m.memory_total_bytes? - m.memory_used_bytes?) as i64),
+            ),
         )?;
         gauges(
             e,
             desc("gpu_memory_total", "Device memory in all", Some("bytes")),
-            per_gpu(gpus, |g| g.memory_total_bytes.map(|v| v as i64)),
+            per_device(
+                gpus,
+                &unshared,
+                |g| g.memory_total_bytes.map(|v| v as i64),
+                |m| m.memory_total_bytes.map(|v| v as i64),
+            ),
         )?;
         gauges(
             e,
@@ -404,7 +424,12 @@ impl Collector for SnapshotCollector {
         gauges(
             e,
             desc("gpu_processes", "Running compute processes", None),
-            per_gpu(gpus, |g| g.processes.map(i64::from)),
+            per_device(
+                gpus,
+                &unshared,
+                |g| g.processes.map(i64::from),
+                |m| m.processes.map(i64::from),
+            ),
         )?;
         gauges(
             e,
@@ -504,10 +529,10 @@ fn with<'a, X>(g: &GpuView<'a>, extra: X) -> GpuLabels<'a, X> {
 
 /// Series of one optional reading of every GPU that is up.
 /// The GPM families (Hopper and later): support per GPU, then each metric where it is known.
-fn encode_gpm(
+fn encode_gpm<'a>(
     e: &mut DescriptorEncoder,
-    unshared: &[GpuView<'_>],
-    gpus: &[GpuView<'_>],
+    unshared: &'a [GpuView<'a>],
+    gpus: &'a [GpuView<'a>],
 ) -> Result<(), fmt::Error> {
     gauges(
         e,
@@ -553,7 +578,12 @@ fn encode_gpm(
         gauges(
             e,
             desc(name, help, Some("ratio")),
-            per_gpu(gpus, move |g| g.gpm.as_ref().and_then(read)),
+            per_device(
+                gpus,
+                unshared,
+                move |g| g.gpm.as_ref().and_then(read),
+                move |m| m.gpm.as_ref().and_then(read),
+            ),
         )?;
     }
     gauges(
@@ -603,6 +633,56 @@ fn encode_gpm(
         )?;
     }
     Ok(())
+}
+
+/// A MIG device's own labels; none for a GPU.
+#[derive(Debug, Clone, Copy)]
+struct MigLabels<'a>(Option<&'a MigSample>);
+
+impl EncodeLabelSet for MigLabels<'_> {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), fmt::Error> {
+        let Some(m) = self.0 else {
+            return Ok(());
+        };
+        if let Some(gi) = m.gpu_instance {
+            ("gpu_instance", gi).encode(encoder.encode_label())?;
+        }
+        if let Some(ci) = m.compute_instance {
+            ("compute_instance", ci).encode(encoder.encode_label())?;
+        }
+        if let Some(p) = &m.profile {
+            ("mig_profile", Text(p)).encode(encoder.encode_label())?;
+        }
+        Ok(())
+    }
+}
+
+/// Every GPU that is up, read by `read_gpu` (one series per pod, as `per_gpu`), then every MIG
+/// device of each (from `unshared`: one series each, without pod labels), read by `read_mig`.
+fn per_device<'a, V: 'a>(
+    gpus: &'a [GpuView<'a>],
+    unshared: &'a [GpuView<'a>],
+    read_gpu: impl Fn(&'a GpuView<'a>) -> Option<V> + 'a,
+    read_mig: impl Fn(&'a MigSample) -> Option<V> + 'a,
+) -> impl Iterator<Item = (GpuLabels<'a, MigLabels<'a>>, V)> + 'a {
+    let gpu_series = gpus
+        .iter()
+        .filter(|g| g.up)
+        .filter_map(move |g| read_gpu(g).map(|v| (with(g, MigLabels(None)), v)));
+    let mig_series = unshared
+        .iter()
+        .filter(|g| g.up)
+        .flat_map(|g| g.sample.mig.iter().map(move |m| (g.sample.index, m)))
+        .filter_map(move |(gpu, m)| {
+            let labels = GpuLabels {
+                gpu,
+                uuid: &m.uuid,
+                pod: None,
+                extra: MigLabels(Some(m)),
+            };
+            read_mig(m).map(|v| (labels, v))
+        });
+    gpu_series.chain(mig_series)
 }
 
 fn per_gpu<'a, V: 'a>(

@@ -90,6 +90,26 @@ pub struct GpuSample {
     /// failed call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpm: Option<gpm::GpmReadings>,
+    /// The GPU's MIG devices, each a device of its own, while MIG mode is on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig: Vec<MigSample>,
+}
+
+/// One MIG device: a GPU instance (and its compute instance) of a GPU in MIG mode, with its
+/// memory, processes and GPM metrics. The GPU keeps its physical readings (temperature, power,
+/// clocks, ECC, XID); its utilization is absent, as NVML does not report it in MIG mode.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct MigSample {
+    pub uuid: String,
+    pub gpu_instance: Option<u32>,
+    pub compute_instance: Option<u32>,
+    /// The profile, such as `3g.40gb`, from the device's name.
+    pub profile: Option<String>,
+    pub memory_used_bytes: Option<u64>,
+    pub memory_total_bytes: Option<u64>,
+    pub processes: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpm: Option<gpm::GpmReadings>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]

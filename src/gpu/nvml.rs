@@ -331,24 +331,59 @@ impl GpuReader<'_> {
         }
     }
 
-    /// GPM support and the metrics since the last cycle. A failed call leaves the metrics absent
-    /// this cycle, and is counted and logged (once).
+    /// One MIG device of GPU `d`: its identity, memory, processes, and the GPM metrics of its
+    /// GPU instance.
+    fn read_mig(
+        &mut self,
+        nvml: &'static Nvml,
+        d: &Device<'static>,
+        m: &Device<'static>,
+    ) -> super::MigSample {
+        let uuid = self.get("mig_uuid", || m.uuid()).unwrap_or_default();
+        // NVML names a MIG device "<GPU name> MIG <profile>".
+        let profile = self
+            .get("mig_name", || m.name())
+            .and_then(|n| Some(n.rsplit_once(" MIG ")?.1.to_string()));
+        let (gpu_instance, compute_instance) = super::gpm::instance_ids(nvml, m);
+        let memory = self
+            .get("mig_memory", || m.memory_info())
+            .filter(|mem| mem.total > 0 && mem.used <= mem.total);
+        let processes = self.get("mig_processes", || m.running_compute_processes_count());
+        let gpm = gpu_instance.and_then(|gi| self.read_gpm(nvml, d, Some(gi)).1);
+        super::MigSample {
+            uuid,
+            gpu_instance,
+            compute_instance,
+            profile,
+            memory_used_bytes: memory.as_ref().map(|m| m.used),
+            memory_total_bytes: memory.as_ref().map(|m| m.total),
+            processes,
+            gpm,
+        }
+    }
+
+    /// GPM support and the metrics since the last cycle, of the GPU or of one of its GPU
+    /// instances. A failed call leaves the metrics absent this cycle, and is counted and logged
+    /// (once).
     fn read_gpm(
         &mut self,
         nvml: &'static Nvml,
         d: &Device<'static>,
+        instance: Option<u32>,
     ) -> (Option<bool>, Option<super::gpm::GpmReadings>) {
         use super::gpm::Read;
         if self.lost.is_some() {
             return (None, None);
         }
-        match self.src.gpm.read(nvml, d, self.index) {
+        match self.src.gpm.read(nvml, d, self.index, instance) {
             Read::Unsupported => (Some(false), None),
             Read::Metrics(m) => (Some(true), m),
             Read::Failed(_, NvmlError::GpuLost) => {
                 self.lost = Some(NvmlError::GpuLost);
                 (None, None)
             }
+            // In MIG mode a GPU may have GPM for its instances only.
+            Read::Failed("gpm_sample", NvmlError::NotSupported) => (Some(true), None),
             Read::Failed(field, e) => {
                 self.src.read_failed(self.index, field, &e);
                 (Some(true), None)
@@ -381,17 +416,23 @@ impl GpuReader<'_> {
         );
 
         // MIG devices, by UUID, so that a pod holding one is known to hold this GPU.
-        let mig_uuids = match self.get("mig_mode", || d.mig_mode()) {
+        // MIG devices, each a device of its own: read every cycle, so a new layout shows at
+        // once. A slot without a device (NOT_FOUND) is a hole in the layout.
+        let mig: Vec<super::MigSample> = match self.get("mig_mode", || d.mig_mode()) {
             Some(mode) if mode.current == 1 => {
                 let n = self
                     .get("mig_devices", || d.mig_device_count())
                     .unwrap_or(0);
-                (0..n.min(MAX_MIG_DEVICES))
-                    .filter_map(|i| d.mig_device_by_index(i).ok()?.uuid().ok())
-                    .collect()
+                let devices: Vec<Device<'static>> = (0..n.min(MAX_MIG_DEVICES))
+                    .filter_map(|i| d.mig_device_by_index(i).ok())
+                    .collect();
+                devices.iter().map(|m| self.read_mig(nvml, d, m)).collect()
             }
             _ => Vec::new(),
         };
+        let instances: Vec<u32> = mig.iter().filter_map(|m| m.gpu_instance).collect();
+        self.src.gpm.retain_instances(index, &instances);
+        let mig_uuids = mig.iter().map(|m| m.uuid.clone()).collect();
 
         let util = self.get("utilization", || d.utilization_rates());
         let gpu_util = self.check("utilization", util.as_ref().map(|u| u.gpu), |v| v <= 100);
@@ -474,7 +515,7 @@ impl GpuReader<'_> {
             )
         };
 
-        let (gpm_supported, gpm) = self.read_gpm(nvml, d);
+        let (gpm_supported, gpm) = self.read_gpm(nvml, d, None);
 
         let xids = self.src.xids.for_gpu(index);
         GpuSample {
@@ -482,6 +523,7 @@ impl GpuReader<'_> {
             up: true,
             gpm_supported,
             gpm,
+            mig,
             xid_errors: xids.0,
             last_xid: xids.1,
             mig_uuids,

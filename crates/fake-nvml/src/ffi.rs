@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use nvml_wrapper_sys::bindings::*;
 
-use crate::scenario::{Answer, Field, GpmMetric, Gpu, Scenario};
+use crate::scenario::{Answer, Field, GpmMetric, Gpu, Mig, Scenario};
 use crate::SCENARIO_ENV;
 
 struct State {
@@ -84,12 +84,55 @@ fn mig_handle(gpu: u32, mig: u32) -> nvmlDevice_t {
     (MIG_BASE + ((gpu as usize) << 8) + mig as usize) as nvmlDevice_t
 }
 
-/// The (GPU, MIG device) a MIG handle stands for.
+/// The (GPU, MIG device) a MIG handle stands for, while that MIG device exists.
 fn mig_of(st: &State, device: nvmlDevice_t) -> Option<(u32, u32)> {
     let v = (device as usize).checked_sub(MIG_BASE)?;
     let (gpu, mig) = ((v >> 8) as u32, (v & 0xff) as u32);
     let g = st.scenario.gpus.get(gpu as usize)?;
-    ((mig as usize) < g.mig_devices.len()).then_some((gpu, mig))
+    g.mig
+        .get(mig as usize)
+        .is_some_and(|m| m.exists(st.now()))
+        .then_some((gpu, mig))
+}
+
+/// Answers a query on a MIG device handle: `None` when `device` is not one (the caller answers
+/// for the GPU), else the return code, with the value written through `out`. The parent's faults
+/// apply to its MIG devices.
+unsafe fn mig_query<T>(
+    device: nvmlDevice_t,
+    field: Field,
+    out: *mut T,
+    read: impl FnOnce(&Mig, f64) -> T,
+) -> Option<nvmlReturn_t> {
+    if (device as usize) < MIG_BASE {
+        return None;
+    }
+    if out.is_null() {
+        return Some(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    }
+    let st = match state() {
+        Ok(st) => st,
+        Err(e) => return Some(e),
+    };
+    let Some((gpu, mig)) = mig_of(st, device) else {
+        return Some(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+    };
+    let t = delay_then_now(st, gpu);
+    Some(
+        match st
+            .scenario
+            .read(gpu, field, t, |g| read(&g.mig[mig as usize], t))
+        {
+            Answer::Value(v) => {
+                out.write(v);
+                nvmlReturn_enum_NVML_SUCCESS
+            }
+            Answer::NotSupported => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+            Answer::Lost => nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST,
+            Answer::InvalidArgument => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+            Answer::Unknown => nvmlReturn_enum_NVML_ERROR_UNKNOWN,
+        },
+    )
 }
 
 fn index_of(st: &State, device: nvmlDevice_t) -> Result<u32, nvmlReturn_t> {
@@ -361,13 +404,14 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     if let Ok(st) = state() {
         if let Some((gpu, mig)) = mig_of(st, device) {
             let g = &st.scenario.gpus[gpu as usize];
-            return write_str(uuid, length, &g.mig_devices[mig as usize]);
+            return write_str(uuid, length, &g.mig[mig as usize].uuid);
         }
     }
     device_str(device, uuid, length, |g| &g.uuid)
 }
 
-/// MIG mode: on (1) when the scenario gives the GPU MIG devices; the pending mode is the same.
+/// MIG mode: on (1) when the scenario gives the GPU MIG devices (at any time: a layout with none
+/// is still MIG mode); the pending mode is the same.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     device: nvmlDevice_t,
@@ -378,7 +422,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }
     let rc = query(device, Field::Identity, current, |g, _| {
-        c_uint::from(!g.mig_devices.is_empty())
+        c_uint::from(!g.mig.is_empty())
     });
     if rc == nvmlReturn_enum_NVML_SUCCESS {
         pending.write(current.read());
@@ -391,9 +435,9 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
     device: nvmlDevice_t,
     count: *mut c_uint,
 ) -> nvmlReturn_t {
-    query(device, Field::Identity, count, |g, _| {
-        g.mig_devices.len() as c_uint
-    })
+    // Every MIG device the scenario names, existing now or not: a slot of one that does not
+    // exist is NOT_FOUND, as a hole in the driver's layout is.
+    query(device, Field::Identity, count, |g, _| g.mig.len() as c_uint)
 }
 
 #[no_mangle]
@@ -413,7 +457,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
         Ok(i) => i,
         Err(e) => return e,
     };
-    if index as usize >= st.scenario.gpus[gpu as usize].mig_devices.len() {
+    let exists = st.scenario.gpus[gpu as usize]
+        .mig
+        .get(index as usize)
+        .is_some_and(|m| m.exists(st.now()));
+    if !exists {
         return nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
     }
     mig_device.write(mig_handle(gpu, index));
@@ -426,7 +474,56 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     name: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
+    if let Ok(st) = state() {
+        if let Some((gpu, mig)) = mig_of(st, device) {
+            let g = &st.scenario.gpus[gpu as usize];
+            let mig_name = format!("{} MIG {}", g.name, g.mig[mig as usize].profile);
+            return write_str(name, length, &mig_name);
+        }
+    }
     device_str(device, name, length, |g| &g.name)
+}
+
+/// The GPU instance of a MIG device.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
+    device: nvmlDevice_t,
+    id: *mut c_uint,
+) -> nvmlReturn_t {
+    mig_query(device, Field::Identity, id, |m, _| m.gpu_instance)
+        .unwrap_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
+}
+
+/// The compute instance of a MIG device.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
+    device: nvmlDevice_t,
+    id: *mut c_uint,
+) -> nvmlReturn_t {
+    mig_query(device, Field::Identity, id, |m, _| m.compute_instance)
+        .unwrap_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
+}
+
+/// The GPU a MIG device is part of.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+    mig_device: nvmlDevice_t,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    if device.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let st = match state() {
+        Ok(st) => st,
+        Err(e) => return e,
+    };
+    match mig_of(st, mig_device) {
+        Some((gpu, _)) => {
+            device.write(handle(gpu));
+            nvmlReturn_enum_NVML_SUCCESS
+        }
+        None => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+    }
 }
 
 #[no_mangle]
@@ -457,6 +554,14 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     device: nvmlDevice_t,
     utilization: *mut nvmlUtilization_t,
 ) -> nvmlReturn_t {
+    // In MIG mode NVML does not report the GPU's utilization.
+    if let Ok(st) = state() {
+        if let Ok(gpu) = index_of(st, device) {
+            if !st.scenario.gpus[gpu as usize].mig.is_empty() {
+                return nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
+            }
+        }
+    }
     query(device, Field::Utilization, utilization, |g, t| {
         nvmlUtilization_t {
             gpu: crate::scenario::to_u32(g.utilization.at(t)),
@@ -475,6 +580,19 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     } else {
         (*memory).version
     };
+    let mig = mig_query(device, Field::Memory, memory, |m, t| {
+        let used = m.memory_used_bytes(t);
+        nvmlMemory_v2_t {
+            version,
+            total: m.memory_total_bytes,
+            reserved: 0,
+            free: m.memory_total_bytes - used,
+            used,
+        }
+    });
+    if let Some(rc) = mig {
+        return rc;
+    }
     query(device, Field::Memory, memory, |g, t| {
         let used = g.memory_used_bytes(t);
         // NVML v2 reports driver-reserved memory separately; the fake reserves none.
@@ -493,6 +611,17 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_t,
 ) -> nvmlReturn_t {
+    let mig = mig_query(device, Field::Memory, memory, |m, t| {
+        let used = m.memory_used_bytes(t);
+        nvmlMemory_t {
+            total: m.memory_total_bytes,
+            free: m.memory_total_bytes - used,
+            used,
+        }
+    });
+    if let Some(rc) = mig {
+        return rc;
+    }
     query(device, Field::Memory, memory, |g, t| {
         let used = g.memory_used_bytes(t);
         nvmlMemory_t {
@@ -618,17 +747,39 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     let capacity = count.read();
     let mut gpu_index = 0;
     let mut listed = Vec::new();
-    let rc = query(device, Field::Processes, count, |g, t| {
-        let n = g.process_count(t);
-        let per = g.memory_used_bytes(t) / u64::from(n.max(1));
+    // A MIG device's processes: their pids and instance ids are the MIG device's own.
+    let mut instance = (u32::MAX, u32::MAX, 0);
+    let mig = mig_query(device, Field::Processes, count, |m, t| {
+        let n = m.process_count(t);
+        let per = m.memory_used_bytes(t) / u64::from(n.max(1));
         listed = (0..n).map(|k| (k, per)).collect();
+        instance = (
+            m.gpu_instance,
+            m.compute_instance,
+            1000 * (m.gpu_instance + 1),
+        );
         n
     });
+    let rc = if let Some(rc) = mig {
+        if let Ok(st) = state() {
+            gpu_index = mig_of(st, device).map_or(0, |(g, _)| g);
+        }
+        rc
+    } else {
+        query(device, Field::Processes, count, |g, t| {
+            let n = g.process_count(t);
+            let per = g.memory_used_bytes(t) / u64::from(n.max(1));
+            listed = (0..n).map(|k| (k, per)).collect();
+            n
+        })
+    };
     if rc != nvmlReturn_enum_NVML_SUCCESS {
         return rc;
     }
-    if let Ok(st) = state() {
-        gpu_index = index_of(st, device).unwrap_or(0);
+    if mig.is_none() {
+        if let Ok(st) = state() {
+            gpu_index = index_of(st, device).unwrap_or(0);
+        }
     }
     let n = listed.len() as c_uint;
     if n == 0 {
@@ -639,10 +790,10 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     }
     for (i, (k, used)) in listed.into_iter().enumerate() {
         infos.add(i).write(nvmlProcessInfo_t {
-            pid: process_pid(gpu_index, k),
+            pid: process_pid(gpu_index, k) + instance.2,
             usedGpuMemory: used,
-            gpuInstanceId: u32::MAX,
-            computeInstanceId: u32::MAX,
+            gpuInstanceId: instance.0,
+            computeInstanceId: instance.1,
         });
     }
     nvmlReturn_enum_NVML_SUCCESS
@@ -782,6 +933,8 @@ pub unsafe extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> nvmlReturn_t {
 /// freed by `nvmlGpmSampleFree`, as the driver's are.
 struct GpmSample {
     gpu: Option<u32>,
+    /// For a GPU instance's sample: which MIG device of the GPU.
+    mig: Option<usize>,
     t: f64,
 }
 
@@ -829,7 +982,7 @@ pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
     // a `not_supported` fault on GPM makes the GPU say it has none.
     let mut supported: c_uint = 0;
     let rc = query(device, Field::Identity, &mut supported, |g, _| {
-        c_uint::from(g.gpm.is_some())
+        c_uint::from(g.gpm.is_some() || g.mig.iter().any(|m| m.gpm.is_some()))
     });
     if rc != nvmlReturn_enum_NVML_SUCCESS {
         return rc;
@@ -854,7 +1007,11 @@ pub unsafe extern "C" fn nvmlGpmSampleAlloc(sample: *mut nvmlGpmSample_t) -> nvm
         return e;
     }
     GPM_SAMPLES_LIVE.fetch_add(1, Ordering::SeqCst);
-    let s = Box::into_raw(Box::new(GpmSample { gpu: None, t: 0.0 }));
+    let s = Box::into_raw(Box::new(GpmSample {
+        gpu: None,
+        mig: None,
+        t: 0.0,
+    }));
     sample.write(s.cast());
     nvmlReturn_enum_NVML_SUCCESS
 }
@@ -892,7 +1049,48 @@ pub unsafe extern "C" fn nvmlGpmSampleGet(
     };
     let s = &mut *sample.cast::<GpmSample>();
     s.gpu = Some(gpu);
+    s.mig = None;
     s.t = at.1;
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+/// A sample of one GPU instance of a GPU in MIG mode.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlGpmMigSampleGet(
+    device: nvmlDevice_t,
+    gpu_instance: c_uint,
+    sample: nvmlGpmSample_t,
+) -> nvmlReturn_t {
+    if sample.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let mut t = 0.0;
+    let rc = query(device, Field::Gpm, &mut t, |_, t| t);
+    if rc != nvmlReturn_enum_NVML_SUCCESS {
+        return rc;
+    }
+    let st = match state() {
+        Ok(st) => st,
+        Err(e) => return e,
+    };
+    let gpu = match index_of(st, device) {
+        Ok(g) => g,
+        Err(e) => return e,
+    };
+    let found = st.scenario.gpus[gpu as usize]
+        .mig
+        .iter()
+        .position(|m| m.gpu_instance == gpu_instance && m.exists(t));
+    let Some(entry) = found else {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    };
+    if st.scenario.gpus[gpu as usize].mig[entry].gpm.is_none() {
+        return nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
+    }
+    let s = &mut *sample.cast::<GpmSample>();
+    s.gpu = Some(gpu);
+    s.mig = Some(entry);
+    s.t = t;
     nvmlReturn_enum_NVML_SUCCESS
 }
 
@@ -922,15 +1120,18 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(get: *mut nvmlGpmMetricsGet_t) -> nvm
     let (Some(g1), Some(g2)) = (s1.gpu, s2.gpu) else {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     };
-    if g1 != g2 || s2.t < s1.t {
+    if g1 != g2 || s1.mig != s2.mig || s2.t < s1.t {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }
-    let Some(gpm) = st
+    let gpm = st
         .scenario
         .gpus
         .get(g1 as usize)
-        .and_then(|g| g.gpm.as_ref())
-    else {
+        .and_then(|g| match s1.mig {
+            None => g.gpm.as_ref(),
+            Some(m) => g.mig.get(m)?.gpm.as_ref(),
+        });
+    let Some(gpm) = gpm else {
         return nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
     };
     if st.scenario.fails(g1, Field::Gpm, st.now()) {

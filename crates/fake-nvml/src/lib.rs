@@ -30,7 +30,14 @@
 //! ecc_corrected = 0                   # also ecc_uncorrected
 //! throttle_supported = ["gpu_idle", "sw_power_cap", ...]  # default: every reason
 //! throttle_active = ["sw_power_cap"]
-//! mig_devices = ["MIG-..."]            # MIG devices, by UUID: MIG mode is on when there are any
+//! mig_devices = ["MIG-..."]            # MIG devices (1g.10gb), by UUID: MIG mode is on when there are any
+//! [[gpu.mig]]                         # or in full, one table per MIG device:
+//! profile = "3g.40gb"                 # its name is "<GPU name> MIG 3g.40gb"; 40 GiB unless
+//! uuid = "MIG-..."                    # memory_total_mib says otherwise
+//! gpu_instance = 1                    # default: its position + 1; compute_instance = 0
+//! memory_used_mib = 10240             # also processes = 2, and gpm = { ... } per GPU instance
+//! from = "0s"                         # it exists from `from` until `until`: a layout change
+//! until = "1h"                        # In MIG mode the GPU's utilization is NOT_SUPPORTED.
 //! [gpu.gpm]                           # GPM (Hopper and later); without it the GPU has no GPM
 //! sm_active = 37                      # percent, as GPM reports: also sm_occupancy,
 //!                                     # graphics_active, tensor_active, dram_active, fp64_active,

@@ -48,8 +48,8 @@ pub struct Gpu {
     pub throttle_supported: u64,
     /// NVML clock-throttle reason bits that are active.
     pub throttle_active: u64,
-    /// The UUIDs of the GPU's MIG devices; MIG mode is on when there are any.
-    pub mig_devices: Vec<String>,
+    /// The GPU's MIG devices, over time; MIG mode is on when there are any.
+    pub mig: Vec<Mig>,
     /// GPM metrics; `None`: the GPU does not support GPM.
     pub gpm: Option<Gpm>,
 }
@@ -486,8 +486,11 @@ struct RawGpu {
     throttle_supported: Vec<String>,
     #[serde(default)]
     throttle_active: Vec<String>,
+    /// MIG devices by UUID alone (1g.10gb each); `mig` describes them fully.
     #[serde(default)]
     mig_devices: Vec<String>,
+    #[serde(default)]
+    mig: Vec<RawMig>,
     gpm: Option<RawGpm>,
 }
 
@@ -703,7 +706,29 @@ impl RawGpu {
             ecc_uncorrected: series("ecc_uncorrected", self.ecc_uncorrected, 0.0)?,
             throttle_supported: bits("throttle_supported", &self.throttle_supported)?,
             throttle_active: bits("throttle_active", &self.throttle_active)?,
-            mig_devices: self.mig_devices,
+            mig: {
+                let mut mig = Vec::new();
+                for (m, uuid) in self.mig_devices.into_iter().enumerate() {
+                    mig.push(
+                        RawMig {
+                            uuid: Some(uuid),
+                            profile: default_profile(),
+                            ..RawMig::default()
+                        }
+                        .validate(
+                            &format!("{key}.mig_devices[{m}]"),
+                            i,
+                            m,
+                            base,
+                        )?,
+                    );
+                }
+                let from_list = mig.len();
+                for (m, raw) in self.mig.into_iter().enumerate() {
+                    mig.push(raw.validate(&format!("{key}.mig[{m}]"), i, from_list + m, base)?);
+                }
+                mig
+            },
             gpm: match self.gpm {
                 Some(g) => Some(g.validate(&format!("{key}.gpm"), base)?),
                 None => None,
@@ -864,6 +889,33 @@ mod tests {
         // Unnamed metrics read 0; a GPU without the table has no GPM.
         assert_eq!(gpm.mean(GpmMetric::TensorActive, 0.0, 5.0), 0.0);
         assert!(s.gpus[1].gpm.is_none());
+    }
+
+    #[test]
+    fn mig_devices_by_uuid_and_in_full() {
+        let s = Scenario::parse(
+            "[[gpu]]\nmig_devices = [\"MIG-a\"]\n[[gpu.mig]]\nprofile = \"3g.40gb\"\nfrom = \"10s\"\n",
+            Path::new("."),
+        )
+        .unwrap();
+        let mig = &s.gpus[0].mig;
+        assert_eq!(mig.len(), 2);
+        assert_eq!(
+            (mig[0].uuid.as_str(), mig[0].profile.as_str()),
+            ("MIG-a", "1g.10gb")
+        );
+        assert_eq!(mig[0].memory_total_bytes, 10 << 30);
+        assert_eq!(
+            (mig[1].gpu_instance, mig[1].memory_total_bytes),
+            (2, 40 << 30)
+        );
+        assert!(!mig[1].exists(5.0) && mig[1].exists(10.0));
+        let err = Scenario::parse("[[gpu]]\n[[gpu.mig]]\nprofile = \"big\"\n", Path::new("."))
+            .unwrap_err();
+        assert!(
+            err.contains("gpu[0].mig[0].profile: \"big\" is not a MIG profile"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -1134,5 +1186,111 @@ impl RawGpm {
             }
         }
         Ok(Gpm { series })
+    }
+}
+
+// ---- MIG ------------------------------------------------------------------------------------
+
+/// A MIG device of a GPU: a GPU instance (with one compute instance) of a profile, its memory
+/// and processes, its GPM metrics, and when it exists (a layout change ends one and starts
+/// others).
+#[derive(Debug, Clone)]
+pub struct Mig {
+    pub uuid: String,
+    /// Such as `3g.40gb`.
+    pub profile: String,
+    pub gpu_instance: u32,
+    pub compute_instance: u32,
+    pub memory_total_bytes: u64,
+    pub memory_used_mib: Series,
+    pub processes: Series,
+    pub gpm: Option<Gpm>,
+    /// Simulated seconds from which it exists.
+    pub from: f64,
+    /// Simulated seconds at which it is destroyed; `None` is never.
+    pub until: Option<f64>,
+}
+
+impl Mig {
+    pub fn exists(&self, t: f64) -> bool {
+        t >= self.from && self.until.is_none_or(|u| t < u)
+    }
+
+    pub fn memory_used_bytes(&self, t: f64) -> u64 {
+        ((self.memory_used_mib.at(t).max(0.0) * MIB) as u64).min(self.memory_total_bytes)
+    }
+
+    pub fn process_count(&self, t: f64) -> u32 {
+        to_u32(self.processes.at(t).round())
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawMig {
+    uuid: Option<String>,
+    #[serde(default = "default_profile")]
+    profile: String,
+    gpu_instance: Option<u32>,
+    #[serde(default)]
+    compute_instance: u32,
+    memory_total_mib: Option<u64>,
+    memory_used_mib: Option<RawSeries>,
+    processes: Option<RawSeries>,
+    gpm: Option<RawGpm>,
+    from: Option<String>,
+    until: Option<String>,
+}
+
+fn default_profile() -> String {
+    "1g.10gb".to_string()
+}
+
+impl RawMig {
+    fn validate(self, key: &str, gpu: usize, m: usize, base: &Path) -> Result<Mig, String> {
+        // "3g.40gb": 40 GiB of memory, unless the scenario says otherwise.
+        let gb = self
+            .profile
+            .split_once('.')
+            .and_then(|(_, mem)| mem.strip_suffix("gb")?.parse::<u64>().ok());
+        let memory_total_mib = match (self.memory_total_mib, gb) {
+            (Some(mib), _) => mib,
+            (None, Some(gb)) => gb * 1024,
+            (None, None) => {
+                return Err(format!(
+                    "{key}.profile: \"{}\" is not a MIG profile such as \"3g.40gb\"",
+                    self.profile
+                ))
+            }
+        };
+        let series = |name: &str, raw: Option<RawSeries>| -> Result<Series, String> {
+            match raw {
+                None => Ok(Series::Constant(0.0)),
+                Some(r) => r.validate(&format!("{key}.{name}"), base),
+            }
+        };
+        Ok(Mig {
+            uuid: self.uuid.unwrap_or_else(|| {
+                format!("MIG-00000000-0000-4000-8000-{:06x}{:06x}", gpu + 1, m + 1)
+            }),
+            gpu_instance: self.gpu_instance.unwrap_or(m as u32 + 1),
+            compute_instance: self.compute_instance,
+            memory_total_bytes: memory_total_mib * 1024 * 1024,
+            memory_used_mib: series("memory_used_mib", self.memory_used_mib)?,
+            processes: series("processes", self.processes)?,
+            gpm: match self.gpm {
+                Some(g) => Some(g.validate(&format!("{key}.gpm"), base)?),
+                None => None,
+            },
+            from: match &self.from {
+                Some(f) => secs(&format!("{key}.from"), f)?,
+                None => 0.0,
+            },
+            until: match &self.until {
+                Some(u) => Some(secs(&format!("{key}.until"), u)?),
+                None => None,
+            },
+            profile: self.profile,
+        })
     }
 }
