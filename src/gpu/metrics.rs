@@ -74,6 +74,8 @@ impl EncodeLabelValue for SampleError {
 #[derive(Debug, Default)]
 pub struct SamplerMetrics {
     errors: [AtomicU64; SampleError::ALL.len()],
+    /// GPM sample buffers held now: two per GPU (and per GPU instance) with GPM.
+    gpm_buffers: AtomicU64,
 }
 
 impl SamplerMetrics {
@@ -88,6 +90,10 @@ impl SamplerMetrics {
 
     pub fn error_count(&self, kind: SampleError) -> u64 {
         self.errors[kind as usize].load(Ordering::Relaxed)
+    }
+
+    pub fn set_gpm_buffers(&self, n: usize) {
+        self.gpm_buffers.store(n as u64, Ordering::Relaxed);
     }
 }
 
@@ -464,6 +470,15 @@ impl Collector for SamplerMetrics {
             SampleError::ALL
                 .iter()
                 .map(|k| ([("kind", k.as_str())], self.error_count(*k))),
+        )?;
+        gauge(
+            &mut enc,
+            desc(
+                "gpuwatch_gpm_sample_buffers",
+                "GPM sample buffers held: two per GPU, and per GPU instance, with GPM",
+                None,
+            ),
+            self.gpm_buffers.load(Ordering::Relaxed) as i64,
         )
     }
 }

@@ -275,6 +275,7 @@ impl GpuSource for NvmlSource {
         };
         self.gpm.retain_below(count);
         let gpus = (0..count).map(|i| self.read_gpu(nvml, i)).collect();
+        self.metrics.set_gpm_buffers(self.gpm.buffers());
         Sample {
             nvml: self.status(true, None),
             gpus,
