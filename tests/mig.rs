@@ -112,6 +112,11 @@ fn every_mig_device_is_a_device_of_its_own() {
         .label("uuid", "MIG-11111111-0000-4000-8000-000000000001")
         .value(0.4)
         .assert_in(&s);
+    // A metric the driver does not report for an instance is absent, never 0.
+    metric("gpu_tensor_active_ratio")
+        .label("uuid", "MIG-11111111-0000-4000-8000-000000000002")
+        .absent()
+        .assert_in(&s);
     // The GPU keeps its physical readings; its utilization is absent in MIG mode.
     let parent = "GPU-00000000-0000-4000-8000-000000000001";
     metric("gpu_temperature_celsius")

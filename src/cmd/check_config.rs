@@ -49,18 +49,26 @@ fn gpm_warnings(config: &Config) -> Vec<String> {
             sample.nvml.error.as_deref().unwrap_or("unknown error")
         ))
     } else {
-        let without: Vec<String> = sample
-            .gpus
-            .iter()
-            .filter(|g| g.gpm_supported != Some(true))
-            .map(|g| g.index.to_string())
-            .collect();
-        (!without.is_empty()).then(|| {
-            format!(
+        let list = |want: Option<bool>| -> Vec<String> {
+            sample
+                .gpus
+                .iter()
+                .filter(|g| g.gpm_supported == want)
+                .map(|g| g.index.to_string())
+                .collect()
+        };
+        let (without, unknown) = (list(Some(false)), list(None));
+        match (without.is_empty(), unknown.is_empty()) {
+            (true, true) => None,
+            (false, _) => Some(format!(
                 "GPU {} of this node has no GPM (Hopper and later have it)",
                 without.join(", ")
-            )
-        })
+            )),
+            (true, false) => Some(format!(
+                "GPU {} of this node did not answer, so whether it has GPM is not known",
+                unknown.join(", ")
+            )),
+        }
     };
     let Some(why) = why else {
         return Vec::new();

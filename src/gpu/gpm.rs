@@ -96,7 +96,9 @@ pub enum Read {
 /// MIG mode, by index and GPU instance id.
 #[derive(Default)]
 pub struct Gpm {
-    buffers: HashMap<(u32, Option<u32>), Buffers>,
+    /// By GPU index, and for a GPU instance its id and the UUID of its (first) MIG device: an
+    /// instance destroyed and made again under the same id is a new one, with new buffers.
+    buffers: HashMap<(u32, Option<(u32, String)>), Buffers>,
 }
 
 impl Gpm {
@@ -117,9 +119,9 @@ impl Gpm {
 
     /// Frees the buffers of GPU instances of GPU `index` that no longer exist (the MIG layout
     /// changed).
-    pub fn retain_instances(&mut self, index: u32, instances: &[u32]) {
+    pub fn retain_instances(&mut self, index: u32, instances: &[(u32, String)]) {
         self.buffers
-            .retain(|(i, gi), _| *i != index || gi.is_none_or(|gi| instances.contains(&gi)));
+            .retain(|(i, gi), _| *i != index || gi.as_ref().is_none_or(|g| instances.contains(g)));
     }
 
     /// Takes this cycle's sample of GPU `index` (or, with `instance`, of that GPU instance of it)
@@ -129,7 +131,7 @@ impl Gpm {
         nvml: &'static Nvml,
         d: &Device<'static>,
         index: u32,
-        instance: Option<u32>,
+        instance: Option<(u32, &str)>,
     ) -> Read {
         match d.gpm_support() {
             Ok(true) => {}
@@ -142,7 +144,8 @@ impl Gpm {
                 return Read::Failed("gpm_support", e);
             }
         }
-        let b = match self.buffers.entry((index, instance)) {
+        let key = (index, instance.map(|(gi, uuid)| (gi, uuid.to_string())));
+        let b = match self.buffers.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => match (alloc(nvml), alloc(nvml)) {
                 (Ok(a), Ok(b)) => e.insert(Buffers {
@@ -154,7 +157,7 @@ impl Gpm {
             },
         };
         let next = 1 - b.newer;
-        if let Err(e) = sample_into(nvml, d, instance, &b.samples[next]) {
+        if let Err(e) = sample_into(nvml, d, instance.map(|(gi, _)| gi), &b.samples[next]) {
             // The buffer may hold half a sample: nothing is compared with it.
             b.filled = false;
             return Read::Failed("gpm_sample", e);
@@ -187,6 +190,8 @@ impl Gpm {
 
 /// Allocates one sample buffer.
 fn alloc(nvml: &'static Nvml) -> Result<GpmSample<'static>, NvmlError> {
+    // The buffer is freed on drop through nvmlGpmSampleFree: without it, allocate nothing.
+    nvml_sym(nvml.lib().nvmlGpmSampleFree.as_ref())?;
     let sym = nvml_sym(nvml.lib().nvmlGpmSampleAlloc.as_ref())?;
     let mut raw = std::ptr::null_mut();
     // SAFETY: the call writes one sample handle into `raw`; on success the handle is the

@@ -334,13 +334,9 @@ impl GpuReader<'_> {
 
     /// One MIG device of GPU `d`: its identity, memory, processes, and the GPM metrics of its
     /// GPU instance.
-    fn read_mig(
-        &mut self,
-        nvml: &'static Nvml,
-        d: &Device<'static>,
-        m: &Device<'static>,
-    ) -> super::MigSample {
-        let uuid = self.get("mig_uuid", || m.uuid()).unwrap_or_default();
+    /// A MIG device whose UUID cannot be read is left out: it could not be told apart.
+    fn read_mig(&mut self, nvml: &'static Nvml, m: &Device<'static>) -> Option<super::MigSample> {
+        let uuid = self.get("mig_uuid", || m.uuid())?;
         // NVML names a MIG device "<GPU name> MIG <profile>".
         let profile = self
             .get("mig_name", || m.name())
@@ -350,8 +346,7 @@ impl GpuReader<'_> {
             .get("mig_memory", || m.memory_info())
             .filter(|mem| mem.total > 0 && mem.used <= mem.total);
         let processes = self.get("mig_processes", || m.running_compute_processes_count());
-        let gpm = gpu_instance.and_then(|gi| self.read_gpm(nvml, d, Some(gi)).1);
-        super::MigSample {
+        Some(super::MigSample {
             uuid,
             gpu_instance,
             compute_instance,
@@ -359,8 +354,8 @@ impl GpuReader<'_> {
             memory_used_bytes: memory.as_ref().map(|m| m.used),
             memory_total_bytes: memory.as_ref().map(|m| m.total),
             processes,
-            gpm,
-        }
+            gpm: None,
+        })
     }
 
     /// GPM support and the metrics since the last cycle, of the GPU or of one of its GPU
@@ -370,7 +365,7 @@ impl GpuReader<'_> {
         &mut self,
         nvml: &'static Nvml,
         d: &Device<'static>,
-        instance: Option<u32>,
+        instance: Option<(u32, &str)>,
     ) -> (Option<bool>, Option<super::gpm::GpmReadings>) {
         use super::gpm::Read;
         if self.lost.is_some() {
@@ -400,6 +395,11 @@ impl GpuReader<'_> {
         let name = self.get("name", || d.name());
         let pci_bus_id = self.get("pci_info", || d.pci_info()).map(|p| p.bus_id);
         let known = self.src.identities.entry(index).or_default();
+        // Another GPU at this index (the devices were enumerated anew): its GPM buffers hold
+        // the other GPU's samples, and go.
+        if uuid.is_some() && known.uuid.is_some() && uuid != known.uuid {
+            self.src.gpm.forget(index);
+        }
         for (field, read) in [
             (&mut known.uuid, uuid),
             (&mut known.name, name),
@@ -427,11 +427,30 @@ impl GpuReader<'_> {
                 let devices: Vec<Device<'static>> = (0..n.min(MAX_MIG_DEVICES))
                     .filter_map(|i| d.mig_device_by_index(i).ok())
                     .collect();
-                devices.iter().map(|m| self.read_mig(nvml, d, m)).collect()
+                devices
+                    .iter()
+                    .filter_map(|m| self.read_mig(nvml, m))
+                    .collect()
             }
             _ => Vec::new(),
         };
-        let instances: Vec<u32> = mig.iter().filter_map(|m| m.gpu_instance).collect();
+        // GPM is per GPU instance, which may hold several MIG devices (compute instances): one
+        // sample each per cycle, shared by its devices.
+        let mut instances: Vec<(u32, String)> = Vec::new();
+        for m in &mig {
+            if let Some(gi) = m.gpu_instance {
+                if !instances.iter().any(|(i, _)| *i == gi) {
+                    instances.push((gi, m.uuid.clone()));
+                }
+            }
+        }
+        let mut mig = mig;
+        for (gi, key) in &instances {
+            let gpm = self.read_gpm(nvml, d, Some((*gi, key.as_str()))).1;
+            for m in mig.iter_mut().filter(|m| m.gpu_instance == Some(*gi)) {
+                m.gpm.clone_from(&gpm);
+            }
+        }
         self.src.gpm.retain_instances(index, &instances);
         let mig_uuids = mig.iter().map(|m| m.uuid.clone()).collect();
 

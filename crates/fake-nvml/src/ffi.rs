@@ -1138,10 +1138,12 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(get: *mut nvmlGpmMetricsGet_t) -> nvm
         return nvmlReturn_enum_NVML_ERROR_UNKNOWN;
     }
     for m in get.metrics.iter_mut().take(get.numMetrics as usize) {
-        match gpm_metric(m.metricId) {
-            Some((metric, name, unit)) => {
+        match gpm_metric(m.metricId)
+            .and_then(|(metric, name, unit)| Some((gpm.mean(metric, s1.t, s2.t)?, name, unit)))
+        {
+            Some((value, name, unit)) => {
                 m.nvmlReturn = nvmlReturn_enum_NVML_SUCCESS;
-                m.value = gpm.mean(metric, s1.t, s2.t);
+                m.value = value;
                 m.metricInfo.shortName = name.as_ptr().cast_mut();
                 m.metricInfo.longName = name.as_ptr().cast_mut();
                 m.metricInfo.unit = unit.as_ptr().cast_mut();

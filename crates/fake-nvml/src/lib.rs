@@ -41,7 +41,8 @@
 //! [gpu.gpm]                           # GPM (Hopper and later); without it the GPU has no GPM
 //! sm_active = 37                      # percent, as GPM reports: also sm_occupancy,
 //!                                     # graphics_active, tensor_active, dram_active, fp64_active,
-//!                                     # fp32_active, fp16_active, integer_active (default 0)
+//!                                     # fp32_active, fp16_active, integer_active; one not
+//!                                     # named answers NOT_SUPPORTED, as a driver's may
 //! pcie_tx_mib_per_second = 100        # MiB/s: also pcie_rx_, nvlink_tx_, nvlink_rx_mib_per_second
 //!
 //! [[fault]]

@@ -724,6 +724,12 @@ impl RawGpu {
                     );
                 }
                 let from_list = mig.len();
+                if from_list + self.mig.len() > MAX_MIG {
+                    return Err(format!(
+                        "{key}.mig: {} MIG devices; a GPU has at most {MAX_MIG}",
+                        from_list + self.mig.len()
+                    ));
+                }
                 for (m, raw) in self.mig.into_iter().enumerate() {
                     mig.push(raw.validate(&format!("{key}.mig[{m}]"), i, from_list + m, base)?);
                 }
@@ -884,10 +890,10 @@ mod tests {
         .unwrap();
         let gpm = s.gpus[0].gpm.as_ref().unwrap();
         // A ramp's mean over [10, 30] is its value at 20.
-        assert!((gpm.mean(GpmMetric::SmActive, 10.0, 30.0) - 20.0).abs() < 1e-9);
-        assert_eq!(gpm.mean(GpmMetric::PcieTx, 0.0, 5.0), 10.0);
-        // Unnamed metrics read 0; a GPU without the table has no GPM.
-        assert_eq!(gpm.mean(GpmMetric::TensorActive, 0.0, 5.0), 0.0);
+        assert!((gpm.mean(GpmMetric::SmActive, 10.0, 30.0).unwrap() - 20.0).abs() < 1e-9);
+        assert_eq!(gpm.mean(GpmMetric::PcieTx, 0.0, 5.0), Some(10.0));
+        // Unnamed metrics are not supported; a GPU without the table has no GPM.
+        assert_eq!(gpm.mean(GpmMetric::TensorActive, 0.0, 5.0), None);
         assert!(s.gpus[1].gpm.is_none());
     }
 
@@ -1114,16 +1120,14 @@ pub struct Gpm {
 
 impl Gpm {
     /// The metric's mean over `[t1, t2]`, as NVML computes it from two samples; `None` for a
-    /// metric the scenario does not name (it reads 0) is never returned: unnamed metrics are 0.
-    pub fn mean(&self, metric: GpmMetric, t1: f64, t2: f64) -> f64 {
-        let Some((_, s)) = self.series.iter().find(|(m, _)| *m == metric) else {
-            return 0.0;
-        };
-        if t2 > t1 {
+    /// metric the scenario does not name, which the driver reports as not supported.
+    pub fn mean(&self, metric: GpmMetric, t1: f64, t2: f64) -> Option<f64> {
+        let (_, s) = self.series.iter().find(|(m, _)| *m == metric)?;
+        Some(if t2 > t1 {
             (s.integral(t2) - s.integral(t1)) / (t2 - t1)
         } else {
             s.at(t2)
-        }
+        })
     }
 }
 
@@ -1190,6 +1194,10 @@ impl RawGpm {
 }
 
 // ---- MIG ------------------------------------------------------------------------------------
+
+/// The most MIG devices a scenario gives one GPU (over all its layouts): as many as gpuwatch
+/// reads, and few enough for the handles to stay apart.
+const MAX_MIG: usize = 16;
 
 /// A MIG device of a GPU: a GPU instance (with one compute instance) of a profile, its memory
 /// and processes, its GPM metrics, and when it exists (a layout change ends one and starts
