@@ -491,6 +491,7 @@ async fn start_watch(
         publishes: JoinSet::new(),
         pods,
         progress,
+        unpublished: Default::default(),
         config: config.clone(),
         state_dir,
         executor,

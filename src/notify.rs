@@ -90,7 +90,7 @@ async fn post(http: &reqwest::Client, url: &str, text: &str) {
 }
 
 /// An error and its sources, as one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

@@ -120,14 +120,14 @@ fn ask_daemon(
         let response = request.send().await.map_err(|e| {
             format!(
                 "cannot reach the daemon at {url}: {}; is it running? (--state-dir reads its state files instead)",
-                chain(&e)
+                crate::notify::error_chain(&e)
             )
         })?;
         let code = response.status();
         let body = response
             .text()
             .await
-            .map_err(|e| format!("{url}: {}", chain(&e)))?;
+            .map_err(|e| format!("{url}: {}", crate::notify::error_chain(&e)))?;
         if !code.is_success() {
             let mut body = body.trim().to_string();
             if body.len() > 300 {
@@ -165,18 +165,6 @@ fn loopback(url: &str) -> bool {
 
 fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
-}
-
-/// An error and its sources, as one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// The status from the state files, while the daemon is down: the rules' states and pending

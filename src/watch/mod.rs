@@ -106,6 +106,16 @@ pub struct Watch {
     pub pods: Option<Arc<crate::kubernetes::metrics::KubernetesMetrics>>,
     /// How far the loop has come, for the systemd watchdog.
     pub progress: Arc<crate::systemd::Progress>,
+    /// What this step changed of the view, published with the rest of it at the step's end, so
+    /// that a scrape never sees an action counted while the rule still shows it pending.
+    pub unpublished: std::sync::Mutex<Unpublished>,
+}
+
+/// The view's changes a step makes before it publishes.
+#[derive(Debug, Default)]
+pub struct Unpublished {
+    actions: Vec<ActionResult>,
+    holds: Vec<crate::status::Hold>,
 }
 
 impl Watch {
@@ -271,7 +281,9 @@ impl Watch {
                 })
             })
             .collect();
-        self.metrics.update(|v| v.holds = holds);
+        if let Ok(mut u) = self.unpublished.lock() {
+            u.holds = holds;
+        }
         let interruption = self.signals.interruption.lock().map(|i| *i).unwrap_or(None);
         let inputs = Inputs {
             now: snap.timestamp,
@@ -349,7 +361,16 @@ impl Watch {
             v.idle_dollars = view.idle_dollars;
         });
         let now = inputs.now;
+        let unpublished = self
+            .unpublished
+            .lock()
+            .map(|mut u| std::mem::take(&mut *u))
+            .unwrap_or_default();
         self.metrics.update(|v| {
+            for key in unpublished.actions {
+                *v.actions.entry(key).or_default() += 1;
+            }
+            v.holds = unpublished.holds;
             v.rules = rules;
             v.gpu_idle = gpu_idle;
             v.hold_until = inputs.hold_until.filter(|h| h.is_finite() && *h > now);
@@ -562,12 +583,14 @@ impl Watch {
         a.exec_timeout.max(a.retry_for) + std::time::Duration::from_secs(60)
     }
 
+    /// Counts an action's result; it shows when the step publishes.
     fn count(&self, action: crate::rules::Action, result: &str) {
         let key = ActionResult {
             action: action.to_string(),
             result: result.to_string(),
         };
-        self.metrics
-            .update(|v| *v.actions.entry(key).or_default() += 1);
+        if let Ok(mut u) = self.unpublished.lock() {
+            u.actions.push(key);
+        }
     }
 }

@@ -118,21 +118,30 @@ unsafe fn mig_query<T>(
         return Some(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
     };
     let t = delay_then_now(st, gpu);
-    Some(
-        match st
-            .scenario
-            .read(gpu, field, t, |g| read(&g.mig[mig as usize], t))
-        {
-            Answer::Value(v) => {
-                out.write(v);
-                nvmlReturn_enum_NVML_SUCCESS
-            }
-            Answer::NotSupported => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
-            Answer::Lost => nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST,
-            Answer::InvalidArgument => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
-            Answer::Unknown => nvmlReturn_enum_NVML_ERROR_UNKNOWN,
-        },
-    )
+    let answer = st
+        .scenario
+        .read(gpu, field, t, |g| read(&g.mig[mig as usize], t));
+    Some(write_answer(answer, out))
+}
+
+/// Writes a value through `out`, or returns the error the answer is.
+unsafe fn write_answer<T>(answer: Answer<T>, out: *mut T) -> nvmlReturn_t {
+    match answer {
+        Answer::Value(v) => {
+            out.write(v);
+            nvmlReturn_enum_NVML_SUCCESS
+        }
+        Answer::NotSupported => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+        Answer::Lost => nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST,
+        Answer::InvalidArgument => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+        Answer::Unknown => nvmlReturn_enum_NVML_ERROR_UNKNOWN,
+    }
+}
+
+/// The library's state and the GPU a (whole-GPU) handle stands for.
+fn gpu_of(device: nvmlDevice_t) -> Result<(&'static State, u32), nvmlReturn_t> {
+    let st = state()?;
+    Ok((st, index_of(st, device)?))
 }
 
 fn index_of(st: &State, device: nvmlDevice_t) -> Result<u32, nvmlReturn_t> {
@@ -154,25 +163,12 @@ unsafe fn query<T>(
     if out.is_null() {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }
-    let st = match state() {
-        Ok(st) => st,
-        Err(e) => return e,
-    };
-    let gpu = match index_of(st, device) {
-        Ok(i) => i,
+    let (st, gpu) = match gpu_of(device) {
+        Ok(found) => found,
         Err(e) => return e,
     };
     let t = delay_then_now(st, gpu);
-    match st.scenario.read(gpu, field, t, |g| read(g, t)) {
-        Answer::Value(v) => {
-            out.write(v);
-            nvmlReturn_enum_NVML_SUCCESS
-        }
-        Answer::NotSupported => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
-        Answer::Lost => nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST,
-        Answer::InvalidArgument => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
-        Answer::Unknown => nvmlReturn_enum_NVML_ERROR_UNKNOWN,
-    }
+    write_answer(st.scenario.read(gpu, field, t, |g| read(g, t)), out)
 }
 
 fn delay_then_now(st: &State, gpu: u32) -> f64 {
@@ -380,12 +376,8 @@ unsafe fn device_str(
     length: c_uint,
     pick: impl FnOnce(&Gpu) -> &str,
 ) -> nvmlReturn_t {
-    let st = match state() {
-        Ok(st) => st,
-        Err(e) => return e,
-    };
-    let gpu = match index_of(st, device) {
-        Ok(i) => i,
+    let (st, gpu) = match gpu_of(device) {
+        Ok(found) => found,
         Err(e) => return e,
     };
     let t = delay_then_now(st, gpu);
@@ -449,12 +441,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     if mig_device.is_null() {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }
-    let st = match state() {
-        Ok(st) => st,
-        Err(e) => return e,
-    };
-    let gpu = match index_of(st, device) {
-        Ok(i) => i,
+    let (st, gpu) = match gpu_of(device) {
+        Ok(found) => found,
         Err(e) => return e,
     };
     let exists = st.scenario.gpus[gpu as usize]
@@ -840,12 +828,8 @@ pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
     types: c_ulonglong,
     set: nvmlEventSet_t,
 ) -> nvmlReturn_t {
-    let st = match state() {
-        Ok(st) => st,
-        Err(e) => return e,
-    };
-    let gpu = match index_of(st, device) {
-        Ok(i) => i,
+    let (_, gpu) = match gpu_of(device) {
+        Ok(found) => found,
         Err(e) => return e,
     };
     if set.is_null() {
@@ -1069,12 +1053,8 @@ pub unsafe extern "C" fn nvmlGpmMigSampleGet(
     if rc != nvmlReturn_enum_NVML_SUCCESS {
         return rc;
     }
-    let st = match state() {
-        Ok(st) => st,
-        Err(e) => return e,
-    };
-    let gpu = match index_of(st, device) {
-        Ok(g) => g,
+    let (st, gpu) = match gpu_of(device) {
+        Ok(found) => found,
         Err(e) => return e,
     };
     let found = st.scenario.gpus[gpu as usize]
