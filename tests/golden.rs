@@ -54,6 +54,7 @@ fn snapshot() -> Snapshot {
         xid_errors: BTreeMap::from([(48, 1)]),
         last_xid: Some(48),
         mig_uuids: Vec::new(),
+        mig_unread: 0,
         gpm_supported: Some(true),
         gpm: Some(GpmReadings {
             sm_active: Some(0.88),

@@ -308,4 +308,19 @@ fn a_mig_device_is_attributed_to_its_gpu() {
     let snap = d.snapshot_after(0);
     assert_eq!(snap["gpus"][0]["mig_uuids"][1], mig, "{snap}");
     assert!(snap["gpus"][1].get("mig_uuids").is_none(), "{snap}");
+    // The MIG device's own series carry the pod; the other MIG device's carry none.
+    let mig_holders = |uuid: &str| -> Vec<Option<String>> {
+        s.named("gpu_memory_used_bytes")
+            .iter()
+            .filter(|x| x.labels.get("uuid").map(String::as_str) == Some(uuid))
+            .map(|x| x.labels.get("pod").cloned())
+            .collect()
+    };
+    assert_eq!(mig_holders(mig), [Some("small".to_string())], "{}", s.text);
+    assert_eq!(
+        mig_holders("MIG-00000000-0000-4000-8000-000000000000"),
+        [None],
+        "{}",
+        s.text
+    );
 }

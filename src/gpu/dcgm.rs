@@ -1,7 +1,9 @@
 //! The GPU series under dcgm-exporter's names (`[exposition] names = "dcgm"` or `"both"`), so
 //! that dashboards and alerts written for NVIDIA's exporter work unchanged: its default
 //! counters' names, units and labels (`gpu`, `UUID`, `pci_bus_id`, `device`, `modelName`,
-//! `Hostname`, `DCGM_FI_DRIVER_VERSION`).
+//! `Hostname`, `DCGM_FI_DRIVER_VERSION`). A GPU in MIG mode is its GPU instances, as
+//! dcgm-exporter shows them: each with `GPU_I_PROFILE` and `GPU_I_ID` beside its GPU's labels,
+//! its own memory and profiling metrics, its GPU's physical ones, and the pods holding it.
 //!
 //! dcgm-exporter writes the Prometheus text format, where a counter keeps its bare name. In
 //! OpenMetrics, which gpuwatch serves, a counter's samples end in `_total`, so the two counters
@@ -15,8 +17,9 @@ use prometheus_client::encoding::{
 };
 
 use super::gpm::GpmReadings;
-use super::metrics::GpuView;
-use super::{GpuSample, Snapshot};
+use super::metrics::{GpuView, MigView};
+use super::{GpuSample, MigSample, Snapshot};
+use crate::kubernetes::PodRef;
 use crate::metrics::encode::*;
 use crate::metrics::Text;
 
@@ -28,6 +31,8 @@ struct DcgmLabels<'a> {
     model: &'a str,
     hostname: &'a str,
     driver: &'a str,
+    /// The GPU instance, for a GPU in MIG mode.
+    mig: Option<&'a MigSample>,
     pod: Option<PodLabels<'a>>,
 }
 
@@ -40,6 +45,14 @@ impl EncodeLabelSet for DcgmLabels<'_> {
         ("pci_bus_id", Text(self.pci_bus_id)).encode(encoder.encode_label())?;
         ("device", format!("nvidia{}", self.gpu)).encode(encoder.encode_label())?;
         ("modelName", Text(self.model)).encode(encoder.encode_label())?;
+        if let Some(m) = self.mig {
+            if let Some(p) = &m.profile {
+                ("GPU_I_PROFILE", Text(p)).encode(encoder.encode_label())?;
+            }
+            if let Some(gi) = m.gpu_instance {
+                ("GPU_I_ID", gi).encode(encoder.encode_label())?;
+            }
+        }
         ("Hostname", Text(self.hostname)).encode(encoder.encode_label())?;
         ("DCGM_FI_DRIVER_VERSION", Text(self.driver)).encode(encoder.encode_label())?;
         if let Some(p) = &self.pod {
@@ -54,37 +67,91 @@ impl EncodeLabelSet for DcgmLabels<'_> {
 /// The GPUs the families are over, and the labels they share.
 struct Gpus<'a> {
     views: &'a [GpuView<'a>],
+    /// Each GPU instance of a GPU in MIG mode: its GPU, its first MIG device, and a pod holding
+    /// any of its MIG devices (one entry per pod; one without a pod when none does).
+    instances: Vec<(&'a GpuSample, &'a MigSample, Option<&'a PodRef>)>,
     driver: &'a str,
     hostname: &'a str,
 }
 
-/// One DCGM family: every GPU that is up and has the reading, converted to DCGM's unit.
+impl<'a> Gpus<'a> {
+    /// The labels of a GPU's series, before any GPU instance or pod.
+    fn labels(&self, g: &'a GpuSample) -> DcgmLabels<'a> {
+        DcgmLabels {
+            gpu: g.index,
+            uuid: &g.uuid,
+            pci_bus_id: g.pci_bus_id.as_deref().unwrap_or(""),
+            model: g.name.as_deref().unwrap_or(""),
+            hostname: self.hostname,
+            driver: self.driver,
+            mig: None,
+            pod: None,
+        }
+    }
+}
+
+/// One DCGM family: every GPU that is up and has the reading, converted to DCGM's unit; for a
+/// GPU in MIG mode, each of its GPU instances (read with the instance's first MIG device).
 fn family<V: prometheus_client::encoding::EncodeGaugeValue>(
     e: &mut DescriptorEncoder,
     name: &'static str,
     help: &'static str,
     gpus: &Gpus<'_>,
-    read: impl Fn(&GpuSample) -> Option<V>,
+    read: impl Fn(&GpuSample, Option<&MigSample>) -> Option<V>,
 ) -> Result<(), fmt::Error> {
-    gauges(
-        e,
-        desc(name, help, None),
-        gpus.views.iter().filter(|g| g.up).filter_map(|g| {
-            let labels = DcgmLabels {
-                gpu: g.index,
-                uuid: &g.sample.uuid,
-                pci_bus_id: g.sample.pci_bus_id.as_deref().unwrap_or(""),
-                model: g.sample.name.as_deref().unwrap_or(""),
-                hostname: gpus.hostname,
-                driver: gpus.driver,
+    let whole = gpus
+        .views
+        .iter()
+        .filter(|g| g.up && g.sample.mig.is_empty())
+        .filter_map(|g| {
+            let l = DcgmLabels {
                 pod: g.pod_labels(),
+                ..gpus.labels(g.sample)
             };
-            read(g.sample).map(|v| (labels, v))
-        }),
-    )
+            read(g.sample, None).map(|v| (l, v))
+        });
+    let instances = gpus.instances.iter().filter_map(|&(gpu, mig, pod)| {
+        let l = DcgmLabels {
+            mig: Some(mig),
+            pod: pod.map(PodLabels::of),
+            ..gpus.labels(gpu)
+        };
+        read(gpu, Some(mig)).map(|x| (l, x))
+    });
+    gauges(e, desc(name, help, None), whole.chain(instances))
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
+
+/// The GPU instances of the MIG views, each with every pod holding one of its MIG devices.
+fn instances<'a>(
+    migs: &'a [MigView<'a>],
+) -> Vec<(&'a GpuSample, &'a MigSample, Option<&'a PodRef>)> {
+    let mut out: Vec<(&GpuSample, &MigSample, Option<&PodRef>)> = Vec::new();
+    for v in migs {
+        let first = v
+            .gpu
+            .mig
+            .iter()
+            .find(|m| m.gpu_instance == v.mig.gpu_instance)
+            .unwrap_or(v.mig);
+        let mut of_instance = out.iter().filter(|x| std::ptr::eq(x.1, first));
+        match v.pod {
+            Some(pod) => {
+                if !of_instance.any(|x| x.2 == Some(pod)) {
+                    out.retain(|x| !(std::ptr::eq(x.1, first) && x.2.is_none()));
+                    out.push((v.gpu, first, Some(pod)));
+                }
+            }
+            None => {
+                if of_instance.next().is_none() {
+                    out.push((v.gpu, first, None));
+                }
+            }
+        }
+    }
+    out
+}
 
 /// A ratio from NVML's whole percent back to the percent it was.
 fn percent(ratio: f64) -> i64 {
@@ -95,6 +162,7 @@ pub(super) fn encode(
     e: &mut DescriptorEncoder,
     snap: &Snapshot,
     views: &[GpuView<'_>],
+    migs: &[MigView<'_>],
     hostname: &str,
 ) -> Result<(), fmt::Error> {
     if !snap.nvml.up {
@@ -102,6 +170,7 @@ pub(super) fn encode(
     }
     let gpus = &Gpus {
         views,
+        instances: instances(migs),
         driver: snap.nvml.driver_version.as_deref().unwrap_or(""),
         hostname,
     };
@@ -110,84 +179,96 @@ pub(super) fn encode(
         "DCGM_FI_DEV_GPU_UTIL",
         "GPU utilization (in %).",
         gpus,
-        |g| g.utilization_ratio.map(percent),
+        |g, _| g.utilization_ratio.map(percent),
     )?;
     family(
         e,
         "DCGM_FI_DEV_MEM_COPY_UTIL",
         "Memory utilization (in %).",
         gpus,
-        |g| g.memory_utilization_ratio.map(percent),
+        |g, _| g.memory_utilization_ratio.map(percent),
     )?;
     family(
         e,
         "DCGM_FI_DEV_FB_USED",
         "Framebuffer memory used (in MiB).",
         gpus,
-        |g| g.memory_used_bytes.map(|b| (b as f64 / MIB).floor() as i64),
+        |g, m| {
+            m.map_or(g.memory_used_bytes, |m| m.memory_used_bytes)
+                .map(|b| (b as f64 / MIB).floor() as i64)
+        },
     )?;
     family(
         e,
         "DCGM_FI_DEV_FB_FREE",
         "Framebuffer memory free (in MiB).",
         gpus,
-        |g| g.memory_free_bytes.map(|b| (b as f64 / MIB).floor() as i64),
+        |g, m| {
+            let free = match m {
+                Some(m) => m
+                    .memory_total_bytes
+                    .zip(m.memory_used_bytes)
+                    .map(|(t, u)| t - u),
+                None => g.memory_free_bytes,
+            };
+            free.map(|b| (b as f64 / MIB).floor() as i64)
+        },
     )?;
     family(
         e,
         "DCGM_FI_DEV_GPU_TEMP",
         "GPU temperature (in C).",
         gpus,
-        |g| g.temperature_celsius.map(|c| c.round() as i64),
+        |g, _| g.temperature_celsius.map(|c| c.round() as i64),
     )?;
     family(
         e,
         "DCGM_FI_DEV_POWER_USAGE",
         "Power draw (in W).",
         gpus,
-        |g| g.power_watts,
+        |g, _| g.power_watts,
     )?;
     family(
         e,
         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
         "Total energy consumption since boot (in mJ).",
         gpus,
-        |g| g.energy_joules.map(|j| (j * 1000.0).round() as i64),
+        |g, _| g.energy_joules.map(|j| (j * 1000.0).round() as i64),
     )?;
     family(
         e,
         "DCGM_FI_DEV_SM_CLOCK",
         "SM clock frequency (in MHz).",
         gpus,
-        |g| g.sm_clock_hertz.map(|h| (h / 1e6).round() as i64),
+        |g, _| g.sm_clock_hertz.map(|h| (h / 1e6).round() as i64),
     )?;
     family(
         e,
         "DCGM_FI_DEV_MEM_CLOCK",
         "Memory clock frequency (in MHz).",
         gpus,
-        |g| g.memory_clock_hertz.map(|h| (h / 1e6).round() as i64),
+        |g, _| g.memory_clock_hertz.map(|h| (h / 1e6).round() as i64),
     )?;
     family(
         e,
         "DCGM_FI_DEV_XID_ERRORS",
         "Value of the last XID error encountered.",
         gpus,
-        |g| Some(g.last_xid.unwrap_or(0) as i64),
+        |g, _| Some(g.last_xid.unwrap_or(0) as i64),
     )?;
     family(
         e,
         "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
         "Total number of single-bit volatile ECC errors.",
         gpus,
-        |g| g.ecc_corrected.map(|v| v as i64),
+        |g, _| g.ecc_corrected.map(|v| v as i64),
     )?;
     family(
         e,
         "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
         "Total number of double-bit volatile ECC errors.",
         gpus,
-        |g| g.ecc_uncorrected.map(|v| v as i64),
+        |g, _| g.ecc_uncorrected.map(|v| v as i64),
     )?;
     encode_prof(e, gpus)
 }
@@ -253,14 +334,18 @@ fn encode_prof(e: &mut DescriptorEncoder, gpus: &Gpus<'_>) -> Result<(), fmt::Er
             |m| m.nvlink_tx_bytes_per_second,
         ),
     ];
+    // A GPU instance's own activity, in MIG mode.
+    fn gpm<'a>(g: &'a GpuSample, m: Option<&'a MigSample>) -> Option<&'a GpmReadings> {
+        m.map_or(g.gpm.as_ref(), |m| m.gpm.as_ref())
+    }
     for (name, help, read) in families {
-        family(e, name, help, gpus, |g| g.gpm.as_ref().and_then(read))?;
+        family(e, name, help, gpus, |g, m| gpm(g, m).and_then(read))?;
     }
     family(
         e,
         "DCGM_FI_PROF_NVLINK_RX_BYTES",
         "The rate of data received over NVLink, not including protocol headers, in bytes per second.",
         gpus,
-        |g| g.gpm.as_ref().and_then(|m| m.nvlink_rx_bytes_per_second),
+        |g, m| gpm(g, m).and_then(|m| m.nvlink_rx_bytes_per_second),
     )
 }

@@ -93,6 +93,14 @@ pub struct GpuSample {
     /// The GPU's MIG devices, each a device of its own, while MIG mode is on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig: Vec<MigSample>,
+    /// MIG devices this cycle that could not be read, or whose UUID or instance ids could
+    /// not: while any is, no rule judges the node.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub mig_unread: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// One MIG device: a GPU instance (and its compute instance) of a GPU in MIG mode, with its

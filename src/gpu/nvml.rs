@@ -247,6 +247,7 @@ impl NvmlSource {
             xid_errors: xids.0,
             last_xid: xids.1,
             mig_uuids: Vec::new(),
+            mig_unread: 0,
             ..GpuSample::default()
         }
     }
@@ -416,21 +417,58 @@ impl GpuReader<'_> {
             known.pci_bus_id.clone(),
         );
 
-        // MIG devices, by UUID, so that a pod holding one is known to hold this GPU.
         // MIG devices, each a device of its own: read every cycle, so a new layout shows at
-        // once. A slot without a device (NOT_FOUND) is a hole in the layout.
-        let mig: Vec<super::MigSample> = match self.get("mig_mode", || d.mig_mode()) {
+        // once. A slot without a device (NOT_FOUND) is a hole in the layout; one that cannot
+        // be read, or whose UUID or instance ids cannot, is counted as unread, and a rule
+        // cannot judge the node while one is (it could be the one at work).
+        // A MIG mode that cannot be read (other than "not supported") is unread too: the GPU
+        // may be in MIG mode, and its own readings would stand in for devices not read.
+        let mut mig_unread = 0u32;
+        let mode = match d.mig_mode() {
+            Err(NvmlError::NotSupported) => None,
+            read => {
+                let mode = self.get("mig_mode", || read);
+                mig_unread += u32::from(mode.is_none());
+                mode
+            }
+        };
+        let mig: Vec<super::MigSample> = match mode {
             Some(mode) if mode.current == 1 => {
-                let n = self
-                    .get("mig_devices", || d.mig_device_count())
-                    .unwrap_or(0);
-                let devices: Vec<Device<'static>> = (0..n.min(MAX_MIG_DEVICES))
-                    .filter_map(|i| d.mig_device_by_index(i).ok())
-                    .collect();
-                devices
-                    .iter()
-                    .filter_map(|m| self.read_mig(nvml, m))
-                    .collect()
+                let n = match self.get("mig_devices", || d.mig_device_count()) {
+                    Some(n) => n,
+                    None => {
+                        mig_unread += 1;
+                        0
+                    }
+                };
+                // More than any GPU has: those past the bound are unread.
+                mig_unread += n.saturating_sub(MAX_MIG_DEVICES);
+                let mut devices: Vec<Device<'static>> = Vec::new();
+                for i in 0..n.min(MAX_MIG_DEVICES) {
+                    match d.mig_device_by_index(i) {
+                        Ok(m) => devices.push(m),
+                        Err(NvmlError::NotFound) => {}
+                        Err(e) => {
+                            mig_unread += 1;
+                            // Counted and logged as any failed read; lost if the GPU is.
+                            self.get("mig_device", || Err::<(), _>(e));
+                        }
+                    }
+                }
+                let mut read = Vec::with_capacity(devices.len());
+                for m in &devices {
+                    match self.read_mig(nvml, m) {
+                        Some(s) if s.gpu_instance.is_some() && s.compute_instance.is_some() => {
+                            read.push(s)
+                        }
+                        Some(s) => {
+                            mig_unread += 1;
+                            read.push(s);
+                        }
+                        None => mig_unread += 1,
+                    }
+                }
+                read
             }
             _ => Vec::new(),
         };
@@ -547,6 +585,7 @@ impl GpuReader<'_> {
             xid_errors: xids.0,
             last_xid: xids.1,
             mig_uuids,
+            mig_unread,
             uuid,
             name,
             pci_bus_id,

@@ -114,6 +114,25 @@ pub struct Gpu {
     pub idle_seconds: Option<f64>,
     /// Busy, but underfed: see [`UNDERUTILIZED_BELOW`].
     pub underutilized: bool,
+    /// Its MIG devices, while MIG mode is on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig: Vec<MigDevice>,
+}
+
+/// A MIG device, shown under its GPU.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MigDevice {
+    pub uuid: String,
+    /// Such as `3g.40gb`.
+    pub profile: Option<String>,
+    pub gpu_instance: Option<u32>,
+    pub compute_instance: Option<u32>,
+    pub memory_used_bytes: Option<u64>,
+    pub memory_total_bytes: Option<u64>,
+    pub process_count: Option<u32>,
+    /// Its GPU instance's SM activity (GPM), 0 to 1.
+    pub sm_active: Option<f64>,
+    pub idle_seconds: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -225,12 +244,18 @@ impl Sources {
         for l in watch.labels.iter().chain(&watch.tag_labels) {
             status.node.labels.insert(l.name.clone(), l.value.clone());
         }
-        for g in &mut status.gpus {
-            g.idle_seconds = watch
+        let idle = |gpu: u32, uuid: &str| {
+            watch
                 .gpu_idle
                 .iter()
-                .find(|i| i.gpu == g.index && i.seconds > 0.0)
-                .map(|i| i.seconds);
+                .find(|i| i.gpu == gpu && i.uuid == uuid && i.seconds > 0.0)
+                .map(|i| i.seconds)
+        };
+        for g in &mut status.gpus {
+            g.idle_seconds = idle(g.index, &g.uuid);
+            for m in &mut g.mig {
+                m.idle_seconds = idle(g.index, &m.uuid);
+            }
         }
         status.watching = self.watching;
         let hold = hold_command(&self.config_path);
@@ -328,6 +353,21 @@ pub fn from_snapshot(snap: &Snapshot) -> Status {
             underutilized: g.up
                 && g.processes.is_some_and(|n| n > 0)
                 && g.utilization_ratio.is_some_and(|u| u < UNDERUTILIZED_BELOW),
+            mig: g
+                .mig
+                .iter()
+                .map(|m| MigDevice {
+                    uuid: m.uuid.clone(),
+                    profile: m.profile.clone(),
+                    gpu_instance: m.gpu_instance,
+                    compute_instance: m.compute_instance,
+                    memory_used_bytes: m.memory_used_bytes,
+                    memory_total_bytes: m.memory_total_bytes,
+                    process_count: m.processes,
+                    sm_active: m.gpm.as_ref().and_then(|x| x.sm_active),
+                    idle_seconds: None,
+                })
+                .collect(),
         })
         .collect();
     Status {

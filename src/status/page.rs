@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use super::text::{duration, gib, percent, processes, underutilized_hint};
+use super::text::{duration, gib, mig_name, percent, process_count, processes, underutilized_hint};
 use super::{Health, Status};
 
 /// The page's Content-Security-Policy: its own script, style and API, nothing else.
@@ -148,6 +148,24 @@ fn main(o: &mut String, s: &Status, now: f64) {
             idle = g.idle_seconds.map_or("-".into(), duration),
             procs = escape(&processes(g)),
         );
+        for m in &g.mig {
+            let _ = write!(
+                o,
+                "<tr class=\"mig\" data-index=\"{i}\"><td>↳ <span class=\"name\">{name}</span></td>\
+                 <td class=\"state\">MIG</td><td class=\"util\">SM {sm}</td>\
+                 <td class=\"memory\">{used} of {total}</td><td class=\"temp\">-</td>\
+                 <td class=\"power\">-</td><td class=\"idle\" data-idle=\"{idle_s}\">{idle}</td>\
+                 <td class=\"procs\">{procs}</td></tr>",
+                i = g.index,
+                name = escape(&mig_name(m)),
+                sm = percent(m.sm_active),
+                used = gib(m.memory_used_bytes),
+                total = gib(m.memory_total_bytes),
+                idle_s = m.idle_seconds.unwrap_or(0.0),
+                idle = m.idle_seconds.map_or("-".into(), duration),
+                procs = process_count(m.process_count),
+            );
+        }
     }
     o.push_str("</tbody></table></div>");
     for g in s.gpus.iter().filter(|g| g.underutilized) {

@@ -64,13 +64,29 @@
     return sec;
   }
 
+  const count = (n) => (n === null || n === undefined ? "-" : n === 0 ? "none" : n + (n === 1 ? " process" : " processes"));
+  const id = (v) => (v === null || v === undefined ? "?" : v);
+
+  function migRow(g, m) {
+    const name = ("GI " + id(m.gpu_instance) + " · CI " + id(m.compute_instance) + " " + (m.profile || "")).trim();
+    return h("tr", { class: "mig", "data-index": g.index },
+      h("td", {}, "↳ ", h("span", { class: "name" }, name)),
+      h("td", { class: "state" }, "MIG"),
+      h("td", { class: "util" }, "SM " + pct(m.sm_active)),
+      h("td", { class: "memory" }, gib(m.memory_used_bytes) + " of " + gib(m.memory_total_bytes)),
+      h("td", { class: "temp" }, "-"),
+      h("td", { class: "power" }, "-"),
+      h("td", { class: "idle", "data-idle": m.idle_seconds || 0 }, m.idle_seconds === null ? "-" : duration(m.idle_seconds)),
+      h("td", { class: "procs" }, count(m.process_count)));
+  }
+
   function gpus(s) {
-    const rows = s.gpus.map((g) => {
+    const rows = s.gpus.flatMap((g) => {
       let power = "-";
       if (g.power_watts !== null && g.power_limit_watts !== null) {
         power = g.power_watts.toFixed(0) + " of " + g.power_limit_watts.toFixed(0);
       } else if (g.power_watts !== null) power = g.power_watts.toFixed(0);
-      return h("tr", { class: "gpu" + (g.up ? "" : " lost"), "data-index": g.index },
+      return [h("tr", { class: "gpu" + (g.up ? "" : " lost"), "data-index": g.index },
         h("td", {}, h("b", {}, g.index), " ", h("span", { class: "name" }, g.name || "")),
         h("td", { class: "state" }, g.up ? "up" : "lost"),
         h("td", { class: "util" }, h("meter", { min: 0, max: 1, value: g.utilization || 0 }), " " + pct(g.utilization)),
@@ -78,7 +94,7 @@
         h("td", { class: "temp" }, g.temperature_celsius === null ? "-" : g.temperature_celsius.toFixed(0) + " °C"),
         h("td", { class: "power" }, power),
         h("td", { class: "idle", "data-idle": g.idle_seconds || 0 }, g.idle_seconds === null ? "-" : duration(g.idle_seconds)),
-        h("td", { class: "procs" }, processes(g)));
+        h("td", { class: "procs" }, processes(g)))].concat((g.mig || []).map((m) => migRow(g, m)));
     });
     const head = ["GPU", "State", "Utilization", "Memory (GiB)", "Temp", "Power (W)", "Idle for", "Processes"];
     const sec = h("section", { id: "gpus" }, h("h2", {}, "GPUs"),

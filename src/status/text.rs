@@ -24,6 +24,28 @@ pub fn duration(secs: f64) -> String {
     }
 }
 
+/// A count of processes, or "-".
+pub fn process_count(n: Option<u32>) -> String {
+    match n {
+        Some(0) => "none".into(),
+        Some(n) => format!("{n} process{}", if n == 1 { "" } else { "es" }),
+        None => "-".into(),
+    }
+}
+
+/// A MIG device as its GPU's row names it: "GI 1 · CI 0 3g.40gb".
+pub fn mig_name(m: &super::MigDevice) -> String {
+    let id = |v: Option<u32>| v.map_or("?".into(), |v| v.to_string());
+    format!(
+        "GI {} · CI {} {}",
+        id(m.gpu_instance),
+        id(m.compute_instance),
+        m.profile.as_deref().unwrap_or("")
+    )
+    .trim_end()
+    .to_string()
+}
+
 /// What a GPU is busy with: its processes, or their count.
 pub fn processes(g: &super::Gpu) -> String {
     if !g.processes.is_empty() {
@@ -37,11 +59,7 @@ pub fn processes(g: &super::Gpu) -> String {
             .collect();
         names.join(", ")
     } else {
-        match g.process_count {
-            Some(0) => "none".into(),
-            Some(n) => format!("{n} process{}", if n == 1 { "" } else { "es" }),
-            None => "-".into(),
-        }
+        process_count(g.process_count)
     }
 }
 
@@ -142,6 +160,18 @@ fn render_lines(s: &Status, now: f64) -> String {
             g.idle_seconds.map_or("-".into(), duration),
             processes(g)
         );
+        for m in &g.mig {
+            let _ = writeln!(
+                out,
+                "  {}: SM {}  {}/{} GiB  idle {}  {}",
+                plain(&mig_name(m)),
+                percent(m.sm_active),
+                gib(m.memory_used_bytes),
+                gib(m.memory_total_bytes),
+                m.idle_seconds.map_or("-".into(), duration),
+                process_count(m.process_count)
+            );
+        }
     }
     for g in s.gpus.iter().filter(|g| g.underutilized) {
         let _ = writeln!(out, "hint: {}", underutilized_hint(g));

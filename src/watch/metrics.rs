@@ -41,10 +41,13 @@ pub struct NodeLabel {
     pub value: String,
 }
 
+/// A GPU's idle time, or a MIG device's.
 #[derive(Debug, Clone, PartialEq)]
 pub struct IdleGpu {
     pub gpu: u32,
+    /// The GPU's UUID, or the MIG device's.
     pub uuid: String,
+    pub mig: Option<crate::gpu::MigSample>,
     pub seconds: f64,
 }
 
@@ -98,7 +101,7 @@ impl Collector for WatchCollector {
             e,
             desc(
                 "gpuwatch_gpu_idle",
-                "How long the GPU has been idle without a break",
+                "How long the GPU (or MIG device) has been idle without a break",
                 Some("seconds"),
             ),
             v.gpu_idle.iter().map(|g| {
@@ -107,7 +110,7 @@ impl Collector for WatchCollector {
                         gpu: g.gpu,
                         uuid: &g.uuid,
                         pod: None,
-                        extra: NO_LABELS,
+                        extra: crate::gpu::metrics::MigLabels(g.mig.as_ref()),
                     },
                     g.seconds,
                 )

@@ -16,14 +16,14 @@ use self::metrics::{ActionResult, IdleGpu, WatchMetrics};
 use crate::actions::{Executor, Outcome};
 use crate::config::Config;
 use crate::gpu::sampler::Snapshots;
-use crate::gpu::Snapshot;
+use crate::gpu::{GpuSample, MigSample, Snapshot};
 use crate::spend::metrics::{AlertKey, CostMetrics};
 use gpuwatch_core::cost::budget::Crossing;
 use gpuwatch_core::cost::ledger::Closed;
 use gpuwatch_core::step::{rule_views, step, Decision, Inputs, RuleView, Settings};
 
 use crate::rules::engine::{self, Event};
-use crate::rules::{GpuReading, Lifecycle, Metric, Observation, Rule, Scope};
+use crate::rules::{GpuReading, Lifecycle, Metric, MigDevice, Observation, Rule, Scope};
 use crate::state::{HoldStatus, LoadError, Persisted, StateDir};
 
 /// What the node is told from outside its GPUs (its lifecycle, a hold tag, a spot interruption
@@ -37,49 +37,105 @@ pub struct NodeSignals {
     pub interruption: Mutex<Option<f64>>,
 }
 
-/// What the engine sees of a snapshot: every GPU up, or the observation is incomplete.
-pub fn observation(s: &crate::gpu::Snapshot) -> Observation {
-    let gpus: Vec<GpuReading> = s
-        .gpus
-        .iter()
-        .map(|g| {
-            let mut r = GpuReading {
-                index: g.index,
-                ..GpuReading::default()
-            };
-            if g.up {
-                r.set(Metric::GpuUtilization, g.utilization_ratio);
-                r.set(Metric::MemoryUtilization, g.memory_utilization_ratio);
-                r.set(
-                    Metric::MemoryUsedRatio,
-                    match (g.memory_used_bytes, g.memory_total_bytes) {
-                        (Some(u), Some(t)) if t > 0 => Some(u as f64 / t as f64),
-                        _ => None,
-                    },
-                );
-                r.set(
-                    Metric::PowerRatio,
-                    match (g.power_watts, g.power_limit_watts) {
-                        (Some(p), Some(l)) if l > 0.0 => Some(p / l),
-                        _ => None,
-                    },
-                );
-                r.set(Metric::Processes, g.processes.map(f64::from));
-                // Without GPM these stay unknown, which a rule counts as busy.
-                let gpm = g.gpm.as_ref();
-                r.set(Metric::SmActive, gpm.and_then(|m| m.sm_active));
-                r.set(Metric::TensorActive, gpm.and_then(|m| m.tensor_active));
-                r.set(Metric::DramActive, gpm.and_then(|m| m.dram_active));
-            }
-            r
-        })
-        .collect();
+/// What the engine sees of a snapshot: every GPU up, or the observation is incomplete. A GPU
+/// in MIG mode is its MIG devices, each judged as a device of its own (with the GPU's power
+/// ratio, which is physical); one that could not be read leaves the observation incomplete.
+/// `holders` names the pods holding a GPU or one of its MIG devices.
+pub fn observation(
+    s: &Snapshot,
+    holders: impl Fn(&GpuSample, Option<&MigSample>) -> Vec<String>,
+) -> Observation {
+    let mut gpus: Vec<GpuReading> = Vec::with_capacity(s.gpus.len());
+    for g in &s.gpus {
+        let power = match (g.power_watts, g.power_limit_watts) {
+            (Some(p), Some(l)) if l > 0.0 && g.up => Some(p / l),
+            _ => None,
+        };
+        let mut r = GpuReading {
+            index: g.index,
+            ..GpuReading::default()
+        };
+        if !g.up {
+            gpus.push(r);
+            continue;
+        }
+        if !g.mig.is_empty() {
+            gpus.extend(g.mig.iter().filter_map(|m| {
+                let mut r = GpuReading {
+                    index: g.index,
+                    mig: Some(MigDevice {
+                        gpu_instance: m.gpu_instance?,
+                        compute_instance: m.compute_instance?,
+                        share: mig_share(g, m),
+                    }),
+                    holders: holders(g, Some(m)),
+                    ..GpuReading::default()
+                };
+                let memory = ratio(m.memory_used_bytes, m.memory_total_bytes);
+                set_device(&mut r, memory, power, m.processes, m.gpm.as_ref());
+                Some(r)
+            }));
+            continue;
+        }
+        r.holders = holders(g, None);
+        r.set(Metric::GpuUtilization, g.utilization_ratio);
+        r.set(Metric::MemoryUtilization, g.memory_utilization_ratio);
+        let memory = ratio(g.memory_used_bytes, g.memory_total_bytes);
+        set_device(&mut r, memory, power, g.processes, g.gpm.as_ref());
+        gpus.push(r);
+    }
     Observation {
         t: s.timestamp,
-        complete: s.nvml.up && !s.gpus.is_empty() && s.gpus.iter().all(|g| g.up),
+        complete: s.nvml.up
+            && !s.gpus.is_empty()
+            && s.gpus.iter().all(|g| g.up && g.mig_unread == 0),
         gpus,
         veto: None,
     }
+}
+
+fn ratio(used: Option<u64>, total: Option<u64>) -> Option<f64> {
+    match (used, total) {
+        (Some(u), Some(t)) if t > 0 => Some(u as f64 / t as f64),
+        _ => None,
+    }
+}
+
+/// The readings a whole GPU and a MIG device both have. Without GPM the activities stay
+/// unknown, which a rule counts as busy.
+fn set_device(
+    r: &mut GpuReading,
+    memory_used: Option<f64>,
+    power: Option<f64>,
+    processes: Option<u32>,
+    gpm: Option<&crate::gpu::gpm::GpmReadings>,
+) {
+    r.set(Metric::MemoryUsedRatio, memory_used);
+    r.set(Metric::PowerRatio, power);
+    r.set(Metric::Processes, processes.map(f64::from));
+    r.set(Metric::SmActive, gpm.and_then(|m| m.sm_active));
+    r.set(Metric::TensorActive, gpm.and_then(|m| m.tensor_active));
+    r.set(Metric::DramActive, gpm.and_then(|m| m.dram_active));
+}
+
+/// A MIG device's share of its GPU: its GPU instance's memory as a share of the GPU's, split
+/// evenly among the instance's compute instances; an even split of the GPU when the memory is
+/// unknown.
+fn mig_share(g: &GpuSample, m: &MigSample) -> f64 {
+    let even = 1.0 / g.mig.len() as f64;
+    let (Some(mem), Some(total)) = (m.memory_total_bytes, g.memory_total_bytes) else {
+        return even;
+    };
+    if total == 0 {
+        return even;
+    }
+    let siblings = g
+        .mig
+        .iter()
+        .filter(|x| x.gpu_instance == m.gpu_instance)
+        .count()
+        .max(1);
+    (mem as f64 / total as f64 / siblings as f64).clamp(0.0, 1.0)
 }
 
 /// Unix time the machine booted, from /proc/stat.
@@ -227,19 +283,27 @@ impl Watch {
         snap: &Snapshot,
         warned_hold: &mut Option<String>,
     ) -> (Observation, Inputs, Option<f64>) {
-        let mut obs = observation(snap);
-        // On Kubernetes, the pods holding each GPU, for pod-scoped rules.
-        if let Some(pods) = &self.pods {
-            let held = pods.view().by_gpu(&snap.gpus);
-            for g in &mut obs.gpus {
-                if let Some(list) = held.get(&g.index) {
-                    g.holders = list
-                        .iter()
-                        .map(|p| format!("{}/{}", p.namespace, p.pod))
-                        .collect();
-                }
-            }
-        }
+        // On Kubernetes, the pods holding each device, for pod-scoped rules.
+        let held = self.pods.as_ref().map(|p| p.view().held(&snap.gpus));
+        let mut obs = observation(snap, |g, m| {
+            let Some(h) = &held else {
+                return Vec::new();
+            };
+            // A MIG device is held by the pods holding it, and by any holding its whole GPU.
+            let pods = match m {
+                Some(m) => [h.mig.get(m.uuid.as_str()), h.whole.get(&g.index)],
+                None => [h.gpus.get(&g.index), None],
+            };
+            let mut names: Vec<String> = pods
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|p| format!("{}/{}", p.namespace, p.pod))
+                .collect();
+            names.sort_unstable();
+            names.dedup();
+            names
+        });
         // Scanning /proc and reading the hold file block: keep them off the async workers.
         let (veto, local) = crate::state::off_async(|| {
             (
@@ -338,9 +402,20 @@ impl Watch {
             .iter()
             .filter_map(|i| {
                 let g = snap.gpus.iter().find(|g| g.index == i.index && g.up)?;
+                let mig = match i.mig {
+                    Some(id) => Some(g.mig.iter().find(|m| {
+                        m.gpu_instance == Some(id.gpu_instance)
+                            && m.compute_instance == Some(id.compute_instance)
+                    })?),
+                    None => None,
+                };
                 Some(IdleGpu {
                     gpu: i.index,
-                    uuid: g.uuid.clone(),
+                    uuid: mig.map_or(&g.uuid, |m| &m.uuid).clone(),
+                    mig: mig.map(|m| crate::gpu::MigSample {
+                        gpm: None,
+                        ..m.clone()
+                    }),
                     seconds: i.seconds,
                 })
             })

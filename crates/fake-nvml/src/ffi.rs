@@ -413,7 +413,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     if pending.is_null() {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }
-    let rc = query(device, Field::Identity, current, |g, _| {
+    let rc = query(device, Field::MigMode, current, |g, _| {
         c_uint::from(!g.mig.is_empty())
     });
     if rc == nvmlReturn_enum_NVML_SUCCESS {
@@ -445,6 +445,9 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
         Ok(found) => found,
         Err(e) => return e,
     };
+    if st.scenario.fails(gpu, Field::Mig, st.now()) {
+        return nvmlReturn_enum_NVML_ERROR_UNKNOWN;
+    }
     let exists = st.scenario.gpus[gpu as usize]
         .mig
         .get(index as usize)

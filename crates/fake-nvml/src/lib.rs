@@ -54,7 +54,8 @@
 //! # kind = "not_supported", fields = ["power", "ecc"]  answers NVML_ERROR_NOT_SUPPORTED
 //! # kind = "fails", fields = ["gpm"]   answers NVML_ERROR_UNKNOWN
 //! #   fields: identity, events, utilization, memory, temperature, power, power_limit,
-//! #           energy, clocks, throttle, ecc, processes, gpm
+//! #           energy, clocks, throttle, ecc, processes, gpm, mig (MIG device handles),
+//! #           mig_mode
 //! # kind = "delay", delay = "10s"     every device call sleeps (wall clock) first
 //! # kind = "xid", xid = 79            one critical XID event, delivered to every event set
 //! # kind = "init_failure"             nvmlInit answers NVML_ERROR_DRIVER_NOT_LOADED

@@ -74,6 +74,10 @@ pub enum Field {
     Processes,
     /// GPM: support, samples and metrics.
     Gpm,
+    /// MIG device handles (`nvmlDeviceGetMigDeviceHandleByIndex`).
+    Mig,
+    /// MIG mode (`nvmlDeviceGetMigMode`).
+    MigMode,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -14,9 +14,10 @@ use prometheus_client::registry::Registry;
 
 mod profiling;
 
+pub use self::profiling::MigLabels;
 use self::profiling::{encode_gpm, per_device};
 use super::sampler::Snapshots;
-use super::{GpuSample, Snapshot};
+use super::{GpuSample, MigSample, Snapshot};
 use crate::config::Names;
 use crate::kubernetes::metrics::KubernetesMetrics;
 use crate::kubernetes::PodRef;
@@ -173,10 +174,12 @@ impl Collector for SnapshotCollector {
         let held = self
             .pods
             .as_ref()
-            .map(|p| p.view().by_gpu(&snap.gpus))
+            .map(|p| p.view().held(&snap.gpus))
             .unwrap_or_default();
-        let views = views(&snap.gpus, &held);
+        let views = views(&snap.gpus, &held.gpus);
         let gpus = &views[..];
+        // A MIG device's series carry the pods holding that device.
+        let migs = mig_views(&snap.gpus, &held.mig);
         // The series that identify or count GPUs, and per-process ones (a process is in one
         // pod, and NVML does not say which), stay one per GPU: no pod labels.
         let no_pods = BTreeMap::new();
@@ -266,7 +269,7 @@ impl Collector for SnapshotCollector {
         }
 
         if self.names.dcgm() {
-            super::dcgm::encode(e, &snap, gpus, &self.hostname)?;
+            super::dcgm::encode(e, &snap, gpus, &migs, &self.hostname)?;
         }
         if !self.names.gpuwatch() {
             return Ok(());
@@ -320,7 +323,7 @@ impl Collector for SnapshotCollector {
             desc("gpu_memory_used", "Device memory in use", Some("bytes")),
             per_device(
                 gpus,
-                &unshared,
+                &migs,
                 |g| g.memory_used_bytes.map(|v| v as i64),
                 |m| m.memory_used_bytes.map(|v| v as i64),
             ),
@@ -330,7 +333,7 @@ impl Collector for SnapshotCollector {
             desc("gpu_memory_free", "Device memory free", Some("bytes")),
             per_device(
                 gpus,
-                &unshared,
+                &migs,
                 |g| g.memory_free_bytes.map(|v| v as i64),
                 |m| Some((m.memory_total_bytes? - m.memory_used_bytes?) as i64),
             ),
@@ -340,7 +343,7 @@ impl Collector for SnapshotCollector {
             desc("gpu_memory_total", "Device memory in all", Some("bytes")),
             per_device(
                 gpus,
-                &unshared,
+                &migs,
                 |g| g.memory_total_bytes.map(|v| v as i64),
                 |m| m.memory_total_bytes.map(|v| v as i64),
             ),
@@ -393,7 +396,7 @@ impl Collector for SnapshotCollector {
                     .map(move |t| (with(g, [("reason", t.reason)]), i64::from(t.active)))
             }),
         )?;
-        encode_gpm(e, &unshared, gpus)?;
+        encode_gpm(e, &unshared, gpus, &migs)?;
         counters(
             e,
             desc(
@@ -431,7 +434,7 @@ impl Collector for SnapshotCollector {
             desc("gpu_processes", "Running compute processes", None),
             per_device(
                 gpus,
-                &unshared,
+                &migs,
                 |g| g.processes.map(i64::from),
                 |m| m.processes.map(i64::from),
             ),
@@ -499,12 +502,42 @@ impl std::ops::Deref for GpuView<'_> {
 
 impl<'a> GpuView<'a> {
     pub(super) fn pod_labels(&self) -> Option<PodLabels<'a>> {
-        self.pod.map(|p| PodLabels {
-            pod: &p.pod,
-            namespace: &p.namespace,
-            container: &p.container,
-        })
+        self.pod.map(PodLabels::of)
     }
+}
+
+/// One MIG device as its series show it: its GPU, the device, and the pod holding it, if any
+/// (one view per pod, as for a GPU).
+pub(super) struct MigView<'a> {
+    pub(super) gpu: &'a GpuSample,
+    pub(super) mig: &'a MigSample,
+    pub(super) pod: Option<&'a PodRef>,
+}
+
+/// The views of the MIG devices of a snapshot's GPUs that are up, given who holds each (by MIG
+/// device UUID).
+pub(super) fn mig_views<'a>(
+    gpus: &'a [GpuSample],
+    pods: &'a BTreeMap<String, Vec<PodRef>>,
+) -> Vec<MigView<'a>> {
+    let mut out = Vec::new();
+    for gpu in gpus.iter().filter(|g| g.up) {
+        for mig in &gpu.mig {
+            match pods.get(&mig.uuid).filter(|p| !p.is_empty()) {
+                Some(held) => out.extend(held.iter().map(|p| MigView {
+                    gpu,
+                    mig,
+                    pod: Some(p),
+                })),
+                None => out.push(MigView {
+                    gpu,
+                    mig,
+                    pod: None,
+                }),
+            }
+        }
+    }
+    out
 }
 
 /// The views of a snapshot's GPUs, given who holds each (by GPU index).

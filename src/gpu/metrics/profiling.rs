@@ -7,7 +7,7 @@ use prometheus_client::encoding::{
     DescriptorEncoder, EncodeLabel, EncodeLabelSet, LabelSetEncoder,
 };
 
-use super::{labels, with, GpuView};
+use super::{labels, with, GpuView, MigView};
 use crate::gpu::gpm::GpmReadings;
 use crate::gpu::MigSample;
 use crate::metrics::encode::*;
@@ -18,6 +18,7 @@ pub(super) fn encode_gpm<'a>(
     e: &mut DescriptorEncoder,
     unshared: &'a [GpuView<'a>],
     gpus: &'a [GpuView<'a>],
+    migs: &'a [MigView<'a>],
 ) -> Result<(), fmt::Error> {
     gauges(
         e,
@@ -65,7 +66,7 @@ pub(super) fn encode_gpm<'a>(
             desc(name, help, Some("ratio")),
             per_device(
                 gpus,
-                unshared,
+                migs,
                 move |g| g.gpm.as_ref().and_then(read),
                 move |m| m.gpm.as_ref().and_then(read),
             ),
@@ -78,16 +79,22 @@ pub(super) fn encode_gpm<'a>(
             "Fraction of the last cycle each arithmetic pipe was busy (GPM FP64/FP32/FP16/INTEGER_UTIL)",
             Some("ratio"),
         ),
-        gpus.iter().filter(|g| g.up).flat_map(|g| {
-            let m = g.gpm.as_ref();
-            [
-                ("fp64", m.and_then(|m| m.fp64_active)),
-                ("fp32", m.and_then(|m| m.fp32_active)),
-                ("fp16", m.and_then(|m| m.fp16_active)),
-                ("integer", m.and_then(|m| m.integer_active)),
-            ]
-            .into_iter()
-            .filter_map(move |(pipe, v)| Some((with(g, [("pipe", pipe)]), v?)))
+        per_device(
+            gpus,
+            migs,
+            |g| g.gpm.as_ref().map(pipes),
+            |m| m.gpm.as_ref().map(pipes),
+        )
+        .flat_map(|(labels, pipes)| {
+            pipes.into_iter().filter_map(move |(pipe, v)| {
+                let labels = GpuLabels {
+                    gpu: labels.gpu,
+                    uuid: labels.uuid,
+                    pod: labels.pod,
+                    extra: (labels.extra, [("pipe", pipe)]),
+                };
+                Some((labels, v?))
+            })
         }),
     )?;
     for (name, help, tx, rx) in [
@@ -120,9 +127,20 @@ pub(super) fn encode_gpm<'a>(
     Ok(())
 }
 
-/// A MIG device's own labels; none for a GPU.
+/// Each arithmetic pipe's activity.
+fn pipes(m: &GpmReadings) -> [(&'static str, Option<f64>); 4] {
+    [
+        ("fp64", m.fp64_active),
+        ("fp32", m.fp32_active),
+        ("fp16", m.fp16_active),
+        ("integer", m.integer_active),
+    ]
+}
+
+/// A MIG device's own labels (`gpu_instance`, `compute_instance`, `mig_profile`); none for a
+/// GPU.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct MigLabels<'a>(Option<&'a MigSample>);
+pub struct MigLabels<'a>(pub Option<&'a MigSample>);
 
 impl EncodeLabelSet for MigLabels<'_> {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), fmt::Error> {
@@ -142,11 +160,11 @@ impl EncodeLabelSet for MigLabels<'_> {
     }
 }
 
-/// Every GPU that is up, read by `read_gpu` (one series per pod, as `per_gpu`), then every MIG
-/// device of each (from `unshared`: one series each, without pod labels), read by `read_mig`.
+/// Every GPU that is up, read by `read_gpu`, then every MIG device of each, read by `read_mig`
+/// (each one series per pod holding it, as `per_gpu`).
 pub(super) fn per_device<'a, V: 'a>(
     gpus: &'a [GpuView<'a>],
-    unshared: &'a [GpuView<'a>],
+    migs: &'a [MigView<'a>],
     read_gpu: impl Fn(&'a GpuView<'a>) -> Option<V> + 'a,
     read_mig: impl Fn(&'a MigSample) -> Option<V> + 'a,
 ) -> impl Iterator<Item = (GpuLabels<'a, MigLabels<'a>>, V)> + 'a {
@@ -154,18 +172,14 @@ pub(super) fn per_device<'a, V: 'a>(
         .iter()
         .filter(|g| g.up)
         .filter_map(move |g| read_gpu(g).map(|v| (with(g, MigLabels(None)), v)));
-    let mig_series = unshared
-        .iter()
-        .filter(|g| g.up)
-        .flat_map(|g| g.sample.mig.iter().map(move |m| (g.sample.index, m)))
-        .filter_map(move |(gpu, m)| {
-            let labels = GpuLabels {
-                gpu,
-                uuid: &m.uuid,
-                pod: None,
-                extra: MigLabels(Some(m)),
-            };
-            read_mig(m).map(|v| (labels, v))
-        });
+    let mig_series = migs.iter().filter_map(move |v| {
+        let labels = GpuLabels {
+            gpu: v.gpu.index,
+            uuid: &v.mig.uuid,
+            pod: v.pod.map(PodLabels::of),
+            extra: MigLabels(Some(v.mig)),
+        };
+        read_mig(v.mig).map(|x| (labels, x))
+    });
     gpu_series.chain(mig_series)
 }

@@ -286,16 +286,57 @@ impl fmt::Display for Action {
     }
 }
 
-/// One GPU's readings at one moment, in rule units. `None` is unknown.
+/// One device's readings at one moment, in rule units: a whole GPU, or one MIG device of a GPU
+/// in MIG mode (which is then judged as a device of its own). `None` is unknown.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GpuReading {
+    /// The GPU's index (a MIG device's parent).
     pub index: u32,
+    /// The MIG device this reading is of; `None` for a whole GPU.
+    pub mig: Option<MigDevice>,
     pub values: [Option<f64>; Metric::ALL.len()],
-    /// The pods holding the GPU (`namespace/pod`), on Kubernetes.
+    /// The pods holding the device (`namespace/pod`), on Kubernetes.
     pub holders: Vec<String>,
 }
 
+/// A MIG device: a compute instance of a GPU instance of a GPU in MIG mode.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MigDevice {
+    pub gpu_instance: u32,
+    pub compute_instance: u32,
+    /// Its share of the GPU, from 0 to 1 (its slice of the GPU's memory, split evenly among the
+    /// compute instances of its GPU instance): the share of the GPU's price it stands for.
+    pub share: f64,
+}
+
+/// Which device a reading is of: the GPU's index, and the MIG device's GPU and compute
+/// instance ids.
+pub type DeviceKey = (u32, Option<(u32, u32)>);
+
 impl GpuReading {
+    pub fn key(&self) -> DeviceKey {
+        (
+            self.index,
+            self.mig.map(|m| (m.gpu_instance, m.compute_instance)),
+        )
+    }
+
+    /// The device in words: "GPU 0", or "GPU 0 (GPU instance 1, compute instance 0)".
+    pub fn name(&self) -> String {
+        match self.mig {
+            None => format!("GPU {}", self.index),
+            Some(m) => format!(
+                "GPU {} (GPU instance {}, compute instance {})",
+                self.index, m.gpu_instance, m.compute_instance
+            ),
+        }
+    }
+
+    /// The share of its GPU this device is: 1 for a whole GPU.
+    pub fn share(&self) -> f64 {
+        self.mig.map_or(1.0, |m| m.share)
+    }
+
     pub fn get(&self, m: Metric) -> Option<f64> {
         self.values[m as usize]
     }

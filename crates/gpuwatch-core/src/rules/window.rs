@@ -31,6 +31,11 @@ struct Bucket {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct GpuStat {
     index: u32,
+    /// The MIG device's GPU and compute instance, for one of a GPU in MIG mode: devices are
+    /// matched by both, never by position, so that a layout that changes within a period makes
+    /// the period unknown rather than mixing two devices' readings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mig: Option<(u32, u32)>,
     sum: f64,
     count: u32,
     max: f64,
@@ -92,6 +97,7 @@ impl Window {
                     .iter()
                     .map(|g| GpuStat {
                         index: g.index,
+                        mig: g.key().1,
                         sum: 0.0,
                         count: 0,
                         max: f64::NEG_INFINITY,
@@ -124,7 +130,7 @@ impl Window {
                 .gpus
                 .iter()
                 .zip(&b.gpus)
-                .all(|(o, s)| o.index == s.index);
+                .all(|(o, s)| o.key() == (s.index, s.mig));
         if !same_gpus {
             b.unknown = Some("the set of GPUs changed".into());
             return;
@@ -138,8 +144,8 @@ impl Window {
                 }
                 None => {
                     b.unknown = Some(format!(
-                        "GPU {} had no {} reading",
-                        o.index,
+                        "{} had no {} reading",
+                        o.name(),
                         rule.metric.as_str()
                     ));
                     return;

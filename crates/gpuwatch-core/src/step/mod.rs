@@ -16,7 +16,7 @@ use crate::cost::calendar::Period;
 use crate::cost::ledger::{Closed, Ledger};
 use crate::cost::price::{Price, Source};
 use crate::rules::engine::{self, Context, Event};
-use crate::rules::{Comparison, Lifecycle, Metric, Observation, Rule};
+use crate::rules::{Comparison, DeviceKey, Lifecycle, Metric, MigDevice, Observation, Rule};
 
 mod pods;
 use pods::pod_observation;
@@ -40,9 +40,10 @@ pub struct State {
     /// The sample up to which `idle_dollars` is accrued.
     #[serde(default)]
     pub idle_accrued_until: f64,
-    /// Since when each GPU has been idle, by index (for the idle-time view; not persisted).
+    /// Since when each device (GPU or MIG device) has been idle (for the idle-time view; not
+    /// persisted).
     #[serde(skip)]
-    pub idle_since: BTreeMap<u32, f64>,
+    pub idle_since: BTreeMap<DeviceKey, f64>,
 }
 
 /// Whose spend a budget counts.
@@ -78,8 +79,8 @@ pub struct Settings {
     pub grace_until: f64,
     /// When the machine started running: spend accrues from here at the earliest.
     pub running_since: f64,
-    /// The utilization below which a GPU counts as idle in the view.
-    pub idle_threshold: f64,
+    /// What makes a device count as idle in the view (idle time, idle dollars).
+    pub idle_by: IdleBy,
 }
 
 impl Settings {
@@ -96,7 +97,7 @@ impl Settings {
         grace_until: f64,
         running_since: f64,
     ) -> Settings {
-        let idle_threshold = idle_threshold(&rules);
+        let idle_by = IdleBy::from_rules(&rules);
         Settings {
             rules,
             budgets,
@@ -105,7 +106,7 @@ impl Settings {
             slack: slack(interval, timeout),
             grace_until,
             running_since,
-            idle_threshold,
+            idle_by,
         }
     }
 }
@@ -115,24 +116,51 @@ pub fn slack(interval: Duration, timeout: Duration) -> f64 {
     (interval.as_secs_f64() * 2.5).max(timeout.as_secs_f64())
 }
 
-/// The utilization below which a GPU counts as idle for the view: the lowest threshold of the
-/// `gpu_utilization < x` rules, or 5%.
-fn idle_threshold(rules: &[Rule]) -> f64 {
-    rules
-        .iter()
-        .filter_map(Rule::condition)
-        .filter(|c| c.metric == Metric::GpuUtilization)
-        .filter(|c| {
+/// What makes a device count as idle for the view: readings below thresholds, in order. The
+/// first of them the device has decides, so that a MIG device (which has no utilization) is
+/// judged by its SM activity, and a GPU without GPM by its utilization.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IdleBy(pub Vec<(Metric, Comparison, f64)>);
+
+impl IdleBy {
+    /// The rules' own "below" conditions, the lowest threshold of each metric, in the order
+    /// the rules name them; then `gpu_utilization` and `sm_active` below 5% where no rule
+    /// names them.
+    pub fn from_rules(rules: &[Rule]) -> IdleBy {
+        let mut by: Vec<(Metric, Comparison, f64)> = Vec::new();
+        let below = rules.iter().filter_map(Rule::condition).filter(|c| {
             matches!(
                 c.comparison,
                 Comparison::LessThan | Comparison::LessThanOrEqual
             )
-        })
-        .map(|c| c.threshold)
-        .fold(None, |acc: Option<f64>, t| {
-            Some(acc.map_or(t, |a| a.min(t)))
-        })
-        .unwrap_or(0.05)
+        });
+        for c in below {
+            match by.iter_mut().find(|(m, _, _)| *m == c.metric) {
+                // The stricter of two: the lower threshold; at a tie, "below" over "at most".
+                Some((_, cmp, t)) => {
+                    if c.threshold < *t
+                        || (c.threshold == *t && c.comparison == Comparison::LessThan)
+                    {
+                        (*cmp, *t) = (c.comparison, c.threshold);
+                    }
+                }
+                None => by.push((c.metric, c.comparison, c.threshold)),
+            }
+        }
+        for m in [Metric::GpuUtilization, Metric::SmActive] {
+            if !by.iter().any(|(x, _, _)| *x == m) {
+                by.push((m, Comparison::LessThan, 0.05));
+            }
+        }
+        IdleBy(by)
+    }
+
+    /// Whether the reading counts as idle; `None` when it has none of the readings.
+    pub fn judge(&self, g: &crate::rules::GpuReading) -> Option<bool> {
+        self.0
+            .iter()
+            .find_map(|(m, cmp, t)| g.get(*m).map(|v| cmp.holds(v, *t)))
+    }
 }
 
 /// The world at the moment of one step.
@@ -178,7 +206,8 @@ pub struct View {
     /// Each budget with a reading.
     pub budgets: Vec<BudgetView>,
     pub rules: Vec<RuleView>,
-    /// Each GPU with a utilization reading: how long it has been idle.
+    /// Each device (GPU, or MIG device) with a reading `IdleBy` judges: how long it has been
+    /// idle.
     pub gpu_idle: Vec<GpuIdle>,
     /// USD spent on idle GPUs so far (a counter).
     pub idle_dollars: f64,
@@ -187,6 +216,8 @@ pub struct View {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GpuIdle {
     pub index: u32,
+    /// The MIG device, for one of a GPU in MIG mode.
+    pub mig: Option<MigDevice>,
     /// Below the idle threshold in this sample.
     pub idle: bool,
     /// Seconds idle without a break; 0 while busy (and in the first idle sample).
@@ -306,29 +337,29 @@ pub fn step(
 
     let mut gpu_idle = Vec::with_capacity(obs.gpus.len());
     for g in &obs.gpus {
-        match g.get(Metric::GpuUtilization) {
-            Some(u) if u < settings.idle_threshold => {
-                let since = *state.idle_since.entry(g.index).or_insert(now);
-                gpu_idle.push(GpuIdle {
-                    index: g.index,
-                    idle: true,
-                    seconds: now - since,
-                });
-            }
-            Some(_) => {
-                state.idle_since.remove(&g.index);
-                gpu_idle.push(GpuIdle {
-                    index: g.index,
-                    idle: false,
-                    seconds: 0.0,
-                });
-            }
-            None => {
-                state.idle_since.remove(&g.index);
-            }
+        let key = g.key();
+        let idle = settings.idle_by.judge(g);
+        if idle != Some(true) {
+            state.idle_since.remove(&key);
+        }
+        if let Some(idle) = idle {
+            let since = idle.then(|| *state.idle_since.entry(key).or_insert(now));
+            gpu_idle.push(GpuIdle {
+                index: g.index,
+                mig: g.mig,
+                idle,
+                seconds: since.map_or(0.0, |s| now - s),
+            });
         }
     }
-    accrue_idle_dollars(settings, state, inputs, &gpu_idle, obs.gpus.len());
+    // A device gone from the observation (a MIG layout changed, a GPU lost) starts over.
+    state
+        .idle_since
+        .retain(|k, _| obs.gpus.iter().any(|g| g.key() == *k));
+    let mut indices: Vec<u32> = obs.gpus.iter().map(|g| g.index).collect();
+    indices.sort_unstable();
+    indices.dedup();
+    accrue_idle_dollars(settings, state, inputs, &gpu_idle, indices.len());
     let views = rule_views(&rules, state, settings, now);
 
     Decision {
@@ -349,8 +380,8 @@ pub fn step(
 }
 
 /// Accrues the money spent on idle GPUs since the last sample: the price times the share of the
-/// node's GPUs that are idle now. A gap longer than the slack, or an unknown price, accrues
-/// nothing (unknown is not idle).
+/// node's GPUs that are idle now (a MIG device counts as its share of its GPU). A gap longer
+/// than the slack, or an unknown price, accrues nothing (unknown is not idle).
 fn accrue_idle_dollars(
     settings: &Settings,
     state: &mut State,
@@ -362,8 +393,12 @@ fn accrue_idle_dollars(
     let dt = now - state.idle_accrued_until;
     if let Some(price) = inputs.price {
         if state.idle_accrued_until > 0.0 && dt > 0.0 && dt <= settings.slack && gpus > 0 {
-            let idle = gpu_idle.iter().filter(|g| g.idle).count();
-            state.idle_dollars += price.usd_per_hour * idle as f64 / gpus as f64 * dt / 3600.0;
+            let idle: f64 = gpu_idle
+                .iter()
+                .filter(|g| g.idle)
+                .map(|g| g.mig.map_or(1.0, |m| m.share))
+                .sum();
+            state.idle_dollars += price.usd_per_hour * idle / gpus as f64 * dt / 3600.0;
         }
     }
     if now > state.idle_accrued_until {
