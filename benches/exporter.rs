@@ -1,42 +1,118 @@
-//! Resource benchmark: `gpuwatch run` over 8 fake GPUs at a 1 s interval, with GPM off (GPUs
-//! without it) and on (Hopper GPUs, 13 GPM metrics each, two sample buffers per GPU), side by side.
+//! Resource benchmark: `gpuwatch run` over fake GPUs at a 1 s interval, printing one row per
+//! setup so that the cost of GPM, of the cost watch and of each GPU shows side by side:
 //!
-//!     cargo bench --bench exporter                      # 60 s window
-//!     GPUWATCH_BENCH_SECS=10 cargo bench --bench exporter
+//! - 8 GPUs without GPM, cost watch off (the exporter alone);
+//! - 8, 64 and 256 Hopper GPUs (13 GPM metrics each), cost watch off and on.
 //!
-//! Prints resident memory after the window, CPU time per minute over the window (from
-//! /proc/PID/stat), and the latency of 1,000 sequential scrapes over one keep-alive connection
-//! (p50, p99, max). Figures, not assertions: the machine may be shared.
+//! "Cost watch on" is what a fleet runs: an idle rule (dry run), a price, a local budget, and
+//! `provider = "aws"`, with instance metadata from a loopback IMDSv2 fake in this process and
+//! every AWS endpoint on a closed loopback port: no packet leaves the machine.
+//!
+//!     cargo bench --bench exporter                      # 60 s per row
+//!     GPUWATCH_BENCH_SECS=40 GPUWATCH_BENCH_GPUS=8 cargo bench --bench exporter
+//!
+//! gpuwatch drops the pages only startup used once it is ready and again 30 s later: a window
+//! shorter than that measures before the second drop.
+//!
+//! Each row: resident memory (VmRSS) and its anonymous part (RssAnon) from /proc/PID/status,
+//! the anonymous and file-backed pages of /proc/PID/smaps_rollup, CPU time per minute over the
+//! window (from /proc/PID/stat), and the latency of sequential scrapes over one keep-alive
+//! connection (p50, p99, max). Figures, not assertions: the machine may be shared; compare rows
+//! of one run.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const GPUS: usize = 8;
 const SCRAPES: usize = 1000;
 
-fn scenario(gpm: bool) -> String {
+/// One setup to measure.
+#[derive(Clone, Copy)]
+struct Setup {
+    gpus: usize,
+    gpm: bool,
+    cost: bool,
+}
+
+fn scenario(setup: Setup) -> String {
     let mut s = String::from("driver_version = \"550.54.15\"\n");
-    for i in 0..GPUS {
+    for i in 0..setup.gpus {
+        let period = 30 + i % 17;
         s.push_str(&format!(
-            "[[gpu]]\nutilization = {{ kind = \"bursts\", busy = 95, idle = 5, period = \"{}s\", duty = 0.7 }}\n\
+            "[[gpu]]\nutilization = {{ kind = \"bursts\", busy = 95, idle = 5, period = \"{period}s\", duty = 0.7 }}\n\
              memory_used_mib = 60000\ntemperature = {{ kind = \"ramp\", from = 40, to = 75, over = \"10m\" }}\n\
-             power_watts = {{ kind = \"bursts\", busy = 650, idle = 120, period = \"{}s\", duty = 0.7 }}\nprocesses = 2\n",
-            30 + i,
-            30 + i
+             power_watts = {{ kind = \"bursts\", busy = 650, idle = 120, period = \"{period}s\", duty = 0.7 }}\nprocesses = 2\n",
         ));
-        if gpm {
+        if setup.gpm {
             s.push_str(&format!(
-                "[gpu.gpm]\nsm_active = {{ kind = \"bursts\", busy = 85, idle = 2, period = \"{}s\", duty = 0.7 }}\n\
+                "[gpu.gpm]\nsm_active = {{ kind = \"bursts\", busy = 85, idle = 2, period = \"{period}s\", duty = 0.7 }}\n\
                  sm_occupancy = 40\ngraphics_active = 90\ntensor_active = 55\ndram_active = 45\nfp64_active = 1\n\
                  fp32_active = 12\nfp16_active = 30\ninteger_active = 5\npcie_tx_mib_per_second = 200\n\
                  pcie_rx_mib_per_second = 2000\nnvlink_tx_mib_per_second = 40000\nnvlink_rx_mib_per_second = 40000\n",
-                30 + i
             ));
         }
     }
     s
+}
+
+/// The cost watch as a fleet runs it: AWS provider (metadata from `imds`), a price, a budget
+/// and an idle rule, in dry run.
+fn cost_config(imds: SocketAddr, state: &std::path::Path) -> String {
+    format!(
+        "[cloud]\nprovider = \"aws\"\nimds_endpoint = \"http://{imds}\"\nregion = \"us-east-1\"\n\
+         endpoint_url = \"http://127.0.0.1:9\"\n\
+         [actions]\nmode = \"dry-run\"\nstate_dir = \"{}\"\nwall = false\n\
+         [cost]\nhourly_price_usd = 32.77\n\
+         [[budgets]]\nname = \"team-gpu\"\nsource = \"local\"\nlimit_usd = 5000\nthresholds = [0.5, 0.8, 1.0]\n\
+         [[rules]]\nname = \"idle\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
+         threshold = 0.05\nperiod = \"5m\"\nevaluation_periods = 2\naction = \"stop\"\n",
+        state.display()
+    )
+}
+
+/// A loopback IMDSv2: a token, the instance's identity and one tag; 404 for the rest (no spot
+/// notice). One request per connection.
+fn imds() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut request = String::new();
+            if reader.read_line(&mut request).is_err() {
+                continue;
+            }
+            // Headers, up to the blank line (IMDS requests carry no body).
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let path = request.split_whitespace().nth(1).unwrap_or("");
+            let body = match path.strip_prefix("/latest/meta-data/") {
+                _ if path == "/latest/api/token" => Some("bench-token"),
+                Some("instance-id") => Some("i-0123456789abcdef0"),
+                Some("instance-type") => Some("p5.48xlarge"),
+                Some("placement/availability-zone") => Some("us-east-1a"),
+                Some("placement/region") => Some("us-east-1"),
+                Some("instance-life-cycle") => Some("on-demand"),
+                Some("tags/instance") => Some("team"),
+                Some("tags/instance/team") => Some("ml"),
+                _ => None,
+            };
+            let response = match body {
+                Some(b) => format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+                    b.len()
+                ),
+                None => "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    .to_string(),
+            };
+            let _ = conn.write_all(response.as_bytes());
+        }
+    });
+    addr
 }
 
 fn proc_stat_cpu_ticks(pid: u32) -> u64 {
@@ -47,13 +123,32 @@ fn proc_stat_cpu_ticks(pid: u32) -> u64 {
     f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+/// A "Name:  1234 kB" field of a /proc file, in KiB.
+fn kib(file: &str, field: &str) -> u64 {
+    file.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
+        .unwrap_or(0)
+}
+
+/// Resident memory now, in KiB.
+struct Memory {
+    rss: u64,
+    rss_anon: u64,
+    rss_file: u64,
+    /// smaps_rollup's `Anonymous`: pages not backed by a file, private or written.
+    anonymous: u64,
+}
+
+fn memory(pid: u32) -> Memory {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    Memory {
+        rss: kib(&status, "VmRSS"),
+        rss_anon: kib(&status, "RssAnon"),
+        rss_file: kib(&status, "RssFile"),
+        anonymous: kib(&rollup, "Anonymous"),
+    }
 }
 
 fn clock_ticks_per_second() -> f64 {
@@ -98,13 +193,54 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(if quick { 2 } else { 60 });
-    for gpm in [false, true] {
-        run(window, gpm);
+    // GPUWATCH_BENCH_GPUS=8 runs only the rows with that many GPUs.
+    let only: Option<usize> = std::env::var("GPUWATCH_BENCH_GPUS")
+        .ok()
+        .and_then(|s| s.parse().ok());
+    let mut setups = vec![Setup {
+        gpus: 8,
+        gpm: false,
+        cost: false,
+    }];
+    for gpus in [8, 64, 256] {
+        for cost in [false, true] {
+            setups.push(Setup {
+                gpus,
+                gpm: true,
+                cost,
+            });
+        }
+    }
+    if quick {
+        // A smoke run: the exporter and the whole cost watch, on 8 GPUs.
+        setups.retain(|s| s.gpus == 8 && s.gpm);
+    }
+    let imds = imds();
+    println!(
+        "{:>4} {:>3} {:>4}  {:>8} {:>8} {:>8} {:>8}  {:>9}  {:>7} {:>7} {:>7} {:>8}",
+        "GPUs",
+        "GPM",
+        "cost",
+        "RSS MiB",
+        "anon",
+        "file",
+        "smaps an",
+        "CPU s/min",
+        "p50 µs",
+        "p99 µs",
+        "max µs",
+        "bytes"
+    );
+    for setup in setups
+        .into_iter()
+        .filter(|s| only.is_none_or(|n| n == s.gpus))
+    {
+        run(window, setup, imds);
     }
 }
 
-/// Runs the daemon for `window` seconds, then scrapes it, and prints the figures.
-fn run(window: u64, gpm: bool) {
+/// Runs the daemon for `window` seconds, then scrapes it, and prints one row.
+fn run(window: u64, setup: Setup, imds: SocketAddr) {
     let bin = env!("CARGO_BIN_EXE_gpuwatch");
     let lib = std::path::Path::new(bin)
         .parent()
@@ -119,30 +255,37 @@ fn run(window: u64, gpm: bool) {
             .join("deps/libgpuwatch_fake_nvml.so")
     };
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("scenario.toml"), scenario(gpm)).unwrap();
+    std::fs::write(dir.path().join("scenario.toml"), scenario(setup)).unwrap();
     let config = dir.path().join("gpuwatch.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\n[nvml]\nlibrary = \"{}\"\n[sampling]\ninterval = \"1s\"\n",
-            lib.display()
-        ),
-    )
-    .unwrap();
-    let mut child = Command::new(bin)
-        .args(["run", "--config"])
-        .arg(&config)
-        .env(
-            "GPUWATCH_FAKE_NVML_SCENARIO",
-            dir.path().join("scenario.toml"),
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
+    let mut text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[nvml]\nlibrary = \"{}\"\n[sampling]\ninterval = \"1s\"\n",
+        lib.display()
+    );
+    if setup.cost {
+        text.push_str(&cost_config(imds, &dir.path().join("state")));
+    }
+    std::fs::write(&config, text).unwrap();
+    let mut child = Daemon(
+        Command::new(bin)
+            .args(["run", "--config"])
+            .arg(&config)
+            .env(
+                "GPUWATCH_FAKE_NVML_SCENARIO",
+                dir.path().join("scenario.toml"),
+            )
+            // Nothing reaches the real metadata address or AWS.
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env("AWS_ACCESS_KEY_ID", "bench")
+            .env("AWS_SECRET_ACCESS_KEY", "bench")
+            .env("AWS_REGION", "us-east-1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.0.id();
     // The readiness line on stdout: "listening on http://ADDR/".
-    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut out = BufReader::new(child.0.stdout.take().unwrap()).lines();
     let addr: SocketAddr = out
         .by_ref()
         .map_while(Result::ok)
@@ -166,7 +309,6 @@ fn run(window: u64, gpm: bool) {
     std::thread::sleep(Duration::from_secs(window));
     let cpu1 = proc_stat_cpu_ticks(pid);
     let elapsed = t0.elapsed().as_secs_f64();
-    let rss_idle = rss_kib(pid);
     let cpu_secs = (cpu1 - cpu0) as f64 / ticks;
 
     let mut conn = BufReader::new(TcpStream::connect(addr).unwrap());
@@ -179,32 +321,33 @@ fn run(window: u64, gpm: bool) {
         lat.push(s.elapsed());
     }
     lat.sort();
-    let rss_after = rss_kib(pid);
-
+    // After the window and the scrapes: the steady state a Prometheus sees.
+    let m = memory(pid);
+    let mib = |k: u64| k as f64 / 1024.0;
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
     println!(
-        "gpuwatch run, {GPUS} fake GPUs, GPM {}, 1 s interval, {elapsed:.0} s window",
-        if gpm { "on" } else { "off" }
-    );
-    println!(
-        "  resident memory after {elapsed:.0} s: {:.1} MiB",
-        rss_idle as f64 / 1024.0
-    );
-    println!(
-        "  CPU time: {:.3} s per minute ({:.3}% of one core)",
+        "{:>4} {:>3} {:>4}  {:>8.1} {:>8.2} {:>8.1} {:>8.2}  {:>9.3}  {:>7.0} {:>7.0} {:>7.0} {:>8}",
+        setup.gpus,
+        if setup.gpm { "on" } else { "off" },
+        if setup.cost { "on" } else { "off" },
+        mib(m.rss),
+        mib(m.rss_anon),
+        mib(m.rss_file),
+        mib(m.anonymous),
         cpu_secs / elapsed * 60.0,
-        cpu_secs / elapsed * 100.0
+        us(percentile(&lat, 0.50)),
+        us(percentile(&lat, 0.99)),
+        us(*lat.last().unwrap()),
+        bytes
     );
-    println!(
-        "  {SCRAPES} sequential scrapes of {bytes} bytes: p50 {:.0} us, p99 {:.0} us, max {:.0} us",
-        percentile(&lat, 0.50).as_secs_f64() * 1e6,
-        percentile(&lat, 0.99).as_secs_f64() * 1e6,
-        lat.last().unwrap().as_secs_f64() * 1e6
-    );
-    println!(
-        "  resident memory after the scrapes: {:.1} MiB",
-        rss_after as f64 / 1024.0
-    );
+}
 
-    let _ = child.kill();
-    let _ = child.wait();
+/// The daemon under test, killed when the row is done or the benchmark fails.
+struct Daemon(std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

@@ -255,6 +255,19 @@ impl App {
             let _ = writeln!(out, "listening on {scheme}://{}/", display_addr(addr));
             let _ = out.flush();
         }
+        // Memory: once the first sample is in, and again when the pollers' first rounds are
+        // done, drop what startup alone touched.
+        let settled = watched.snapshots.clone();
+        tasks.spawn(async move {
+            let _ = tokio::time::timeout(interval + timeout, settled.next_after(0)).await;
+            for wait in [
+                std::time::Duration::ZERO,
+                std::time::Duration::from_secs(30),
+            ] {
+                tokio::time::sleep(wait).await;
+                let _ = tokio::task::spawn_blocking(crate::memory::trim).await;
+            }
+        });
         // systemd: ready once the first sample is in, then status lines and watchdog pings.
         let first = watched.snapshots.clone();
         tasks.spawn(async move {

@@ -13,6 +13,7 @@ pub mod config;
 pub use gpuwatch_core::cost;
 pub mod gpu;
 pub mod kubernetes;
+pub mod memory;
 pub mod metrics;
 pub mod notify;
 pub mod redact;

@@ -556,7 +556,7 @@ fn the_iam_policy_grants_exactly_the_calls_in_the_code() {
         ("src/cloud/ec2.rs", &[".client."][..]),
         (
             "src/cloud/services.rs",
-            &[".budgets.", ".sns.", ".cloudwatch.", ".pricing."][..],
+            &[".budgets().", ".sns().", ".cloudwatch().", ".pricing()."][..],
         ),
     ] {
         let source = std::fs::read_to_string(root.join(file)).unwrap();

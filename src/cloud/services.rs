@@ -1,5 +1,7 @@
 //! The AWS services besides EC2: Budgets, SNS, CloudWatch and the Pricing API.
 
+use std::sync::{Arc, OnceLock};
+
 use aws_sdk_cloudwatch::types::MetricDatum;
 
 use crate::cost::budget::Reading;
@@ -51,34 +53,61 @@ fn err(e: impl std::error::Error) -> String {
     aws_sdk_budgets::error::DisplayErrorContext(e).to_string()
 }
 
+/// The AWS services beside EC2. Each client is made on its first call, so a node whose config
+/// uses none of them (a price in the config, no AWS Budgets, SNS or CloudWatch) never builds
+/// them: their code and memory stay out of the daemon's resident set.
 #[derive(Clone)]
-pub struct Services {
-    budgets: aws_sdk_budgets::Client,
-    sns: aws_sdk_sns::Client,
-    cloudwatch: aws_sdk_cloudwatch::Client,
-    pricing: aws_sdk_pricing::Client,
+pub struct Services(Arc<Clients>);
+
+struct Clients {
+    shared: aws_config::SdkConfig,
+    pricing_endpoint: Option<String>,
+    budgets: OnceLock<aws_sdk_budgets::Client>,
+    sns: OnceLock<aws_sdk_sns::Client>,
+    cloudwatch: OnceLock<aws_sdk_cloudwatch::Client>,
+    pricing: OnceLock<aws_sdk_pricing::Client>,
 }
 
 impl Services {
     /// `pricing_endpoint` overrides the Pricing API's endpoint alone (it lives in us-east-1).
     pub fn new(shared: &aws_config::SdkConfig, pricing_endpoint: Option<&str>) -> Services {
-        let mut pricing = aws_sdk_pricing::config::Builder::from(shared)
-            .region(aws_sdk_pricing::config::Region::new("us-east-1"));
-        if let Some(url) = pricing_endpoint {
-            pricing = pricing.endpoint_url(url);
-        }
-        Services {
-            budgets: aws_sdk_budgets::Client::new(shared),
-            sns: aws_sdk_sns::Client::new(shared),
-            cloudwatch: aws_sdk_cloudwatch::Client::new(shared),
-            pricing: aws_sdk_pricing::Client::from_conf(pricing.build()),
-        }
+        Services(Arc::new(Clients {
+            shared: shared.clone(),
+            pricing_endpoint: pricing_endpoint.map(str::to_string),
+            budgets: OnceLock::new(),
+            sns: OnceLock::new(),
+            cloudwatch: OnceLock::new(),
+            pricing: OnceLock::new(),
+        }))
+    }
+
+    fn budgets(&self) -> &aws_sdk_budgets::Client {
+        (self.0.budgets).get_or_init(|| aws_sdk_budgets::Client::new(&self.0.shared))
+    }
+
+    fn sns(&self) -> &aws_sdk_sns::Client {
+        (self.0.sns).get_or_init(|| aws_sdk_sns::Client::new(&self.0.shared))
+    }
+
+    fn cloudwatch(&self) -> &aws_sdk_cloudwatch::Client {
+        (self.0.cloudwatch).get_or_init(|| aws_sdk_cloudwatch::Client::new(&self.0.shared))
+    }
+
+    fn pricing(&self) -> &aws_sdk_pricing::Client {
+        self.0.pricing.get_or_init(|| {
+            let mut pricing = aws_sdk_pricing::config::Builder::from(&self.0.shared)
+                .region(aws_sdk_pricing::config::Region::new("us-east-1"));
+            if let Some(url) = &self.0.pricing_endpoint {
+                pricing = pricing.endpoint_url(url);
+            }
+            aws_sdk_pricing::Client::from_conf(pricing.build())
+        })
     }
 
     /// An AWS Budget's actual and forecast spend against its limit.
     pub async fn describe_budget(&self, account_id: &str, name: &str) -> Result<Reading, String> {
         let out = self
-            .budgets
+            .budgets()
             .describe_budget()
             .account_id(account_id)
             .budget_name(name)
@@ -109,7 +138,7 @@ impl Services {
         message: &str,
     ) -> Result<Option<String>, String> {
         let out = self
-            .sns
+            .sns()
             .publish()
             .topic_arn(topic_arn)
             .subject(subject)
@@ -125,7 +154,7 @@ impl Services {
         namespace: &str,
         datums: Vec<MetricDatum>,
     ) -> Result<(), String> {
-        self.cloudwatch
+        self.cloudwatch()
             .put_metric_data()
             .namespace(namespace)
             .set_metric_data(Some(datums))
@@ -151,7 +180,7 @@ impl Services {
                 .map_err(err)
         };
         let out = self
-            .pricing
+            .pricing()
             .get_products()
             .service_code("AmazonEC2")
             .filters(term("instanceType", instance_type)?)

@@ -1,0 +1,316 @@
+//! Keeping the resident set small. gpuwatch runs on every node of a fleet, so what it keeps
+//! resident is paid once per node.
+//!
+//! - One malloc arena (glibc): the daemon's threads allocate little and rarely at once, and an
+//!   arena per thread would keep pages of its own.
+//! - Once the daemon is ready, and again when the pollers' first rounds are done, `trim` gives
+//!   the heap pages that startup freed back to the kernel, and unmaps from the process the
+//!   pages of the executable and the libraries it was started with that only startup touched:
+//!   the clean, file-backed pages the kernel would reclaim anyway under memory pressure. A page
+//!   touched again comes back from the page cache (a minor fault).
+//!
+//! What may be dropped is narrow, and the parse fails closed. Only mappings of files that were
+//! mapped before `main` ran (the executable, the loader, libc and the other libraries it links
+//! against), which stay mapped at the same addresses until the process exits, so that a range
+//! read from `/proc/self/smaps` is still that mapping when it is dropped: a library loaded
+//! later (NVML, by `dlopen`, which may be retried or closed) is never touched. Of those, only
+//! private, read-only mappings of regular files that `smaps` shows in full with no anonymous
+//! page, resident or swapped out (a written page of a private mapping, such as the relocated
+//! read-only data, is anonymous, and dropping it would bring back the file's bytes in its
+//! place), and no locked, huge-page, I/O or raw-PFN flag. A failed call leaves memory as it
+//! was.
+
+use std::collections::BTreeSet;
+use std::io::BufRead;
+use std::sync::OnceLock;
+
+/// The regular files mapped when `main` started.
+static STARTUP_FILES: OnceLock<BTreeSet<String>> = OnceLock::new();
+
+/// Limits malloc to one arena, and notes the files mapped now. Call first thing in `main`,
+/// before any thread starts.
+pub fn at_start() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter; before any thread starts, nothing
+    // allocates concurrently.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+    let files = std::fs::read_to_string("/proc/self/maps")
+        .map(|maps| {
+            maps.lines()
+                .filter_map(|l| header(l).map(|(_, rest)| path(rest).to_string()))
+                .filter(|p| p.starts_with('/') && !p.starts_with("/dev/"))
+                .collect()
+        })
+        .unwrap_or_default();
+    let _ = STARTUP_FILES.set(files);
+}
+
+/// A mapping's address range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Range {
+    pub start: usize,
+    pub end: usize,
+}
+
+/// Drops what startup alone touched (see the module's documentation). Returns the bytes of
+/// mappings dropped. Blocks: reads /proc.
+pub fn trim() -> usize {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap memory to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    let Some(startup) = STARTUP_FILES.get() else {
+        return 0;
+    };
+    let Ok(smaps) = std::fs::File::open("/proc/self/smaps") else {
+        return 0;
+    };
+    let lines = std::io::BufReader::new(smaps).lines().map_while(Result::ok);
+    let ranges = droppable(lines, |path| {
+        startup.contains(path) && std::fs::metadata(path).is_ok_and(|m| m.file_type().is_file())
+    });
+    let mut dropped = 0;
+    for r in ranges {
+        // SAFETY: the range is a whole private, read-only mapping of a regular file mapped
+        // since before `main` (so never unmapped or replaced since `smaps` was read), with no
+        // anonymous page: its contents are the file's, and come back from it when touched.
+        let rc = unsafe {
+            libc::madvise(
+                r.start as *mut libc::c_void,
+                r.end - r.start,
+                libc::MADV_DONTNEED,
+            )
+        };
+        if rc == 0 {
+            dropped += r.end - r.start;
+        }
+    }
+    dropped
+}
+
+/// One mapping of `smaps` as read so far.
+struct Entry {
+    range: Range,
+    /// Private, not writable, of a file `regular` accepts.
+    eligible: bool,
+    anonymous_zero: Option<bool>,
+    swap_zero: Option<bool>,
+    /// `VmFlags`, the last field of an entry: seen means the entry was read whole.
+    flags_ok: Option<bool>,
+}
+
+impl Entry {
+    fn droppable(&self) -> bool {
+        self.eligible
+            && self.anonymous_zero == Some(true)
+            && self.swap_zero == Some(true)
+            && self.flags_ok == Some(true)
+    }
+}
+
+/// The mappings in `smaps` text that may be dropped: private and not writable, of a file that
+/// `regular` accepts, shown whole with explicit `Anonymous: 0 kB` and `Swap: 0 kB` lines and
+/// `VmFlags` with no locked (`lo`), huge-page (`ht`), I/O (`io`) or raw-PFN (`pf`) flag.
+/// Anything missing or unexpected keeps the mapping.
+pub fn droppable(
+    lines: impl Iterator<Item = String>,
+    regular: impl Fn(&str) -> bool,
+) -> Vec<Range> {
+    let mut out = Vec::new();
+    let mut current: Option<Entry> = None;
+    for line in lines {
+        if let Some((range, rest)) = header(&line) {
+            if let Some(e) = current.take().filter(Entry::droppable) {
+                out.push(e.range);
+            }
+            let perms = rest.split_whitespace().next().unwrap_or("");
+            let p = path(rest);
+            current = Some(Entry {
+                range,
+                eligible: perms.len() == 4
+                    && perms.starts_with('r')
+                    && !perms.contains('w')
+                    && perms.ends_with('p')
+                    && p.starts_with('/')
+                    && !p.starts_with("/dev/")
+                    && !p.ends_with(" (deleted)")
+                    && regular(p),
+                anonymous_zero: None,
+                swap_zero: None,
+                flags_ok: None,
+            });
+            continue;
+        }
+        let Some(e) = current.as_mut() else { continue };
+        let zero = |v: &str| v.trim() == "0 kB";
+        if let Some(v) = line.strip_prefix("Anonymous:") {
+            e.anonymous_zero = Some(zero(v));
+        } else if let Some(v) = line.strip_prefix("Swap:") {
+            e.swap_zero = Some(zero(v));
+        } else if let Some(v) = line.strip_prefix("VmFlags:") {
+            e.flags_ok = Some(
+                !v.split_whitespace()
+                    .any(|f| matches!(f, "lo" | "ht" | "io" | "pf")),
+            );
+        }
+    }
+    if let Some(e) = current.filter(Entry::droppable) {
+        out.push(e.range);
+    }
+    out
+}
+
+/// A mapping's header line ("start-end perms offset dev inode path"): its range and the rest.
+fn header(line: &str) -> Option<(Range, &str)> {
+    let (range, rest) = line.split_once(' ')?;
+    let (start, end) = range.split_once('-')?;
+    let start = usize::from_str_radix(start, 16).ok()?;
+    let end = usize::from_str_radix(end, 16).ok()?;
+    (start < end).then_some((Range { start, end }, rest))
+}
+
+/// The path of a header's rest ("perms offset dev inode path"), which may hold spaces; empty
+/// for an anonymous mapping.
+fn path(rest: &str) -> &str {
+    rest.splitn(5, ' ').nth(4).map_or("", str::trim)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMAPS: &str = "\
+55d0a0000000-55d0a0200000 r--p 00000000 08:01 1234 /usr/bin/gpuwatch
+Size:               2048 kB
+Rss:                 900 kB
+Anonymous:             0 kB
+Swap:                  0 kB
+VmFlags: rd mr mw me sd
+55d0a0200000-55d0a1000000 r-xp 00200000 08:01 1234 /usr/bin/gpuwatch
+Anonymous:             0 kB
+Swap:                  0 kB
+VmFlags: rd ex mr mw me sd
+55d0a1000000-55d0a1001000 r--p 01000000 08:01 1234 /usr/bin/gpuwatch
+Anonymous:             0 kB
+Swap:                  4 kB
+VmFlags: rd mr mw me ac sd
+55d0a1001000-55d0a1100000 r--p 01001000 08:01 1234 /usr/bin/gpuwatch
+Anonymous:           700 kB
+Swap:                  0 kB
+VmFlags: rd mr mw me ac sd
+55d0a1100000-55d0a1110000 rw-p 01100000 08:01 1234 /usr/bin/gpuwatch
+Anonymous:            64 kB
+Swap:                  0 kB
+VmFlags: rd wr mr mw me ac sd
+7f0000000000-7f0000100000 r-xp 00000000 08:01 99 /usr/lib/x86_64-linux-gnu/libc.so.6
+Anonymous:             0 kB
+Swap:                  0 kB
+VmFlags: rd ex mr mw me sd
+7f0000100000-7f0000180000 r-xp 00000000 08:01 98 /usr/lib/libnvidia-ml.so.1
+Anonymous:             0 kB
+Swap:                  0 kB
+VmFlags: rd ex mr mw me sd
+7f0000180000-7f0000190000 r--s 00000000 00:05 97 /dev/nvidia0
+Anonymous:             0 kB
+Swap:                  0 kB
+VmFlags: rd sh mr mw me ms io pf dd
+7f0000190000-7f00001a0000 r-xp 00000000 08:01 96 /usr/lib/locked.so
+Anonymous:             0 kB
+Swap:                  0 kB
+VmFlags: rd ex mr mw me lo sd
+7f0000200000-7f0000300000 rw-p 00000000 00:00 0
+Anonymous:          1024 kB
+Swap:                  0 kB
+VmFlags: rd wr mr mw me ac sd
+7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]
+Anonymous:            32 kB
+Swap:                  0 kB
+VmFlags: rd wr mr mw me gd ac
+";
+
+    /// The files mapped at start in the example: not NVML, which is loaded later.
+    fn started(p: &str) -> bool {
+        [
+            "/usr/bin/gpuwatch",
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+            "/usr/lib/locked.so",
+        ]
+        .contains(&p)
+    }
+
+    #[test]
+    fn only_clean_read_only_mappings_of_startup_files_are_dropped() {
+        let got = droppable(SMAPS.lines().map(String::from), started);
+        // The executable's read-only data and text, and libc's text. Never: a page swapped
+        // out or written (the relocated read-only data), the writable data, a library loaded
+        // later, a device, a locked mapping, the heap or the stack.
+        assert_eq!(
+            got,
+            [
+                Range {
+                    start: 0x55d0a0000000,
+                    end: 0x55d0a0200000
+                },
+                Range {
+                    start: 0x55d0a0200000,
+                    end: 0x55d0a1000000
+                },
+                Range {
+                    start: 0x7f0000000000,
+                    end: 0x7f0000100000
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn an_entry_not_read_whole_is_kept() {
+        // Cut before VmFlags, or without the Anonymous or Swap line: kept.
+        for cut in [
+            "1000-2000 r-xp 00000000 08:01 7 /usr/bin/gpuwatch\nAnonymous: 0 kB\nSwap: 0 kB\n",
+            "1000-2000 r-xp 00000000 08:01 7 /usr/bin/gpuwatch\nSwap: 0 kB\nVmFlags: rd ex\n",
+            "1000-2000 r-xp 00000000 08:01 7 /usr/bin/gpuwatch\nAnonymous: 0 kB\nVmFlags: rd ex\n",
+        ] {
+            assert!(
+                droppable(cut.lines().map(String::from), |_| true).is_empty(),
+                "{cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_path_with_spaces_is_read_whole() {
+        let smaps = "1000-2000 r-xp 00000000 08:01 7 /opt/my tools/gpuwatch\n\
+                     Anonymous: 0 kB\nSwap: 0 kB\nVmFlags: rd ex\n";
+        let got = droppable(smaps.lines().map(String::from), |p| {
+            p == "/opt/my tools/gpuwatch"
+        });
+        assert_eq!(got.len(), 1);
+        assert!(droppable(smaps.lines().map(String::from), |p| p == "/opt/my").is_empty());
+    }
+
+    #[test]
+    fn devices_and_deleted_files_are_never_dropped() {
+        let smaps = "1000-2000 r--p 00000000 00:05 7 /dev/nvidiactl\n\
+                     Anonymous: 0 kB\nSwap: 0 kB\nVmFlags: rd\n\
+                     3000-4000 r-xp 00000000 08:01 8 /usr/bin/gpuwatch (deleted)\n\
+                     Anonymous: 0 kB\nSwap: 0 kB\nVmFlags: rd ex\n";
+        assert!(droppable(smaps.lines().map(String::from), |_| true).is_empty());
+    }
+
+    #[test]
+    fn trimming_this_process_keeps_it_working() {
+        // The test binary drops its own clean read-only pages, then goes on running code and
+        // reading constants from them. Only its own: other tests may load and unload
+        // libraries meanwhile.
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let _ = STARTUP_FILES.set([exe.to_string_lossy().into_owned()].into());
+        let before: Vec<String> = SMAPS.lines().map(str::to_uppercase).collect();
+        assert!(trim() > 0, "the text of the test binary is dropped");
+        let after: Vec<String> = SMAPS.lines().map(str::to_uppercase).collect();
+        assert_eq!(before, after);
+    }
+}
