@@ -82,15 +82,21 @@ impl Services {
     }
 
     fn budgets(&self) -> &aws_sdk_budgets::Client {
-        (self.0.budgets).get_or_init(|| aws_sdk_budgets::Client::new(&self.0.shared))
+        self.0
+            .budgets
+            .get_or_init(|| aws_sdk_budgets::Client::new(&self.0.shared))
     }
 
     fn sns(&self) -> &aws_sdk_sns::Client {
-        (self.0.sns).get_or_init(|| aws_sdk_sns::Client::new(&self.0.shared))
+        self.0
+            .sns
+            .get_or_init(|| aws_sdk_sns::Client::new(&self.0.shared))
     }
 
     fn cloudwatch(&self) -> &aws_sdk_cloudwatch::Client {
-        (self.0.cloudwatch).get_or_init(|| aws_sdk_cloudwatch::Client::new(&self.0.shared))
+        self.0
+            .cloudwatch
+            .get_or_init(|| aws_sdk_cloudwatch::Client::new(&self.0.shared))
     }
 
     fn pricing(&self) -> &aws_sdk_pricing::Client {

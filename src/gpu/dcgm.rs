@@ -204,14 +204,8 @@ pub(super) fn encode(
         "Framebuffer memory free (in MiB).",
         gpus,
         |g, m| {
-            let free = match m {
-                Some(m) => m
-                    .memory_total_bytes
-                    .zip(m.memory_used_bytes)
-                    .map(|(t, u)| t - u),
-                None => g.memory_free_bytes,
-            };
-            free.map(|b| (b as f64 / MIB).floor() as i64)
+            m.map_or(g.memory_free_bytes, |m| m.memory_free_bytes())
+                .map(|b| (b as f64 / MIB).floor() as i64)
         },
     )?;
     family(

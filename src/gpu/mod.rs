@@ -120,6 +120,15 @@ pub struct MigSample {
     pub gpm: Option<gpm::GpmReadings>,
 }
 
+impl MigSample {
+    /// Memory not in use, from the total and the used (NVML's own `free` of a MIG device is
+    /// not read).
+    pub fn memory_free_bytes(&self) -> Option<u64> {
+        self.memory_total_bytes?
+            .checked_sub(self.memory_used_bytes?)
+    }
+}
+
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct ThrottleReason {
     pub reason: &'static str,

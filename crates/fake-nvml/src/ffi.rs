@@ -571,29 +571,22 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     } else {
         (*memory).version
     };
+    // NVML v2 reports driver-reserved memory separately; the fake reserves none.
+    let answer = |total: u64, used: u64| nvmlMemory_v2_t {
+        version,
+        total,
+        reserved: 0,
+        free: total - used,
+        used,
+    };
     let mig = mig_query(device, Field::Memory, memory, |m, t| {
-        let used = m.memory_used_bytes(t);
-        nvmlMemory_v2_t {
-            version,
-            total: m.memory_total_bytes,
-            reserved: 0,
-            free: m.memory_total_bytes - used,
-            used,
-        }
+        answer(m.memory_total_bytes, m.memory_used_bytes(t))
     });
     if let Some(rc) = mig {
         return rc;
     }
     query(device, Field::Memory, memory, |g, t| {
-        let used = g.memory_used_bytes(t);
-        // NVML v2 reports driver-reserved memory separately; the fake reserves none.
-        nvmlMemory_v2_t {
-            version,
-            total: g.memory_total_bytes,
-            reserved: 0,
-            free: g.memory_total_bytes - used,
-            used,
-        }
+        answer(g.memory_total_bytes, g.memory_used_bytes(t))
     })
 }
 

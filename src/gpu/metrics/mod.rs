@@ -335,7 +335,7 @@ impl Collector for SnapshotCollector {
                 gpus,
                 &migs,
                 |g| g.memory_free_bytes.map(|v| v as i64),
-                |m| Some((m.memory_total_bytes? - m.memory_used_bytes?) as i64),
+                |m| m.memory_free_bytes().map(|v| v as i64),
             ),
         )?;
         gauges(

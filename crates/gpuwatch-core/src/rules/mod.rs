@@ -332,11 +332,6 @@ impl GpuReading {
         }
     }
 
-    /// The share of its GPU this device is: 1 for a whole GPU.
-    pub fn share(&self) -> f64 {
-        self.mig.map_or(1.0, |m| m.share)
-    }
-
     pub fn get(&self, m: Metric) -> Option<f64> {
         self.values[m as usize]
     }

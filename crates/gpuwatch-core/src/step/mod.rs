@@ -335,27 +335,26 @@ pub fn step(
     };
     let events = engine::evaluate(&rules, &engine_settings, &mut state.engine, &ctx);
 
+    // Only devices idle now keep their start: one that is busy, unknown or gone (a MIG layout
+    // changed, a GPU lost) starts over.
+    let before = std::mem::take(&mut state.idle_since);
     let mut gpu_idle = Vec::with_capacity(obs.gpus.len());
     for g in &obs.gpus {
+        let Some(idle) = settings.idle_by.judge(g) else {
+            continue;
+        };
         let key = g.key();
-        let idle = settings.idle_by.judge(g);
-        if idle != Some(true) {
-            state.idle_since.remove(&key);
+        let since = idle.then(|| before.get(&key).copied().unwrap_or(now));
+        if let Some(s) = since {
+            state.idle_since.insert(key, s);
         }
-        if let Some(idle) = idle {
-            let since = idle.then(|| *state.idle_since.entry(key).or_insert(now));
-            gpu_idle.push(GpuIdle {
-                index: g.index,
-                mig: g.mig,
-                idle,
-                seconds: since.map_or(0.0, |s| now - s),
-            });
-        }
+        gpu_idle.push(GpuIdle {
+            index: g.index,
+            mig: g.mig,
+            idle,
+            seconds: since.map_or(0.0, |s| now - s),
+        });
     }
-    // A device gone from the observation (a MIG layout changed, a GPU lost) starts over.
-    state
-        .idle_since
-        .retain(|k, _| obs.gpus.iter().any(|g| g.key() == *k));
     let mut indices: Vec<u32> = obs.gpus.iter().map(|g| g.index).collect();
     indices.sort_unstable();
     indices.dedup();
