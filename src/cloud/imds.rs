@@ -76,7 +76,7 @@ const MAX_BODY: usize = 64 * 1024;
 
 impl Imds {
     pub fn new(endpoint: &str) -> Imds {
-        let http = reqwest::Client::builder()
+        let http = crate::web::tls::http_client()
             .timeout(TIMEOUT)
             .connect_timeout(TIMEOUT)
             .no_proxy()

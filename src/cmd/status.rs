@@ -70,7 +70,7 @@ fn ask_daemon(
 ) -> Result<Status, String> {
     let base = base_url(config, url);
     let web = config.server.web.as_ref();
-    let mut client = reqwest::Client::builder()
+    let mut client = crate::web::tls::http_client()
         .timeout(Duration::from_secs(10))
         .connect_timeout(Duration::from_secs(3))
         .no_proxy()

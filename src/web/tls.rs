@@ -21,6 +21,18 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
+/// A reqwest client builder (IMDS, webhooks, `gpuwatch status`). reqwest is built without a
+/// crypto provider of its own, which would link a second one (ring), so it takes the process's
+/// default: this provider, installed on first use.
+pub fn http_client() -> reqwest::ClientBuilder {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        // An error means a default is installed already; reqwest takes that one.
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    });
+    reqwest::Client::builder()
+}
+
 /// Builds the server configuration. Errors are sentences for a person.
 pub fn server_config(t: &TlsSettings) -> Result<Arc<ServerConfig>, String> {
     let provider = provider();
