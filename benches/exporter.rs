@@ -14,6 +14,13 @@
 //! gpuwatch drops the pages only startup used once it is ready and again 30 s later: a window
 //! shorter than that measures before the second drop.
 //!
+//! `GPUWATCH_BENCH_PROFILE=FILE` instead records which of gpuwatch's functions the steady state
+//! runs (8 GPUs with GPM, cost watch on), under valgrind's callgrind, and writes them to FILE,
+//! hottest first: the linker's symbol ordering file (`link/symbol-order.txt`, see build.rs),
+//! which keeps that code together so that the kernel maps less text around it.
+//!
+//!     GPUWATCH_BENCH_PROFILE=$PWD/link/symbol-order.txt cargo bench --bench exporter
+//!
 //! Each row: resident memory (VmRSS) and its anonymous part (RssAnon) from /proc/PID/status,
 //! the anonymous and file-backed pages of /proc/PID/smaps_rollup, CPU time per minute over the
 //! window (from /proc/PID/stat), and the latency of sequential scrapes over one keep-alive
@@ -216,6 +223,15 @@ fn main() {
         setups.retain(|s| s.gpus == 8 && s.gpm);
     }
     let imds = imds();
+    if let Ok(out) = std::env::var("GPUWATCH_BENCH_PROFILE") {
+        let setup = Setup {
+            gpus: 8,
+            gpm: true,
+            cost: true,
+        };
+        profile::run(window, setup, imds, std::path::Path::new(&out));
+        return;
+    }
     println!(
         "{:>4} {:>3} {:>4}  {:>8} {:>8} {:>8} {:>8}  {:>9}  {:>7} {:>7} {:>7} {:>8}",
         "GPUs",
@@ -239,8 +255,13 @@ fn main() {
     }
 }
 
-/// Runs the daemon for `window` seconds, then scrapes it, and prints one row.
-fn run(window: u64, setup: Setup, imds: SocketAddr) {
+/// Starts the daemon for `setup` (under `wrapper`, a command and its arguments, if any), and
+/// waits for its first sample. Returns it, its address and its directory.
+fn start(
+    setup: Setup,
+    imds: SocketAddr,
+    wrapper: &[String],
+) -> (Daemon, SocketAddr, tempfile::TempDir) {
     let bin = env!("CARGO_BIN_EXE_gpuwatch");
     let lib = std::path::Path::new(bin)
         .parent()
@@ -265,8 +286,16 @@ fn run(window: u64, setup: Setup, imds: SocketAddr) {
         text.push_str(&cost_config(imds, &dir.path().join("state")));
     }
     std::fs::write(&config, text).unwrap();
+    let mut command = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
     let mut child = Daemon(
-        Command::new(bin)
+        command
             .args(["run", "--config"])
             .arg(&config)
             .env(
@@ -283,7 +312,6 @@ fn run(window: u64, setup: Setup, imds: SocketAddr) {
             .spawn()
             .unwrap(),
     );
-    let pid = child.0.id();
     // The readiness line on stdout: "listening on http://ADDR/".
     let mut out = BufReader::new(child.0.stdout.take().unwrap()).lines();
     let addr: SocketAddr = out
@@ -302,6 +330,13 @@ fn run(window: u64, setup: Setup, imds: SocketAddr) {
     let mut first = String::new();
     c.read_to_string(&mut first).unwrap();
     assert!(first.contains("\"seq\":"), "{first}");
+    (child, addr, dir)
+}
+
+/// Runs the daemon for `window` seconds, then scrapes it, and prints one row.
+fn run(window: u64, setup: Setup, imds: SocketAddr) {
+    let (child, addr, _dir) = start(setup, imds, &[]);
+    let pid = child.0.id();
 
     let ticks = clock_ticks_per_second();
     let cpu0 = proc_stat_cpu_ticks(pid);
@@ -351,3 +386,6 @@ impl Drop for Daemon {
         let _ = self.0.wait();
     }
 }
+
+#[path = "exporter/profile.rs"]
+mod profile;

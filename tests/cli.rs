@@ -229,6 +229,24 @@ fn demo_serves_four_gpus() {
         .assert_in(&scrape);
 }
 
+/// A `GPUWATCH_LOG` that is not a level or a list of `target=level` is named in a warning, and
+/// logging goes on at `info`.
+#[test]
+fn a_log_filter_not_understood_is_reported() {
+    let out = Command::new(BIN)
+        .args(["snapshot", "--config", "/dev/null"])
+        .env("GPUWATCH_LOG", "info,gpuwatch=loud")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "GPUWATCH_LOG=\"info,gpuwatch=loud\" is not a level or a list of target=level"
+        ) && err.contains("logging at info"),
+        "{err}"
+    );
+}
+
 /// `gpuwatch run --listen 127.0.0.1:0` serves on a port the kernel chose and says which, on
 /// stdout, in its one readiness line; a bad `--listen` exits 64.
 #[test]
