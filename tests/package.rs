@@ -8,6 +8,9 @@
 //! `dpkg -i`, no `systemctl`), the packaged binary accepts the packaged configs, `systemd-analyze
 //! verify` accepts the packaged unit against the packaged binary, and every dashboard is JSON.
 //! Needs cargo-deb, dpkg-deb and systemd-analyze (`scripts/test` installs them).
+//!
+//! Also here, since it is about what the release binary is made of: the dev-dependencies change
+//! no feature of a crate the daemon links.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -354,4 +357,41 @@ fn verify_unit(root: &Path) {
     );
     let said = format!("{}{}", text(&out), String::from_utf8_lossy(&out.stderr));
     assert!(said.trim().is_empty(), "systemd-analyze verify:\n{said}");
+}
+
+/// `cargo bench` must build the very binary that `cargo build --release` does, or the symbol
+/// ordering file that the benchmark writes (link/symbol-order.txt, names with the compiler's
+/// hashes) would not fit the release binary. A dev-dependency that turned on a feature of a crate
+/// the daemon links would change that crate's hash, and every hash above it.
+#[test]
+fn dev_dependencies_change_no_feature_of_what_the_daemon_links() {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let tree = |edges: &str| -> BTreeMap<String, BTreeSet<String>> {
+        let out = ok(
+            Command::new(&cargo).current_dir(ROOT).args([
+                "tree", "--locked", "-p", "gpuwatch", "-e", edges, "--prefix", "none", "-f",
+                "{p}|{f}",
+            ]),
+            "cargo tree",
+        );
+        let mut crates: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for line in text(&out).lines() {
+            let (package, features) = line.trim_end_matches(" (*)").split_once('|').unwrap();
+            crates
+                .entry(package.to_string())
+                .or_default()
+                .insert(features.to_string());
+        }
+        crates
+    };
+    let daemon = tree("normal");
+    let with_dev = tree("normal,dev");
+    assert!(daemon.len() > 100, "{daemon:?}");
+    for (package, features) in &daemon {
+        assert_eq!(
+            with_dev.get(package),
+            Some(features),
+            "the dev-dependencies change the features of {package}"
+        );
+    }
 }
