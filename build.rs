@@ -40,42 +40,65 @@ fn main() {
 /// file pages 64 kB at a time around each one touched, so hot code spread over 15 MB of text
 /// keeps several MB resident, and hot code kept together keeps far less.
 ///
-/// Only with rust-lld, which rustc uses on x86_64 Linux from 1.90 unless a linker is set: another
-/// linker (GNU ld has no such option) links as before. `GPUWATCH_SYMBOL_ORDER=0` turns it off.
+/// Only with rust-lld: rustc 1.90 or later on x86_64 Linux, built with its own lld (the sysroot
+/// has `gcc-ld/ld.lld`; a distribution's rustc may not be), and no linker of the user's own
+/// (`linker`, `-fuse-ld`, linker features or flavor). Another linker (GNU ld has no such option)
+/// links as before. `GPUWATCH_SYMBOL_ORDER=0` turns it off.
 fn symbol_order() {
     const FILE: &str = "link/symbol-order.txt";
     println!("cargo:rerun-if-changed={FILE}");
-    println!("cargo:rerun-if-env-changed=GPUWATCH_SYMBOL_ORDER");
+    for var in ["GPUWATCH_SYMBOL_ORDER", "RUSTC_LINKER"] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
     let env = |k: &str| std::env::var(k).unwrap_or_default();
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let ask = |arg: &str| {
+        Command::new(&rustc)
+            .arg(arg)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
     // "rustc 1.95.0 (...)" as (1, 95).
-    let rustc = Command::new(std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into()))
-        .arg("--version")
-        .output()
-        .ok()
-        .and_then(|o| {
-            let v = String::from_utf8_lossy(&o.stdout).into_owned();
-            let mut n = v.split_whitespace().nth(1)?.split('.');
-            Some((
-                n.next()?.parse::<u32>().ok()?,
-                n.next()?.parse::<u32>().ok()?,
-            ))
-        });
+    let version = ask("--version").and_then(|v| {
+        let mut n = v.split_whitespace().nth(1)?.split('.');
+        Some((
+            n.next()?.parse::<u32>().ok()?,
+            n.next()?.parse::<u32>().ok()?,
+        ))
+    });
+    let target = env("TARGET");
+    let own_lld = ask("--print=sysroot").is_some_and(|root| {
+        std::path::Path::new(&root)
+            .join("lib/rustlib")
+            .join(&target)
+            .join("bin/gcc-ld/ld.lld")
+            .is_file()
+    });
     let own_linker = std::env::var_os("RUSTC_LINKER").is_some()
-        || env("CARGO_ENCODED_RUSTFLAGS")
-            .split('\x1f')
-            .any(|f| f.contains("linker") || f.contains("link-self-contained"));
+        || env("CARGO_ENCODED_RUSTFLAGS").split('\x1f').any(|f| {
+            ["linker", "link-self-contained", "fuse-ld"]
+                .iter()
+                .any(|k| f.contains(k))
+        });
     let wanted = env("PROFILE") == "release"
-        && env("TARGET") == "x86_64-unknown-linux-gnu"
-        && rustc.is_some_and(|v| v >= (1, 90))
+        && target == "x86_64-unknown-linux-gnu"
+        && version.is_some_and(|v| v >= (1, 90))
+        && own_lld
         && !own_linker
         && env("GPUWATCH_SYMBOL_ORDER") != "0";
     let path = std::path::Path::new(&env("CARGO_MANIFEST_DIR")).join(FILE);
     if wanted && path.is_file() {
-        println!(
-            "cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={}",
-            path.display()
-        );
-        // Names the file lists that this build lacks (it is refreshed by hand) are skipped.
-        println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
+        // -Xlinker, not -Wl,: a comma in the path would split it.
+        for arg in [
+            "-Xlinker".to_string(),
+            format!("--symbol-ordering-file={}", path.display()),
+            // Names the file lists that this build lacks (it is refreshed by hand) are skipped.
+            "-Xlinker".to_string(),
+            "--no-warn-symbol-ordering".to_string(),
+        ] {
+            println!("cargo:rustc-link-arg-bins={arg}");
+        }
     }
 }

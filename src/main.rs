@@ -14,19 +14,15 @@ fn main() -> ExitCode {
     gpuwatch::cli::run(cli)
 }
 
-/// Logs to stderr, at the levels `GPUWATCH_LOG` gives: a level (`warn`), or targets with levels
-/// (`info,gpuwatch=debug`). Unset or not understood, it is `info`.
+/// Logs to stderr, at the levels `GPUWATCH_LOG` gives (see `log_filter`); unset or not
+/// understood, at `info`.
 fn init_logging() {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    let default = || tracing_subscriber::filter::Targets::new().with_default(tracing::Level::INFO);
-    let mut bad = None;
-    let filter = match std::env::var("GPUWATCH_LOG") {
-        Ok(text) if !text.trim().is_empty() => text.trim().parse().unwrap_or_else(|e| {
-            bad = Some((text, e));
-            default()
-        }),
-        _ => default(),
+    let text = std::env::var("GPUWATCH_LOG").unwrap_or_default();
+    let (filter, bad) = match log_filter(&text) {
+        Ok(f) => (f, None),
+        Err(e) => (log_filter("").unwrap_or_default(), Some(e)),
     };
     let format = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
@@ -38,9 +34,69 @@ fn init_logging() {
         .with(format)
         .with(filter)
         .init();
-    if let Some((text, e)) = bad {
-        tracing::warn!(
-            "GPUWATCH_LOG={text:?} is not a level or a list of target=level ({e}); logging at info"
+    if let Some(e) = bad {
+        tracing::warn!("GPUWATCH_LOG={text:?}: {e}; logging at info");
+    }
+}
+
+/// A log filter: comma-separated entries, each a level (the default for every target) or
+/// `target=level`, with spaces around entries and empty entries ignored. Nothing at all is
+/// `info`. Levels are `off`, `error`, `warn`, `info`, `debug` and `trace`, in any case.
+fn log_filter(text: &str) -> Result<tracing_subscriber::filter::Targets, String> {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    let not_understood = |entry: &str| {
+        format!(
+            "{entry:?} is not a level (off, error, warn, info, debug or trace) or a target=level"
+        )
+    };
+    let level = |entry: &str, word: &str| {
+        word.trim()
+            .parse::<LevelFilter>()
+            .map_err(|_| not_understood(entry))
+    };
+    let entries: Vec<&str> = text
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .collect();
+    if entries.is_empty() {
+        return Ok(Targets::new().with_default(LevelFilter::INFO));
+    }
+    let mut filter = Targets::new();
+    for entry in entries {
+        filter = match entry.split_once('=') {
+            Some((target, word)) if !target.trim().is_empty() => {
+                filter.with_target(target.trim(), level(entry, word)?)
+            }
+            Some(_) => return Err(not_understood(entry)),
+            None => filter.with_default(level(entry, entry)?),
+        };
+    }
+    Ok(filter)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter;
+    use tracing::Level;
+
+    fn enabled(text: &str, target: &str, level: Level) -> bool {
+        log_filter(text).unwrap().would_enable(target, &level)
+    }
+
+    #[test]
+    fn log_filters_read_as_a_person_writes_them() {
+        assert!(enabled("", "gpuwatch", Level::INFO) && !enabled("", "gpuwatch", Level::DEBUG));
+        assert!(enabled("warn,", "gpuwatch", Level::WARN) && !enabled("warn,", "x", Level::INFO));
+        assert!(enabled("WARN", "gpuwatch", Level::ERROR));
+        let both = "info, gpuwatch=debug";
+        assert!(
+            enabled(both, "gpuwatch::app", Level::DEBUG) && !enabled(both, "hyper", Level::DEBUG)
         );
+        assert!(enabled(both, "hyper", Level::INFO));
+        for bad in ["warning", "gpuwatch=loud", "=debug", "info,verbose"] {
+            let e = log_filter(bad).unwrap_err();
+            assert!(e.contains("is not a level"), "{bad}: {e}");
+        }
     }
 }

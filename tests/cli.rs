@@ -240,9 +240,8 @@ fn a_log_filter_not_understood_is_reported() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains(
-            "GPUWATCH_LOG=\"info,gpuwatch=loud\" is not a level or a list of target=level"
-        ) && err.contains("logging at info"),
+        err.contains("GPUWATCH_LOG=\"info,gpuwatch=loud\": \"gpuwatch=loud\" is not a level")
+            && err.contains("logging at info"),
         "{err}"
     );
 }

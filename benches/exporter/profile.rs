@@ -92,6 +92,14 @@ fn own_costs<'a>(dump: &'a str, object: &str) -> HashMap<&'a str, u64> {
         if let Some(ob) = line.strip_prefix("ob=") {
             ours = ob.ends_with(object);
         } else if let Some(name) = line.strip_prefix("fn=") {
+            // Callgrind names a recursive call's frames `name'2` and so on: one function.
+            let name = name.rsplit_once('\'').map_or(name, |(base, depth)| {
+                if depth.bytes().all(|b| b.is_ascii_digit()) {
+                    base
+                } else {
+                    name
+                }
+            });
             current = ours.then_some(name);
             if let Some(name) = current {
                 costs.entry(name).or_insert(0);
