@@ -22,7 +22,7 @@ fn init_logging() {
     let text = std::env::var("GPUWATCH_LOG").unwrap_or_default();
     let (filter, bad) = match log_filter(&text) {
         Ok(f) => (f, None),
-        Err(e) => (log_filter("").unwrap_or_default(), Some(e)),
+        Err(e) => (everything_at_info(), Some(e)),
     };
     let format = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
@@ -37,6 +37,11 @@ fn init_logging() {
     if let Some(e) = bad {
         tracing::warn!("GPUWATCH_LOG={text:?}: {e}; logging at info");
     }
+}
+
+fn everything_at_info() -> tracing_subscriber::filter::Targets {
+    tracing_subscriber::filter::Targets::new()
+        .with_default(tracing_subscriber::filter::LevelFilter::INFO)
 }
 
 /// A log filter: comma-separated entries, each a level (the default for every target) or
@@ -60,7 +65,7 @@ fn log_filter(text: &str) -> Result<tracing_subscriber::filter::Targets, String>
         .filter(|e| !e.is_empty())
         .collect();
     if entries.is_empty() {
-        return Ok(Targets::new().with_default(LevelFilter::INFO));
+        return Ok(everything_at_info());
     }
     let mut filter = Targets::new();
     for entry in entries {

@@ -28,7 +28,7 @@ pub fn http_client() -> reqwest::ClientBuilder {
     static INSTALLED: std::sync::Once = std::sync::Once::new();
     INSTALLED.call_once(|| {
         // An error means a default is installed already; reqwest takes that one.
-        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let _ = Arc::unwrap_or_clone(provider()).install_default();
     });
     reqwest::Client::builder()
 }
