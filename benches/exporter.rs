@@ -2,7 +2,12 @@
 //! setup so that the cost of GPM, of the cost watch and of each GPU shows side by side:
 //!
 //! - 8 GPUs without GPM, cost watch off (the exporter alone);
-//! - 8, 64 and 256 Hopper GPUs (13 GPM metrics each), cost watch off and on.
+//! - 8, 64 and 256 Hopper GPUs (13 GPM metrics each), cost watch off and on;
+//! - 8 GPUs with GPM and the cost watch, without the environment the systemd unit gives the
+//!   daemon (glibc's per-thread malloc caches on), as a plain `gpuwatch run` starts.
+//!
+//! Every other row runs with the unit's `Environment=` settings, as the unit, the DaemonSet and
+//! the image run the daemon.
 //!
 //! "Cost watch on" is what a fleet runs: an idle rule (dry run), a price, a local budget, and
 //! `provider = "aws"`, with instance metadata from a loopback IMDSv2 fake in this process and
@@ -40,6 +45,8 @@ struct Setup {
     gpus: usize,
     gpm: bool,
     cost: bool,
+    /// Without the unit's environment.
+    bare: bool,
 }
 
 fn scenario(setup: Setup) -> String {
@@ -208,6 +215,7 @@ fn main() {
         gpus: 8,
         gpm: false,
         cost: false,
+        bare: false,
     }];
     for gpus in [8, 64, 256] {
         for cost in [false, true] {
@@ -215,12 +223,19 @@ fn main() {
                 gpus,
                 gpm: true,
                 cost,
+                bare: false,
             });
         }
     }
+    setups.push(Setup {
+        gpus: 8,
+        gpm: true,
+        cost: true,
+        bare: true,
+    });
     if quick {
         // A smoke run: the exporter and the whole cost watch, on 8 GPUs.
-        setups.retain(|s| s.gpus == 8 && s.gpm);
+        setups.retain(|s| s.gpus == 8 && s.gpm && !s.bare);
     }
     let imds = imds();
     if let Ok(out) = std::env::var("GPUWATCH_BENCH_PROFILE") {
@@ -228,15 +243,17 @@ fn main() {
             gpus: 8,
             gpm: true,
             cost: true,
+            bare: false,
         };
         profile::run(window, setup, imds, std::path::Path::new(&out));
         return;
     }
     println!(
-        "{:>4} {:>3} {:>4}  {:>8} {:>8} {:>8} {:>8}  {:>9}  {:>7} {:>7} {:>7} {:>8}",
+        "{:>4} {:>3} {:>4} {:>4}  {:>8} {:>8} {:>8} {:>8}  {:>9}  {:>7} {:>7} {:>7} {:>8}",
         "GPUs",
         "GPM",
         "cost",
+        "env",
         "RSS MiB",
         "anon",
         "file",
@@ -294,6 +311,9 @@ fn start(
         }
         None => Command::new(bin),
     };
+    if !setup.bare {
+        command.envs(unit_environment());
+    }
     let mut child = Daemon(
         command
             .args(["run", "--config"])
@@ -361,10 +381,11 @@ fn run(window: u64, setup: Setup, imds: SocketAddr) {
     let mib = |k: u64| k as f64 / 1024.0;
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     println!(
-        "{:>4} {:>3} {:>4}  {:>8.1} {:>8.2} {:>8.1} {:>8.2}  {:>9.3}  {:>7.0} {:>7.0} {:>7.0} {:>8}",
+        "{:>4} {:>3} {:>4} {:>4}  {:>8.1} {:>8.2} {:>8.1} {:>8.2}  {:>9.3}  {:>7.0} {:>7.0} {:>7.0} {:>8}",
         setup.gpus,
         if setup.gpm { "on" } else { "off" },
         if setup.cost { "on" } else { "off" },
+        if setup.bare { "none" } else { "unit" },
         mib(m.rss),
         mib(m.rss_anon),
         mib(m.rss_file),
@@ -375,6 +396,17 @@ fn run(window: u64, setup: Setup, imds: SocketAddr) {
         us(*lat.last().unwrap()),
         bytes
     );
+}
+
+/// The `Environment=` settings of the systemd unit.
+fn unit_environment() -> Vec<(String, String)> {
+    let unit = concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/gpuwatch.service");
+    std::fs::read_to_string(unit)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("Environment=")?.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 /// The daemon under test, killed when the row is done or the benchmark fails.

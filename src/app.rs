@@ -29,7 +29,12 @@ use crate::watch::{NodeSignals, Watch};
 
 /// Runs the daemon until SIGINT or SIGTERM.
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    App::build(config).await?.run(shutdown_signal()).await
+    // Building is the larger future (it loads the AWS config); boxed, it is freed once built
+    // instead of sizing the future that runs for the daemon's life.
+    Box::pin(App::build(config))
+        .await?
+        .run(shutdown_signal())
+        .await
 }
 
 /// The daemon, built and listening: every task it started is owned here, and `run` stops and
@@ -265,6 +270,9 @@ impl App {
                 std::time::Duration::from_secs(30),
             ] {
                 tokio::time::sleep(wait).await;
+                // This task runs on the worker, whose stack holds what building the daemon
+                // touched.
+                crate::memory::trim_stack();
                 let _ = tokio::task::spawn_blocking(crate::memory::trim).await;
             }
         });
@@ -412,12 +420,11 @@ async fn start_watch(
                 if let Some(region) = &config.cloud.region {
                     node.region.clone_from(region);
                 }
-                let shared = crate::cloud::services::shared_config(
+                let shared = crate::cloud::services::Shared::new(
                     &node.region,
                     config.cloud.endpoint_url.as_deref(),
-                )
-                .await;
-                let ec2 = Ec2::with_config(&shared, &node.instance_id);
+                );
+                let ec2 = Ec2::new(&shared, &node.instance_id);
                 let svc = crate::cloud::services::Services::new(
                     &shared,
                     config.cost.pricing_endpoint_url.as_deref(),

@@ -8,6 +8,8 @@
 //!   pages of the executable and the libraries it was started with that only startup touched:
 //!   the clean, file-backed pages the kernel would reclaim anyway under memory pressure. A page
 //!   touched again comes back from the page cache (a minor fault).
+//! - The threads that went deepest at startup (the main thread, the async worker, the NVML
+//!   thread) give back the stack pages below where they run ([`trim_stack`]).
 //!
 //! What may be dropped is narrow, and the parse fails closed. Only mappings of files that were
 //! mapped before `main` ran (the executable, the loader, libc and the other libraries it links
@@ -89,6 +91,54 @@ pub fn trim() -> usize {
         }
     }
     dropped
+}
+
+/// What [`trim_stack`] leaves below its own frame: far more than the rest of that frame, the
+/// red zone and `madvise` use.
+const STACK_MARGIN: usize = 16 * 1024;
+
+/// Gives back the pages of the calling thread's stack below where it runs now, and returns how
+/// many bytes that was. A thread keeps every stack page it ever touched: startup's deep calls
+/// (parsing, the first NVML calls) leave pages that steady state never uses again. Below the
+/// stack pointer nothing is live, so a page touched again simply comes back zeroed; this is
+/// what glibc does to the stacks of exited threads it keeps for reuse. The bounds are the
+/// mapping of `/proc/self/maps` that holds the caller's frame; where it cannot be read, nothing
+/// is dropped.
+#[inline(never)]
+pub fn trim_stack() -> usize {
+    let here = 0u8;
+    let sp = std::hint::black_box(&here) as *const u8 as usize;
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return 0;
+    };
+    let Some(stack) = maps
+        .lines()
+        .filter_map(header)
+        .map(|(r, _)| r)
+        .find(|r| r.start <= sp && sp < r.end)
+    else {
+        return 0;
+    };
+    let page = 4096;
+    let end = sp.saturating_sub(STACK_MARGIN) & !(page - 1);
+    if end <= stack.start {
+        return 0;
+    }
+    // SAFETY: [stack.start, end) is the part of the calling thread's own stack mapping more than
+    // STACK_MARGIN below its current frame: no live frame or object is there, and no other
+    // thread uses this stack. Its pages come back zero-filled when touched again.
+    let rc = unsafe {
+        libc::madvise(
+            stack.start as *mut libc::c_void,
+            end - stack.start,
+            libc::MADV_DONTNEED,
+        )
+    };
+    if rc == 0 {
+        end - stack.start
+    } else {
+        0
+    }
 }
 
 /// One mapping of `smaps` as read so far.
@@ -181,6 +231,61 @@ fn path(rest: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Touches about `depth` × 64 KiB of stack, and returns a sum that needs every level.
+    #[inline(never)]
+    fn deep(depth: u32) -> u64 {
+        let mut block = [0u8; 64 * 1024];
+        block[0] = depth as u8;
+        let block = std::hint::black_box(&mut block);
+        let below = if depth == 0 { 0 } else { deep(depth - 1) };
+        below + u64::from(block[0]) + u64::from(block[65535])
+    }
+
+    /// The resident bytes of the calling thread's stack mapping, by `mincore`.
+    fn stack_resident() -> usize {
+        let here = 0u8;
+        let sp = std::hint::black_box(&here) as *const u8 as usize;
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let r = maps
+            .lines()
+            .filter_map(header)
+            .map(|(r, _)| r)
+            .find(|r| r.start <= sp && sp < r.end)
+            .unwrap();
+        let mut pages = vec![0u8; (r.end - r.start) / 4096];
+        // SAFETY: the range is a whole mapping, and `pages` has a byte for each of its pages.
+        let rc = unsafe {
+            libc::mincore(
+                r.start as *mut libc::c_void,
+                r.end - r.start,
+                pages.as_mut_ptr(),
+            )
+        };
+        assert_eq!(rc, 0);
+        pages.iter().filter(|p| **p & 1 == 1).count() * 4096
+    }
+
+    #[test]
+    fn trim_stack_gives_back_what_a_deep_call_touched_and_the_stack_still_works() {
+        std::thread::Builder::new()
+            .stack_size(4 << 20)
+            .spawn(|| {
+                assert_eq!(deep(16), (0..=16).sum::<u64>());
+                let touched = stack_resident();
+                assert!(touched > 1 << 20, "the deep call touched {touched} bytes");
+                let dropped = trim_stack();
+                let left = stack_resident();
+                assert!(dropped > 1 << 20, "dropped {dropped} bytes");
+                assert!(left < 64 * 1024, "{left} bytes still resident");
+                // Pages come back zeroed, and the thread runs as before.
+                assert_eq!(deep(16), (0..=16).sum::<u64>());
+                assert!(stack_resident() > 1 << 20);
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
 
     const SMAPS: &str = "\
 55d0a0000000-55d0a0200000 r--p 00000000 08:01 1234 /usr/bin/gpuwatch

@@ -553,10 +553,15 @@ fn the_iam_policy_grants_exactly_the_calls_in_the_code() {
     // Every `<client>.<operation>()` call in the cloud modules, in PascalCase.
     let mut called: Vec<String> = Vec::new();
     for (file, clients) in [
-        ("src/cloud/ec2.rs", &[".client."][..]),
+        ("src/cloud/ec2.rs", &[".client().await."][..]),
         (
             "src/cloud/services.rs",
-            &[".budgets().", ".sns().", ".cloudwatch().", ".pricing()."][..],
+            &[
+                ".budgets().await.",
+                ".sns().await.",
+                ".cloudwatch().await.",
+                ".pricing().await.",
+            ][..],
         ),
     ] {
         let source = std::fs::read_to_string(root.join(file)).unwrap();

@@ -516,7 +516,7 @@ fn pricing_fixture(usd: &str) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
 fn the_pricing_api_price_is_parsed_and_used() {
     let (addr, requests) = pricing_fixture("32.7726000000");
     let services = gpuwatch::cloud::services::Services::new(
-        &aws::sdk_config(aws::moto().addr),
+        &aws::sdk_config(aws::moto().addr).into(),
         Some(&format!("http://{addr}")),
     );
     let price = rt()

@@ -161,6 +161,19 @@ fn the_image_holds_only_gpuwatch_and_runs_the_demo() {
         serde_json::from_str(&buildah(&["inspect", "--type", "image", &image])).unwrap();
     let oci = &config["OCIv1"]["config"];
     assert_eq!(oci["User"], "65532:65532", "{oci}");
+    // The allocator runs as the systemd unit runs it.
+    let tunables = format!(
+        "GLIBC_TUNABLES={}",
+        common::unit_environment("GLIBC_TUNABLES")
+    );
+    assert!(
+        oci["Env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e == tunables.as_str()),
+        "{oci}"
+    );
     assert_eq!(oci["Entrypoint"], serde_json::json!(["/usr/bin/gpuwatch"]));
     assert_eq!(
         oci["Cmd"],

@@ -1,11 +1,14 @@
 //! The EC2 calls gpuwatch makes, and nothing else. `services::IAM_ACTIONS` and
 //! `config/iam-policy.json` list the same operations; a test keeps them in step.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::operation::RequestId;
 use aws_sdk_ec2::types::{Filter, SpotInstanceType, Tag};
+
+use crate::cloud::services::Shared;
 
 /// An EC2 call that failed, with what a person needs to act on it.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -81,35 +84,55 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + 'static>(
 pub use gpuwatch_core::plan::SpotRequest;
 
 /// The EC2 API, for this one instance.
+/// The client is made on the first call (see [`Shared`]).
 #[derive(Clone)]
 pub struct Ec2 {
-    client: aws_sdk_ec2::Client,
+    shared: Shared,
+    client: Arc<tokio::sync::OnceCell<aws_sdk_ec2::Client>>,
     pub instance_id: String,
 }
 
 impl Ec2 {
-    /// Builds a client from the shared SDK configuration (`services::shared_config`: the default
-    /// credential chain, which is the instance role on EC2; tests give static credentials).
-    /// Retries are gpuwatch's own (see `actions`), so the SDK makes one attempt per call.
+    /// An EC2 client of the shared SDK configuration (the default credential chain, which is the
+    /// instance role on EC2; tests give static credentials), made on its first call.
+    pub fn new(shared: &Shared, instance_id: &str) -> Ec2 {
+        Ec2 {
+            shared: shared.clone(),
+            client: Arc::default(),
+            instance_id: instance_id.to_string(),
+        }
+    }
+
+    /// An EC2 client of a configuration already loaded.
     pub fn with_config(shared: &aws_config::SdkConfig, instance_id: &str) -> Ec2 {
-        let builder = aws_sdk_ec2::config::Builder::from(shared)
+        Ec2::new(&Shared::from(shared.clone()), instance_id)
+    }
+
+    /// Retries are gpuwatch's own (see `actions`), so the SDK makes one attempt per call.
+    async fn client(&self) -> &aws_sdk_ec2::Client {
+        let shared = self.shared.get().await;
+        self.client
+            .get_or_init(|| async { aws_sdk_ec2::Client::from_conf(Ec2::config(shared)) })
+            .await
+    }
+
+    fn config(shared: &aws_config::SdkConfig) -> aws_sdk_ec2::Config {
+        aws_sdk_ec2::config::Builder::from(shared)
             .retry_config(aws_config::retry::RetryConfig::disabled())
             .timeout_config(
                 aws_config::timeout::TimeoutConfig::builder()
                     .operation_timeout(Duration::from_secs(30))
                     .connect_timeout(Duration::from_secs(5))
                     .build(),
-            );
-        Ec2 {
-            client: aws_sdk_ec2::Client::from_conf(builder.build()),
-            instance_id: instance_id.to_string(),
-        }
+            )
+            .build()
     }
 
     /// This instance, as DescribeInstances tells it.
     async fn describe(&self) -> Result<Option<aws_sdk_ec2::types::Instance>, CloudError> {
         let out = self
-            .client
+            .client()
+            .await
             .describe_instances()
             .instance_ids(&self.instance_id)
             .send()
@@ -145,7 +168,8 @@ impl Ec2 {
     /// The spot request that launched this instance, if one did and it is still open.
     pub async fn spot_request(&self) -> Result<Option<SpotRequest>, CloudError> {
         let out = self
-            .client
+            .client()
+            .await
             .describe_spot_instance_requests()
             .filters(
                 Filter::builder()
@@ -175,7 +199,8 @@ impl Ec2 {
         zone: &str,
     ) -> Result<Option<f64>, CloudError> {
         let out = self
-            .client
+            .client()
+            .await
             .describe_spot_price_history()
             .instance_types(aws_sdk_ec2::types::InstanceType::from(instance_type))
             .filters(
@@ -206,7 +231,8 @@ impl Ec2 {
     /// Tags the instance with what gpuwatch is about to do, before it does it.
     pub async fn tag_action(&self, action: &str, rule: &str) -> Result<Option<String>, CloudError> {
         let out = self
-            .client
+            .client()
+            .await
             .create_tags()
             .resources(&self.instance_id)
             .tags(Tag::builder().key("gpuwatch:action").value(action).build())
@@ -219,7 +245,8 @@ impl Ec2 {
 
     pub async fn stop(&self, hibernate: bool) -> Result<Option<String>, CloudError> {
         let out = self
-            .client
+            .client()
+            .await
             .stop_instances()
             .instance_ids(&self.instance_id)
             .hibernate(hibernate)
@@ -231,7 +258,8 @@ impl Ec2 {
 
     pub async fn terminate(&self) -> Result<Option<String>, CloudError> {
         let out = self
-            .client
+            .client()
+            .await
             .terminate_instances()
             .instance_ids(&self.instance_id)
             .send()
@@ -242,7 +270,8 @@ impl Ec2 {
 
     pub async fn cancel_spot_request(&self, id: &str) -> Result<Option<String>, CloudError> {
         let out = self
-            .client
+            .client()
+            .await
             .cancel_spot_instance_requests()
             .spot_instance_request_ids(id)
             .send()

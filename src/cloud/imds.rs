@@ -1,8 +1,16 @@
 //! Instance metadata (IMDSv2): identity, lifecycle, tags and spot interruption notices.
+//!
+//! The metadata service speaks plain HTTP/1.1 on a link-local address, so each request is one
+//! HTTP/1 connection of hyper's, with no TLS, proxy, redirect or connection pool: it is polled
+//! every few seconds for a node's life, and a general client's machinery would cost the async
+//! worker tens of KiB of stack on every poll.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper::Method;
 use serde::Deserialize;
 use tokio::sync::Mutex;
 
@@ -17,7 +25,7 @@ pub enum ImdsError {
     #[error("instance metadata at {endpoint} did not answer: {source}")]
     Unreachable {
         endpoint: String,
-        source: reqwest::Error,
+        source: std::io::Error,
     },
     #[error("instance metadata {path}: HTTP {status}")]
     Status { path: String, status: u16 },
@@ -49,9 +57,19 @@ struct RebalanceNotice {
 }
 
 pub struct Imds {
+    /// The endpoint as configured, for messages.
     base: String,
-    http: reqwest::Client,
+    /// `host:port` to connect to and name in `Host`.
+    authority: String,
+    /// The path the endpoint's URL ends with, if any, before `/latest/...`.
+    prefix: String,
     token: Mutex<Option<Token>>,
+}
+
+/// An answer: its status and (for a success) its body.
+struct Answer {
+    status: u16,
+    body: Bytes,
 }
 
 /// A session token and when it was fetched, by the monotonic clock and by the wall clock: the
@@ -75,17 +93,93 @@ impl Token {
 const MAX_BODY: usize = 64 * 1024;
 
 impl Imds {
+    /// `endpoint` is an `http://` URL (the config checks it); anything else fails every request
+    /// as unreachable.
     pub fn new(endpoint: &str) -> Imds {
-        let http = crate::web::tls::http_client()
-            .timeout(TIMEOUT)
-            .connect_timeout(TIMEOUT)
-            .no_proxy()
-            .build()
-            .unwrap_or_default();
+        let base = endpoint.trim_end_matches('/').to_string();
+        let rest = base.strip_prefix("http://").unwrap_or_default();
+        let (host, prefix) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        // A port given, or 80; an IPv6 literal keeps its brackets.
+        let authority = match host.rsplit_once(':') {
+            Some((_, port)) if !port.contains(']') => host.to_string(),
+            _ => format!("{host}:80"),
+        };
+        let prefix = prefix.to_string();
         Imds {
-            base: endpoint.trim_end_matches('/').to_string(),
-            http,
+            base,
+            authority,
+            prefix,
             token: Mutex::new(None),
+        }
+    }
+
+    /// Makes one request on a connection of its own, within `TIMEOUT`, reading at most
+    /// `MAX_BODY` bytes of a successful answer's body.
+    async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        header: (&'static str, &str),
+    ) -> Result<Answer, ImdsError> {
+        let unreachable = |source| ImdsError::Unreachable {
+            endpoint: self.base.clone(),
+            source,
+        };
+        if self.authority.starts_with(':') || !self.base.starts_with("http://") {
+            return Err(unreachable(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the endpoint is not an http:// URL",
+            )));
+        }
+        let request = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.prefix))
+            .header(hyper::header::HOST, &self.authority)
+            .header(header.0, header.1)
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| unreachable(std::io::Error::other(e)))?;
+        let exchange = async {
+            let stream = tokio::net::TcpStream::connect(&self.authority).await?;
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .map_err(std::io::Error::other)?;
+            // The connection ends once the answer is read and `sender` dropped.
+            tokio::spawn(connection);
+            let answer = sender
+                .send_request(request)
+                .await
+                .map_err(std::io::Error::other)?;
+            let status = answer.status().as_u16();
+            if !answer.status().is_success() {
+                return Ok(Ok(Answer {
+                    status,
+                    body: Bytes::new(),
+                }));
+            }
+            Ok(
+                match Limited::new(answer.into_body(), MAX_BODY).collect().await {
+                    Ok(body) => Ok(Answer {
+                        status,
+                        body: body.to_bytes(),
+                    }),
+                    Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                        Err(ImdsError::Invalid {
+                            path: path.into(),
+                            message: format!("the answer is larger than {MAX_BODY} bytes"),
+                        })
+                    }
+                    Err(e) => return Err(std::io::Error::other(e)),
+                },
+            )
+        };
+        match tokio::time::timeout(TIMEOUT, exchange).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) => Err(unreachable(e)),
+            Err(_) => Err(unreachable(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {TIMEOUT:?}"),
+            ))),
         }
     }
 
@@ -95,23 +189,21 @@ impl Imds {
             return Ok(t.value.clone());
         }
         let path = "/latest/api/token";
-        let resp = self
-            .http
-            .put(format!("{}{path}", self.base))
-            .header(
-                "X-aws-ec2-metadata-token-ttl-seconds",
-                TOKEN_TTL_SECS.to_string(),
+        let ttl = TOKEN_TTL_SECS.to_string();
+        let answer = self
+            .request(
+                Method::PUT,
+                path,
+                ("X-aws-ec2-metadata-token-ttl-seconds", &ttl),
             )
-            .send()
-            .await
-            .map_err(|source| self.unreachable(source))?;
-        if !resp.status().is_success() {
+            .await?;
+        if !(200..300).contains(&answer.status) {
             return Err(ImdsError::Status {
                 path: path.into(),
-                status: resp.status().as_u16(),
+                status: answer.status,
             });
         }
-        let token = self.body(path, resp).await?;
+        let token = text(path, answer.body)?;
         *cached = Some(Token {
             value: token.clone(),
             at: Instant::now(),
@@ -125,45 +217,16 @@ impl Imds {
         *self.token.lock().await = None;
     }
 
-    /// Reads an answer's body, at most `MAX_BODY` bytes.
-    async fn body(&self, path: &str, mut resp: reqwest::Response) -> Result<String, ImdsError> {
-        let mut body = Vec::new();
-        while let Some(chunk) = resp
-            .chunk()
-            .await
-            .map_err(|source| self.unreachable(source))?
-        {
-            if body.len() + chunk.len() > MAX_BODY {
-                return Err(ImdsError::Invalid {
-                    path: path.into(),
-                    message: format!("the answer is larger than {MAX_BODY} bytes"),
-                });
-            }
-            body.extend_from_slice(&chunk);
-        }
-        String::from_utf8(body).map_err(|_| ImdsError::Invalid {
-            path: path.into(),
-            message: "the answer is not UTF-8".into(),
-        })
-    }
-
-    fn unreachable(&self, source: reqwest::Error) -> ImdsError {
-        ImdsError::Unreachable {
-            endpoint: self.base.clone(),
-            source,
-        }
-    }
-
     /// GETs a metadata path; `Ok(None)` for 404. A 401 means the token was revoked or has
     /// expired: a new one is fetched and the request made once more.
     async fn get(&self, path: &str) -> Result<Option<String>, ImdsError> {
-        let mut resp = self.send_get(path).await?;
-        if resp.status().as_u16() == 401 {
+        let mut answer = self.send_get(path).await?;
+        if answer.status == 401 {
             self.forget_token().await;
-            resp = self.send_get(path).await?;
+            answer = self.send_get(path).await?;
         }
-        match resp.status().as_u16() {
-            200 => Ok(Some(self.body(path, resp).await?.trim().to_string())),
+        match answer.status {
+            200 => Ok(Some(text(path, answer.body)?.trim().to_string())),
             404 => Ok(None),
             status => Err(ImdsError::Status {
                 path: path.into(),
@@ -172,14 +235,14 @@ impl Imds {
         }
     }
 
-    async fn send_get(&self, path: &str) -> Result<reqwest::Response, ImdsError> {
+    async fn send_get(&self, path: &str) -> Result<Answer, ImdsError> {
         let token = self.token().await?;
-        self.http
-            .get(format!("{}/latest/meta-data/{path}", self.base))
-            .header("X-aws-ec2-metadata-token", token)
-            .send()
-            .await
-            .map_err(|source| self.unreachable(source))
+        self.request(
+            Method::GET,
+            &format!("/latest/meta-data/{path}"),
+            ("X-aws-ec2-metadata-token", &token),
+        )
+        .await
     }
 
     async fn required(&self, path: &str) -> Result<String, ImdsError> {
@@ -257,6 +320,14 @@ impl Imds {
     }
 }
 
+/// An answer's body as text.
+fn text(path: &str, body: Bytes) -> Result<String, ImdsError> {
+    String::from_utf8(body.into()).map_err(|_| ImdsError::Invalid {
+        path: path.into(),
+        message: "the answer is not UTF-8".into(),
+    })
+}
+
 /// Parses a `spot/instance-action` answer: `{"action": "terminate", "time": "<RFC 3339>"}`.
 pub fn parse_instance_action(body: &str) -> Result<Notice, String> {
     let a: InstanceAction = serde_json::from_str(body).map_err(|e| e.to_string())?;
@@ -274,4 +345,100 @@ pub fn parse_rebalance(body: &str) -> Result<Notice, String> {
     let time = crate::time::parse_rfc3339(&r.notice_time)
         .ok_or_else(|| format!("noticeTime {:?} is not RFC 3339", r.notice_time))?;
     Ok(Notice::Rebalance { time })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn the_endpoint_gives_the_address_host_and_path() {
+        let cases = [
+            ("http://169.254.169.254", "169.254.169.254:80", ""),
+            ("http://127.0.0.1:8080/", "127.0.0.1:8080", ""),
+            ("http://[fd00:ec2::254]", "[fd00:ec2::254]:80", ""),
+            ("http://[::1]:1338/imds", "[::1]:1338", "/imds"),
+            ("http://metadata.local/x/y/", "metadata.local:80", "/x/y"),
+        ];
+        for (endpoint, authority, prefix) in cases {
+            let imds = Imds::new(endpoint);
+            assert_eq!(imds.authority, authority, "{endpoint}");
+            assert_eq!(imds.prefix, prefix, "{endpoint}");
+        }
+    }
+
+    /// Serves one connection: reads the request head, then writes `answer` (if any) and waits.
+    async fn serve_once(answer: Option<Vec<u8>>) -> (String, tokio::task::JoinHandle<String>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.ends_with(b"\r\n\r\n") {
+                let n = stream.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the request ended early");
+                head.extend_from_slice(&buf[..n]);
+            }
+            if let Some(answer) = answer {
+                let _ = stream.write_all(&answer).await;
+            }
+            // Longer than a client waits.
+            tokio::time::sleep(TIMEOUT + Duration::from_millis(500)).await;
+            String::from_utf8(head).unwrap()
+        });
+        (format!("http://{addr}"), task)
+    }
+
+    #[tokio::test]
+    async fn a_token_request_names_its_ttl_and_host_and_an_oversized_answer_is_refused() {
+        let mut answer = b"HTTP/1.1 200 OK\r\ncontent-length: 70000\r\n\r\n".to_vec();
+        answer.resize(answer.len() + 70_000, b'a');
+        let (endpoint, server) = serve_once(Some(answer)).await;
+        let imds = Imds::new(&endpoint);
+        let err = imds.token().await.unwrap_err();
+        assert!(
+            err.to_string()
+                .ends_with("/latest/api/token: the answer is larger than 65536 bytes"),
+            "{err}"
+        );
+        server.abort();
+        let (endpoint, server) = serve_once(Some(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nAQ==\n".to_vec(),
+        ))
+        .await;
+        let imds = Imds::new(&endpoint);
+        assert_eq!(imds.token().await.unwrap(), "AQ==\n");
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_silent_endpoint_is_unreachable_after_the_timeout() {
+        let (endpoint, server) = serve_once(None).await;
+        let started = Instant::now();
+        let err = Imds::new(&endpoint).token().await.unwrap_err();
+        assert!(started.elapsed() >= TIMEOUT);
+        assert!(
+            matches!(&err, ImdsError::Unreachable { source, .. } if source.kind() == std::io::ErrorKind::TimedOut),
+            "{err}"
+        );
+        let head = tokio::time::timeout(TIMEOUT * 3, server)
+            .await
+            .unwrap()
+            .unwrap()
+            .to_ascii_lowercase();
+        assert!(
+            head.starts_with("put /latest/api/token http/1.1\r\n"),
+            "{head}"
+        );
+        assert!(
+            head.contains(&format!("host: {}\r\n", &endpoint[7..])),
+            "{head}"
+        );
+        assert!(
+            head.contains("x-aws-ec2-metadata-token-ttl-seconds: 21600\r\n"),
+            "{head}"
+        );
+    }
 }

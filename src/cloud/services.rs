@@ -28,9 +28,56 @@ pub const IAM_ACTIONS: &[(&str, &str)] = &[
     ("GetProducts", "pricing:GetProducts"),
 ];
 
-/// The AWS SDK's shared configuration: the default credential chain, the region, and (for
-/// tests and private endpoints) one endpoint for every service.
-pub async fn shared_config(region: &str, endpoint_url: Option<&str>) -> aws_config::SdkConfig {
+/// The AWS SDK's shared configuration, loaded on the first call that needs it: a node whose
+/// config never calls AWS (a price in the config, local budgets, and no rule that fires) never
+/// loads the credential chain, its STS client or the system's CA certificates, and keeps their
+/// memory. Clones share one configuration.
+#[derive(Clone)]
+pub struct Shared(Arc<SharedInner>);
+
+struct SharedInner {
+    region: String,
+    endpoint_url: Option<String>,
+    loaded: tokio::sync::OnceCell<aws_config::SdkConfig>,
+}
+
+impl Shared {
+    /// `endpoint_url` (for tests and private endpoints) is one endpoint for every service.
+    pub fn new(region: &str, endpoint_url: Option<&str>) -> Shared {
+        Shared(Arc::new(SharedInner {
+            region: region.to_string(),
+            endpoint_url: endpoint_url.map(str::to_string),
+            loaded: tokio::sync::OnceCell::new(),
+        }))
+    }
+
+    /// The configuration, loaded now if no call has loaded it yet.
+    pub async fn get(&self) -> &aws_config::SdkConfig {
+        let inner = &*self.0;
+        inner
+            .loaded
+            // Boxed: loading is a large future, and it runs once; unboxed, it would size every
+            // call's future.
+            .get_or_init(|| Box::pin(shared_config(&inner.region, inner.endpoint_url.as_deref())))
+            .await
+    }
+}
+
+/// A configuration already loaded.
+impl From<aws_config::SdkConfig> for Shared {
+    fn from(config: aws_config::SdkConfig) -> Shared {
+        let region = config.region().map(ToString::to_string).unwrap_or_default();
+        Shared(Arc::new(SharedInner {
+            region,
+            endpoint_url: config.endpoint_url().map(str::to_string),
+            loaded: tokio::sync::OnceCell::new_with(Some(config)),
+        }))
+    }
+}
+
+/// The default credential chain, the region, and (for tests and private endpoints) one endpoint
+/// for every service.
+async fn shared_config(region: &str, endpoint_url: Option<&str>) -> aws_config::SdkConfig {
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
         .region(aws_config::Region::new(region.to_string()));
     if let Some(url) = endpoint_url {
@@ -55,12 +102,13 @@ fn err(e: impl std::error::Error) -> String {
 
 /// The AWS services beside EC2. Each client is made on its first call, so a node whose config
 /// uses none of them (a price in the config, no AWS Budgets, SNS or CloudWatch) never builds
-/// them: their code and memory stay out of the daemon's resident set.
+/// them, nor loads the shared configuration for them: their code and memory stay out of the
+/// daemon's resident set.
 #[derive(Clone)]
 pub struct Services(Arc<Clients>);
 
 struct Clients {
-    shared: aws_config::SdkConfig,
+    shared: Shared,
     pricing_endpoint: Option<String>,
     budgets: OnceLock<aws_sdk_budgets::Client>,
     sns: OnceLock<aws_sdk_sns::Client>,
@@ -70,7 +118,7 @@ struct Clients {
 
 impl Services {
     /// `pricing_endpoint` overrides the Pricing API's endpoint alone (it lives in us-east-1).
-    pub fn new(shared: &aws_config::SdkConfig, pricing_endpoint: Option<&str>) -> Services {
+    pub fn new(shared: &Shared, pricing_endpoint: Option<&str>) -> Services {
         Services(Arc::new(Clients {
             shared: shared.clone(),
             pricing_endpoint: pricing_endpoint.map(str::to_string),
@@ -81,27 +129,29 @@ impl Services {
         }))
     }
 
-    fn budgets(&self) -> &aws_sdk_budgets::Client {
+    async fn budgets(&self) -> &aws_sdk_budgets::Client {
+        let shared = self.0.shared.get().await;
         self.0
             .budgets
-            .get_or_init(|| aws_sdk_budgets::Client::new(&self.0.shared))
+            .get_or_init(|| aws_sdk_budgets::Client::new(shared))
     }
 
-    fn sns(&self) -> &aws_sdk_sns::Client {
-        self.0
-            .sns
-            .get_or_init(|| aws_sdk_sns::Client::new(&self.0.shared))
+    async fn sns(&self) -> &aws_sdk_sns::Client {
+        let shared = self.0.shared.get().await;
+        self.0.sns.get_or_init(|| aws_sdk_sns::Client::new(shared))
     }
 
-    fn cloudwatch(&self) -> &aws_sdk_cloudwatch::Client {
+    async fn cloudwatch(&self) -> &aws_sdk_cloudwatch::Client {
+        let shared = self.0.shared.get().await;
         self.0
             .cloudwatch
-            .get_or_init(|| aws_sdk_cloudwatch::Client::new(&self.0.shared))
+            .get_or_init(|| aws_sdk_cloudwatch::Client::new(shared))
     }
 
-    fn pricing(&self) -> &aws_sdk_pricing::Client {
+    async fn pricing(&self) -> &aws_sdk_pricing::Client {
+        let shared = self.0.shared.get().await;
         self.0.pricing.get_or_init(|| {
-            let mut pricing = aws_sdk_pricing::config::Builder::from(&self.0.shared)
+            let mut pricing = aws_sdk_pricing::config::Builder::from(shared)
                 .region(aws_sdk_pricing::config::Region::new("us-east-1"));
             if let Some(url) = &self.0.pricing_endpoint {
                 pricing = pricing.endpoint_url(url);
@@ -114,6 +164,7 @@ impl Services {
     pub async fn describe_budget(&self, account_id: &str, name: &str) -> Result<Reading, String> {
         let out = self
             .budgets()
+            .await
             .describe_budget()
             .account_id(account_id)
             .budget_name(name)
@@ -145,6 +196,7 @@ impl Services {
     ) -> Result<Option<String>, String> {
         let out = self
             .sns()
+            .await
             .publish()
             .topic_arn(topic_arn)
             .subject(subject)
@@ -161,6 +213,7 @@ impl Services {
         datums: Vec<MetricDatum>,
     ) -> Result<(), String> {
         self.cloudwatch()
+            .await
             .put_metric_data()
             .namespace(namespace)
             .set_metric_data(Some(datums))
@@ -187,6 +240,7 @@ impl Services {
         };
         let out = self
             .pricing()
+            .await
             .get_products()
             .service_code("AmazonEC2")
             .filters(term("instanceType", instance_type)?)

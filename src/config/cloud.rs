@@ -52,7 +52,17 @@ impl RawCloud {
             &self.provider,
             &[("none", Provider::None), ("aws", Provider::Aws)],
         );
-        let imds_endpoint = url(invalid, "cloud.imds_endpoint", &self.imds_endpoint, true);
+        let mut imds_endpoint = url(invalid, "cloud.imds_endpoint", &self.imds_endpoint, true);
+        if self.imds_endpoint.starts_with("https://") {
+            invalid(
+                "cloud.imds_endpoint",
+                format!(
+                    "\"{}\" is not an http:// URL (instance metadata speaks plain HTTP)",
+                    self.imds_endpoint
+                ),
+            );
+            imds_endpoint = None;
+        }
         let endpoint_url = url(invalid, "cloud.endpoint_url", &self.endpoint_url, false);
         let poll_interval = duration(
             invalid,

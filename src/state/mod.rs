@@ -7,7 +7,10 @@
 //! again. A state file that exists but cannot be read (an I/O error) is not replaced: the caller
 //! waits until it reads, and takes no action meanwhile.
 
+mod io_thread;
 pub mod metrics;
+
+pub use io_thread::{off_async, on_io_thread};
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -298,17 +301,6 @@ fn read_capped(path: &Path, max: u64) -> io::Result<String> {
             format!("{} is not UTF-8", path.display()),
         )
     })
-}
-
-/// Runs blocking file I/O (fsyncs, /proc scans) so that it does not stall an async worker: on a
-/// multi-threaded runtime the worker hands its other tasks off first. Elsewhere it just runs.
-pub fn off_async<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(f)
-        }
-        _ => f(),
-    }
 }
 
 /// Writes `body` to `path` through a temporary file and a rename, so that readers and a crash

@@ -78,7 +78,7 @@ pub async fn poll_cloud(p: CloudPoller) {
                 }
                 if hook_ran_for != Some(time) && !hook.is_empty() {
                     hook_ran_for = Some(time);
-                    run_hook(&hook, hook_timeout, &executor).await;
+                    Box::pin(run_hook(&hook, hook_timeout, &executor)).await;
                 }
             }
             Ok(None) => {
@@ -122,7 +122,10 @@ pub async fn poll_cloud(p: CloudPoller) {
             _ => match &ec2 {
                 Some(ec2) if last_tag_read.is_none_or(|t| t.elapsed() >= tag_every) => {
                     last_tag_read = Some(std::time::Instant::now());
-                    match ec2.tags().await {
+                    // Boxed, as is the hook: an AWS call is a large future, and this loop polls
+                    // the metadata service every few seconds with whatever it holds inline on
+                    // the worker's stack.
+                    match Box::pin(ec2.tags()).await {
                         Ok(t) => Some(t),
                         Err(e) => {
                             tracing::warn!(error = %e, "cannot read instance tags");

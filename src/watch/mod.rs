@@ -212,7 +212,7 @@ impl Watch {
             let now = snap.timestamp;
 
             // Read.
-            let (obs, mut inputs, interruption) = self.read(&snap, &mut warned_hold);
+            let (obs, mut inputs, interruption) = self.read(&snap, &mut warned_hold).await;
             self.tracker.fill(&persisted, &mut inputs);
             // Kept to take back this step's budget alerts if their record is not durable.
             let alerted = persisted.alerted.clone();
@@ -238,7 +238,7 @@ impl Watch {
 
             // Persist: durably when anything was decided or alerted, and once a minute.
             let durable = decided || !outcome.crossings.is_empty() || now - last_durable > 60.0;
-            let saved = self.save(&persisted, durable);
+            let saved = self.save(&persisted, durable).await;
             if saved && durable {
                 last_durable = now;
             }
@@ -269,7 +269,7 @@ impl Watch {
             self.publish(&snap, outcome, rules, &inputs, interruption);
             self.progress.stepped(seq);
         }
-        self.save(&persisted, true);
+        self.save(&persisted, true).await;
         tracing::info!("cost watch stopped");
         self.executor.audit(json!({"event": "stopped"}));
     }
@@ -278,7 +278,7 @@ impl Watch {
     /// (with any activity veto), holds from the state directory and the instance tag, the
     /// lifecycle and a spot interruption notice (and when it takes effect). The price is filled
     /// in by the tracker.
-    fn read(
+    async fn read(
         &self,
         snap: &Snapshot,
         warned_hold: &mut Option<String>,
@@ -304,13 +304,10 @@ impl Watch {
             names.dedup();
             names
         });
-        // Scanning /proc and reading the hold file block: keep them off the async workers.
-        let (veto, local) = crate::state::off_async(|| {
-            (
-                crate::vetoes::check(&self.config.vetoes),
-                self.state_dir.hold(),
-            )
-        });
+        // Scanning /proc and reading the hold file block: keep them off the async worker.
+        let (vetoes, dir) = (self.config.vetoes.clone(), self.state_dir.clone());
+        let (veto, local) =
+            crate::state::on_io_thread(move || (crate::vetoes::check(&vetoes), dir.hold())).await;
         obs.veto = veto;
         let tag = self
             .signals
@@ -508,7 +505,7 @@ impl Watch {
                 "sent_at": crate::time::rfc3339(f.at), "instance_state": state, "repeated": false,
             }));
         }
-        self.save(persisted, true);
+        self.save(persisted, true).await;
     }
 
     /// Loads the persisted state. A state file that exists but cannot be read may hold an
@@ -545,8 +542,9 @@ impl Watch {
 
     /// Saves the state off the async workers (a durable save fsyncs). Returns whether it worked;
     /// a failure is logged and counted.
-    fn save(&self, persisted: &Persisted, durable: bool) -> bool {
-        match crate::state::off_async(|| self.state_dir.save(persisted, durable)) {
+    async fn save(&self, persisted: &Persisted, durable: bool) -> bool {
+        let (dir, state) = (self.state_dir.clone(), persisted.clone());
+        match crate::state::on_io_thread(move || dir.save(&state, durable)).await {
             Ok(()) => true,
             Err(e) => {
                 self.executor.audit.errors.count(crate::state::DiskOp::Save);
@@ -638,12 +636,12 @@ impl Watch {
                 };
                 if let Outcome::NotRecorded(_) = outcome {
                     self.not_recorded(persisted, &rule.name, *action, "audit.jsonl");
-                    self.save(persisted, true);
+                    self.save(persisted, true).await;
                     return;
                 }
                 self.count(*action, outcome.label());
                 engine::complete(&mut persisted.engine, &rule.name);
-                self.save(persisted, true);
+                self.save(persisted, true).await;
                 if let Outcome::Failed(_) = outcome {
                     tracing::error!(rule = %rule.name, "the action failed; the rule re-arms on fresh data");
                 }
