@@ -295,6 +295,13 @@ impl App {
                     task.abort.abort();
                     let _ = task.handle.await;
                 }
+                // A save the watch was waiting for when it stopped (or was aborted) still runs
+                // on the I/O thread: jobs run in order, so once this one has run, every save
+                // before it is on disk, and the daemon may exit.
+                let drained = tokio::time::timeout(IO_DRAIN, crate::state::on_io_thread(|| ()));
+                if drained.await.is_err() {
+                    tracing::warn!("the state directory did not answer within {IO_DRAIN:?}; exiting without the last save");
+                }
             }
         };
         crate::serve::serve(listener, router, limits, http, tls, shutdown).await;
@@ -304,6 +311,10 @@ impl App {
         Ok(())
     }
 }
+
+/// How long shutdown waits for the state directory to finish the saves in flight: well within
+/// the unit's `TimeoutStopSec`, after the watch's grace.
+const IO_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The `Hostname` label of the DCGM names: the configured one, else `NODE_NAME` (which a
 /// DaemonSet sets to the node's name, as dcgm-exporter's does), else the machine's hostname.

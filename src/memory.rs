@@ -93,25 +93,29 @@ pub fn trim() -> usize {
     dropped
 }
 
-/// What [`trim_stack`] leaves below its own frame: far more than the rest of that frame, the
-/// red zone and `madvise` use.
+/// What [`trim_stack`] leaves below its own frame, at least: far more than the rest of that
+/// frame, the red zone and `madvise` use. Two pages where pages are larger (64 KiB on some
+/// aarch64 kernels), since `madvise` works in whole pages.
 const STACK_MARGIN: usize = 16 * 1024;
 
 /// Gives back the pages of the calling thread's stack below where it runs now, and returns how
 /// many bytes that was. A thread keeps every stack page it ever touched: startup's deep calls
 /// (parsing, the first NVML calls) leave pages that steady state never uses again. Below the
 /// stack pointer nothing is live, so a page touched again simply comes back zeroed; this is
-/// what glibc does to the stacks of exited threads it keeps for reuse. The bounds are the
-/// mapping of `/proc/self/maps` that holds the caller's frame; where it cannot be read, nothing
-/// is dropped.
+/// what glibc does to the stacks of exited threads it keeps for reuse. The range is where the
+/// thread's own stack (`pthread_getattr_np`) and the mapping of `/proc/self/maps` that holds
+/// the caller's frame overlap; where either cannot be read, nothing is dropped.
 #[inline(never)]
 pub fn trim_stack() -> usize {
     let here = 0u8;
     let sp = std::hint::black_box(&here) as *const u8 as usize;
+    let (Some(low), Some(page)) = (stack_low(), page_size()) else {
+        return 0;
+    };
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
         return 0;
     };
-    let Some(stack) = maps
+    let Some(mapping) = maps
         .lines()
         .filter_map(header)
         .map(|(r, _)| r)
@@ -119,26 +123,51 @@ pub fn trim_stack() -> usize {
     else {
         return 0;
     };
-    let page = 4096;
-    let end = sp.saturating_sub(STACK_MARGIN) & !(page - 1);
-    if end <= stack.start {
+    let start = mapping.start.max(low).next_multiple_of(page);
+    let end = sp.saturating_sub(STACK_MARGIN.max(2 * page)) & !(page - 1);
+    if end <= start {
         return 0;
     }
-    // SAFETY: [stack.start, end) is the part of the calling thread's own stack mapping more than
-    // STACK_MARGIN below its current frame: no live frame or object is there, and no other
-    // thread uses this stack. Its pages come back zero-filled when touched again.
-    let rc = unsafe {
-        libc::madvise(
-            stack.start as *mut libc::c_void,
-            end - stack.start,
-            libc::MADV_DONTNEED,
-        )
-    };
+    // SAFETY: [start, end) is whole pages of the calling thread's own stack, inside one mapping,
+    // at least STACK_MARGIN and two pages below its current frame: no live frame or object is
+    // there, and no other thread uses this stack. Its pages come back zero-filled when touched.
+    let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
     if rc == 0 {
-        end - stack.start
+        end - start
     } else {
         0
     }
+}
+
+/// The lowest address of the calling thread's stack, as the C library knows it.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn stack_low() -> Option<usize> {
+    let mut attr = std::mem::MaybeUninit::<libc::pthread_attr_t>::uninit();
+    let mut addr: *mut libc::c_void = std::ptr::null_mut();
+    let mut size: libc::size_t = 0;
+    // SAFETY: pthread_getattr_np initialises `attr` for the calling thread when it returns 0;
+    // it is read once and destroyed.
+    let rc = unsafe {
+        if libc::pthread_getattr_np(libc::pthread_self(), attr.as_mut_ptr()) != 0 {
+            return None;
+        }
+        let rc = libc::pthread_attr_getstack(attr.as_ptr(), &mut addr, &mut size);
+        libc::pthread_attr_destroy(attr.as_mut_ptr());
+        rc
+    };
+    (rc == 0 && !addr.is_null() && size > 0).then_some(addr as usize)
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn stack_low() -> Option<usize> {
+    None
+}
+
+/// The kernel's page size.
+fn page_size() -> Option<usize> {
+    // SAFETY: sysconf only reads a system setting.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(page).ok().filter(|p| p.is_power_of_two())
 }
 
 /// One mapping of `smaps` as read so far.
@@ -253,7 +282,8 @@ mod tests {
             .map(|(r, _)| r)
             .find(|r| r.start <= sp && sp < r.end)
             .unwrap();
-        let mut pages = vec![0u8; (r.end - r.start) / 4096];
+        let page = page_size().unwrap();
+        let mut pages = vec![0u8; (r.end - r.start) / page];
         // SAFETY: the range is a whole mapping, and `pages` has a byte for each of its pages.
         let rc = unsafe {
             libc::mincore(
@@ -263,7 +293,7 @@ mod tests {
             )
         };
         assert_eq!(rc, 0);
-        pages.iter().filter(|p| **p & 1 == 1).count() * 4096
+        pages.iter().filter(|p| **p & 1 == 1).count() * page
     }
 
     #[test]

@@ -59,8 +59,10 @@ struct RebalanceNotice {
 pub struct Imds {
     /// The endpoint as configured, for messages.
     base: String,
-    /// `host:port` to connect to and name in `Host`.
+    /// `host:port` to connect to.
     authority: String,
+    /// The `Host` header: the endpoint's host, with its port if it names one.
+    host: String,
     /// The path the endpoint's URL ends with, if any, before `/latest/...`.
     prefix: String,
     token: Mutex<Option<Token>>,
@@ -105,9 +107,11 @@ impl Imds {
             _ => format!("{host}:80"),
         };
         let prefix = prefix.to_string();
+        let host = host.to_string();
         Imds {
             base,
             authority,
+            host,
             prefix,
             token: Mutex::new(None),
         }
@@ -134,7 +138,7 @@ impl Imds {
         let request = hyper::Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.prefix))
-            .header(hyper::header::HOST, &self.authority)
+            .header(hyper::header::HOST, &self.host)
             .header(header.0, header.1)
             .body(Empty::<Bytes>::new())
             .map_err(|e| unreachable(std::io::Error::other(e)))?;
@@ -203,7 +207,14 @@ impl Imds {
                 status: answer.status,
             });
         }
-        let token = text(path, answer.body)?;
+        // A header value cannot end in a newline: a token that did would fail every request.
+        let token = text(path, answer.body)?.trim().to_string();
+        if token.is_empty() {
+            return Err(ImdsError::Invalid {
+                path: path.into(),
+                message: "the token is empty".into(),
+            });
+        }
         *cached = Some(Token {
             value: token.clone(),
             at: Instant::now(),
@@ -409,7 +420,7 @@ mod tests {
         ))
         .await;
         let imds = Imds::new(&endpoint);
-        assert_eq!(imds.token().await.unwrap(), "AQ==\n");
+        assert_eq!(imds.token().await.unwrap(), "AQ==");
         server.abort();
     }
 
@@ -436,6 +447,8 @@ mod tests {
             head.contains(&format!("host: {}\r\n", &endpoint[7..])),
             "{head}"
         );
+        // A port the endpoint does not name is not sent.
+        assert_eq!(Imds::new("http://169.254.169.254/").host, "169.254.169.254");
         assert!(
             head.contains("x-aws-ec2-metadata-token-ttl-seconds: 21600\r\n"),
             "{head}"

@@ -28,10 +28,10 @@ pub const IAM_ACTIONS: &[(&str, &str)] = &[
     ("GetProducts", "pricing:GetProducts"),
 ];
 
-/// The AWS SDK's shared configuration, loaded on the first call that needs it: a node whose
-/// config never calls AWS (a price in the config, local budgets, and no rule that fires) never
-/// loads the credential chain, its STS client or the system's CA certificates, and keeps their
-/// memory. Clones share one configuration.
+/// The AWS SDK's shared configuration, loaded on the first call that needs it: a node that
+/// never calls AWS (a price in the config, local budgets, instance tags from metadata, and no
+/// rule that fires) never loads the credential chain, its STS client or the system's CA
+/// certificates, and keeps their memory. Clones share one configuration.
 #[derive(Clone)]
 pub struct Shared(Arc<SharedInner>);
 

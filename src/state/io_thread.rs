@@ -55,7 +55,8 @@ pub async fn on_io_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'sta
     match rx.await {
         Ok(Ok(t)) => t,
         Ok(Err(panic)) => std::panic::resume_unwind(panic),
-        Err(_) => unreachable!("every job sends its result before it is dropped"),
+        // A job always sends its result: only the thread's death could drop one unsent.
+        Err(_) => panic!("the I/O thread ended with a job unanswered"),
     }
 }
 
