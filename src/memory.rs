@@ -112,15 +112,7 @@ pub fn trim_stack() -> usize {
     let (Some(low), Some(page)) = (stack_low(), page_size()) else {
         return 0;
     };
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
-        return 0;
-    };
-    let Some(mapping) = maps
-        .lines()
-        .filter_map(header)
-        .map(|(r, _)| r)
-        .find(|r| r.start <= sp && sp < r.end)
-    else {
+    let Some(mapping) = mapping_of(sp) else {
         return 0;
     };
     let start = mapping.start.max(low).next_multiple_of(page);
@@ -137,6 +129,15 @@ pub fn trim_stack() -> usize {
     } else {
         0
     }
+}
+
+/// The mapping of `/proc/self/maps` that holds `addr`.
+fn mapping_of(addr: usize) -> Option<Range> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(header)
+        .map(|(r, _)| r)
+        .find(|r| r.start <= addr && addr < r.end)
 }
 
 /// The lowest address of the calling thread's stack, as the C library knows it.
@@ -275,13 +276,7 @@ mod tests {
     fn stack_resident() -> usize {
         let here = 0u8;
         let sp = std::hint::black_box(&here) as *const u8 as usize;
-        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-        let r = maps
-            .lines()
-            .filter_map(header)
-            .map(|(r, _)| r)
-            .find(|r| r.start <= sp && sp < r.end)
-            .unwrap();
+        let r = mapping_of(sp).unwrap();
         let page = page_size().unwrap();
         let mut pages = vec![0u8; (r.end - r.start) / page];
         // SAFETY: the range is a whole mapping, and `pages` has a byte for each of its pages.

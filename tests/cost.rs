@@ -102,8 +102,7 @@ fn spend_over_a_simulated_day_at_moto_s_spot_price_survives_a_restart() {
     use std::time::Duration;
 
     // The spot price, as the daemon reads it: DescribeSpotPriceHistory from moto.
-    let ec2 =
-        gpuwatch::cloud::ec2::Ec2::with_config(&aws::sdk_config(aws::moto().addr), "i-unused");
+    let ec2 = gpuwatch::cloud::ec2::Ec2::new(&aws::sdk_config(aws::moto().addr).into(), "i-unused");
     let price = rt()
         .block_on(ec2.spot_price("p4d.24xlarge", "us-east-1a"))
         .unwrap()

@@ -103,11 +103,6 @@ impl Ec2 {
         }
     }
 
-    /// An EC2 client of a configuration already loaded.
-    pub fn with_config(shared: &aws_config::SdkConfig, instance_id: &str) -> Ec2 {
-        Ec2::new(&Shared::from(shared.clone()), instance_id)
-    }
-
     /// Retries are gpuwatch's own (see `actions`), so the SDK makes one attempt per call.
     async fn client(&self) -> &aws_sdk_ec2::Client {
         let shared = self.shared.get().await;

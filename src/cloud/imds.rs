@@ -143,48 +143,44 @@ impl Imds {
             .body(Empty::<Bytes>::new())
             .map_err(|e| unreachable(std::io::Error::other(e)))?;
         let exchange = async {
-            let stream = tokio::net::TcpStream::connect(&self.authority).await?;
+            let io = |e| unreachable(std::io::Error::other(e));
+            let stream = tokio::net::TcpStream::connect(&self.authority)
+                .await
+                .map_err(unreachable)?;
             let (mut sender, connection) =
                 hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
                     .await
-                    .map_err(std::io::Error::other)?;
+                    .map_err(io)?;
             // The connection ends once the answer is read and `sender` dropped.
             tokio::spawn(connection);
-            let answer = sender
-                .send_request(request)
-                .await
-                .map_err(std::io::Error::other)?;
+            let answer = sender.send_request(request).await.map_err(io)?;
             let status = answer.status().as_u16();
             if !answer.status().is_success() {
-                return Ok(Ok(Answer {
+                return Ok(Answer {
                     status,
                     body: Bytes::new(),
-                }));
+                });
             }
-            Ok(
-                match Limited::new(answer.into_body(), MAX_BODY).collect().await {
-                    Ok(body) => Ok(Answer {
-                        status,
-                        body: body.to_bytes(),
-                    }),
-                    Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                        Err(ImdsError::Invalid {
-                            path: path.into(),
-                            message: format!("the answer is larger than {MAX_BODY} bytes"),
-                        })
-                    }
-                    Err(e) => return Err(std::io::Error::other(e)),
-                },
-            )
+            match Limited::new(answer.into_body(), MAX_BODY).collect().await {
+                Ok(body) => Ok(Answer {
+                    status,
+                    body: body.to_bytes(),
+                }),
+                Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ImdsError::Invalid {
+                    path: path.into(),
+                    message: format!("the answer is larger than {MAX_BODY} bytes"),
+                }),
+                Err(e) => Err(unreachable(std::io::Error::other(e))),
+            }
         };
-        match tokio::time::timeout(TIMEOUT, exchange).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(e)) => Err(unreachable(e)),
-            Err(_) => Err(unreachable(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("no answer within {TIMEOUT:?}"),
-            ))),
-        }
+        tokio::time::timeout(TIMEOUT, exchange)
+            .await
+            .unwrap_or_else(|_| {
+                Err(unreachable(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer within {TIMEOUT:?}"),
+                )))
+            })
     }
 
     async fn token(&self) -> Result<String, ImdsError> {
@@ -377,9 +373,12 @@ mod tests {
             assert_eq!(imds.authority, authority, "{endpoint}");
             assert_eq!(imds.prefix, prefix, "{endpoint}");
         }
+        // A port the endpoint does not name is not sent.
+        assert_eq!(Imds::new("http://169.254.169.254/").host, "169.254.169.254");
     }
 
-    /// Serves one connection: reads the request head, then writes `answer` (if any) and waits.
+    /// Serves one connection: reads the request head, writes `answer` (if any), and returns the
+    /// head once the client has closed the connection.
     async fn serve_once(answer: Option<Vec<u8>>) -> (String, tokio::task::JoinHandle<String>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -395,15 +394,14 @@ mod tests {
             if let Some(answer) = answer {
                 let _ = stream.write_all(&answer).await;
             }
-            // Longer than a client waits.
-            tokio::time::sleep(TIMEOUT + Duration::from_millis(500)).await;
+            while stream.read(&mut buf).await.is_ok_and(|n| n > 0) {}
             String::from_utf8(head).unwrap()
         });
         (format!("http://{addr}"), task)
     }
 
     #[tokio::test]
-    async fn a_token_request_names_its_ttl_and_host_and_an_oversized_answer_is_refused() {
+    async fn an_oversized_answer_is_refused_and_a_token_is_trimmed() {
         let mut answer = b"HTTP/1.1 200 OK\r\ncontent-length: 70000\r\n\r\n".to_vec();
         answer.resize(answer.len() + 70_000, b'a');
         let (endpoint, server) = serve_once(Some(answer)).await;
@@ -414,18 +412,19 @@ mod tests {
                 .ends_with("/latest/api/token: the answer is larger than 65536 bytes"),
             "{err}"
         );
-        server.abort();
+        // The client let go of the connection.
+        server.await.unwrap();
         let (endpoint, server) = serve_once(Some(
             b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nAQ==\n".to_vec(),
         ))
         .await;
         let imds = Imds::new(&endpoint);
         assert_eq!(imds.token().await.unwrap(), "AQ==");
-        server.abort();
+        server.await.unwrap();
     }
 
     #[tokio::test]
-    async fn a_silent_endpoint_is_unreachable_after_the_timeout() {
+    async fn a_silent_endpoint_is_unreachable_after_the_timeout_and_saw_the_token_request() {
         let (endpoint, server) = serve_once(None).await;
         let started = Instant::now();
         let err = Imds::new(&endpoint).token().await.unwrap_err();
@@ -447,8 +446,6 @@ mod tests {
             head.contains(&format!("host: {}\r\n", &endpoint[7..])),
             "{head}"
         );
-        // A port the endpoint does not name is not sent.
-        assert_eq!(Imds::new("http://169.254.169.254/").host, "169.254.169.254");
         assert!(
             head.contains("x-aws-ec2-metadata-token-ttl-seconds: 21600\r\n"),
             "{head}"

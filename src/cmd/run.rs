@@ -3,9 +3,9 @@
 //! One worker is enough for what the daemon does between samples, and every thread keeps the
 //! stack pages it has touched. Blocking work never stalls it: per-sample file I/O runs on the
 //! `gpuwatch-io` thread (`state::on_io_thread`), rare file I/O hands the worker's tasks to
-//! another thread first (`state::off_async`), and the rest runs on the blocking pool. The daemon's future runs on that worker, not on the main thread, which
-//! only waits, with the stack pages that parsing the command line and the config touched given
-//! back.
+//! another thread first (`state::off_async`), and the rest runs on the blocking pool. The
+//! daemon's future runs on that worker, not on the main thread, which only waits, with the stack
+//! pages that parsing the command line and the config touched given back.
 
 use std::process::ExitCode;
 

@@ -195,8 +195,12 @@ impl StateDir {
 
     /// Saves the state atomically; `durable` adds the fsyncs that survive a power cut.
     pub fn save(&self, state: &Persisted, durable: bool) -> io::Result<()> {
-        let body = serde_json::to_vec(state).map_err(io::Error::other)?;
-        write_atomic(&self.dir.join(STATE_FILE), &body, durable)
+        self.save_encoded(&encode(state)?, durable)
+    }
+
+    /// Saves a state already encoded (`encode`), as `save` does.
+    pub fn save_encoded(&self, body: &[u8], durable: bool) -> io::Result<()> {
+        write_atomic(&self.dir.join(STATE_FILE), body, durable)
     }
 
     pub fn hold(&self) -> HoldStatus {
@@ -301,6 +305,11 @@ fn read_capped(path: &Path, max: u64) -> io::Result<String> {
             format!("{} is not UTF-8", path.display()),
         )
     })
+}
+
+/// The state as `save` writes it.
+pub fn encode(state: &Persisted) -> io::Result<Vec<u8>> {
+    serde_json::to_vec(state).map_err(io::Error::other)
 }
 
 /// Writes `body` to `path` through a temporary file and a rename, so that readers and a crash

@@ -543,8 +543,15 @@ impl Watch {
     /// Saves the state off the async workers (a durable save fsyncs). Returns whether it worked;
     /// a failure is logged and counted.
     async fn save(&self, persisted: &Persisted, durable: bool) -> bool {
-        let (dir, state) = (self.state_dir.clone(), persisted.clone());
-        match crate::state::on_io_thread(move || dir.save(&state, durable)).await {
+        // Encoded here, so that only the bytes go to the I/O thread.
+        let saved = match crate::state::encode(persisted) {
+            Ok(body) => {
+                let dir = self.state_dir.clone();
+                crate::state::on_io_thread(move || dir.save_encoded(&body, durable)).await
+            }
+            Err(e) => Err(e),
+        };
+        match saved {
             Ok(()) => true,
             Err(e) => {
                 self.executor.audit.errors.count(crate::state::DiskOp::Save);
