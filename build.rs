@@ -42,8 +42,8 @@ fn main() {
 ///
 /// Only with rust-lld: rustc 1.90 or later on x86_64 Linux, built with its own lld (the sysroot
 /// has `gcc-ld/ld.lld`; a distribution's rustc may not be), and no linker of the user's own
-/// (`linker`, `-fuse-ld`, linker features or flavor). Another linker (GNU ld has no such option)
-/// links as before. `GPUWATCH_SYMBOL_ORDER=0` turns it off.
+/// (`linker`, `-fuse-ld`, linker features or flavor), which links as before: the script is
+/// tested with rust-lld only. `GPUWATCH_SYMBOL_ORDER=0` turns it off.
 fn symbol_order() {
     const FILE: &str = "link/symbol-order.txt";
     println!("cargo:rerun-if-changed={FILE}");
@@ -89,16 +89,48 @@ fn symbol_order() {
         && !own_linker
         && env("GPUWATCH_SYMBOL_ORDER") != "0";
     let path = std::path::Path::new(&env("CARGO_MANIFEST_DIR")).join(FILE);
-    if wanted && path.is_file() {
-        // -Xlinker, not -Wl,: a comma in the path would split it.
-        for arg in [
-            "-Xlinker".to_string(),
-            format!("--symbol-ordering-file={}", path.display()),
-            // Names the file lists that this build lacks (it is refreshed by hand) are skipped.
-            "-Xlinker".to_string(),
-            "--no-warn-symbol-ordering".to_string(),
-        ] {
-            println!("cargo:rustc-link-arg-bins={arg}");
-        }
+    let Ok(list) = std::fs::read_to_string(&path) else {
+        return;
+    };
+    if !wanted {
+        return;
     }
+    let script = std::path::Path::new(&env("OUT_DIR")).join("symbol-order.ld");
+    std::fs::write(&script, linker_script(&list)).expect("OUT_DIR is writable");
+    // -Xlinker, not -Wl,: a comma in the path would split it. A script of INSERT commands adds to
+    // the linker's default layout; it does not replace it.
+    println!("cargo:rustc-link-arg-bins=-Xlinker");
+    println!("cargo:rustc-link-arg-bins=--script={}", script.display());
+}
+
+/// The ordering file as a linker script: one output section, `.text.hot`, placed before `.text`,
+/// that takes each listed function's section in the file's order (rustc emits one section per
+/// function: `.text.<symbol>`, or `.text.unlikely.<symbol>` for a function marked cold). ThinLTO renames the local functions it shares between modules
+/// to `<name>.llvm.<hash>`, a hash that changes with any change to the code; `--symbol-ordering-file`
+/// would need the exact name, where the script matches any hash. A name the build lacks matches
+/// nothing. Names with characters a script would read as syntax or as a pattern are left out
+/// (mangled names have none).
+fn linker_script(list: &str) -> String {
+    let mut script = String::from(
+        "/* Written by build.rs from link/symbol-order.txt. */\nSECTIONS {\n  .text.hot : {\n",
+    );
+    for name in list.lines().map(str::trim) {
+        if name.is_empty()
+            || name.starts_with('#')
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_$.".contains(&b))
+        {
+            continue;
+        }
+        let name = match name.rsplit_once(".llvm.") {
+            Some((base, hash)) if hash.bytes().all(|b| b.is_ascii_digit()) => {
+                format!("{base}.llvm.*")
+            }
+            _ => name.to_string(),
+        };
+        script.push_str(&format!("    *(.text.{name} .text.unlikely.{name})\n"));
+    }
+    script.push_str("  }\n}\nINSERT BEFORE .text;\n");
+    script
 }

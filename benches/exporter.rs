@@ -21,8 +21,9 @@
 //!
 //! `GPUWATCH_BENCH_PROFILE=FILE` instead records which of gpuwatch's functions the steady state
 //! runs (8 GPUs with GPM, cost watch on), under valgrind's callgrind, and writes them to FILE,
-//! hottest first: the linker's symbol ordering file (`link/symbol-order.txt`, see build.rs),
-//! which keeps that code together so that the kernel maps less text around it.
+//! hottest first: `link/symbol-order.txt`, which build.rs turns into a linker script that keeps
+//! that code together so that the kernel maps less text around it. Every run first prints how
+//! many of the listed functions the release binary holds together (`.text.hot`).
 //!
 //!     GPUWATCH_BENCH_PROFILE=$PWD/link/symbol-order.txt cargo bench --bench exporter
 //!
@@ -34,6 +35,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -247,6 +249,13 @@ fn main() {
         };
         profile::run(window, setup, imds, std::path::Path::new(&out));
         return;
+    }
+    let list = Path::new(env!("CARGO_MANIFEST_DIR")).join("link/symbol-order.txt");
+    match profile::placed(Path::new(env!("CARGO_BIN_EXE_gpuwatch")), &list) {
+        Ok((placed, listed)) => {
+            println!("link/symbol-order.txt: {placed} of {listed} functions linked together")
+        }
+        Err(e) => println!("link/symbol-order.txt: {e}"),
     }
     println!(
         "{:>4} {:>3} {:>4} {:>4}  {:>8} {:>8} {:>8} {:>8}  {:>9}  {:>7} {:>7} {:>7} {:>8}",

@@ -60,14 +60,74 @@ pub fn run(window: u64, setup: Setup, imds: SocketAddr, out: &Path) {
         f,
         "# The functions gpuwatch's steady state runs, hottest first: the linker places them\n\
          # together (build.rs). Written by `GPUWATCH_BENCH_PROFILE=<this file> cargo bench --bench\n\
-         # exporter`, from 8 GPUs with GPM and the cost watch on, over {window} s. A name that\n\
-         # no longer exists is skipped, so a stale file costs memory, not correctness."
+         # exporter`, from 8 GPUs with GPM and the cost watch on, over {window} s. A name's\n\
+         # `.llvm.<hash>` suffix matches any hash; a name that no longer exists is skipped, so\n\
+         # a stale file costs memory, not correctness."
     )
     .unwrap();
     for (name, _) in &hot {
         writeln!(f, "{name}").unwrap();
     }
     eprintln!("{} functions written to {}", hot.len(), out.display());
+}
+
+/// How many of the functions `list` names the executable `bin` holds in `.text.hot`, the
+/// output section build.rs's linker script makes, and how many `list` names; `Err` says why it
+/// could not tell. A name counts when a function of that name, whatever its `.llvm.<hash>`
+/// suffix, lies in the section. Uses binutils' `readelf` and `nm`.
+pub fn placed(bin: &Path, list: &Path) -> Result<(usize, usize), String> {
+    let run = |tool: &str, args: &[&str]| -> Result<String, String> {
+        let out = Command::new(tool)
+            .args(args)
+            .arg(bin)
+            .output()
+            .map_err(|e| format!("{tool}: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "{tool} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let base = |name: &str| match name.rsplit_once(".llvm.") {
+        Some((base, hash)) if hash.bytes().all(|b| b.is_ascii_digit()) => base.to_string(),
+        _ => name.to_string(),
+    };
+    // "[15] .text.hot PROGBITS 00000000004d4e50 4d3e50 0a35f4 ...": the address and the size.
+    let sections = run("readelf", &["-SW"])?;
+    let (start, size) = sections
+        .lines()
+        .filter_map(|l| l.split_once(']').map(|(_, rest)| rest))
+        .map(|rest| rest.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.first() == Some(&".text.hot"))
+        .and_then(|f| {
+            Some((
+                u64::from_str_radix(f.get(2)?, 16).ok()?,
+                u64::from_str_radix(f.get(4)?, 16).ok()?,
+            ))
+        })
+        .ok_or("no .text.hot section: the ordering was not applied")?;
+    let hot: std::collections::HashSet<String> = run("nm", &[])?
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let address = u64::from_str_radix(f.next()?, 16).ok()?;
+            let name = f.nth(1)?;
+            (start..start + size).contains(&address).then(|| base(name))
+        })
+        .collect();
+    let list = std::fs::read_to_string(list).map_err(|e| format!("{}: {e}", list.display()))?;
+    let names: Vec<String> = list
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(base)
+        .collect();
+    Ok((
+        names.iter().filter(|n| hot.contains(*n)).count(),
+        names.len(),
+    ))
 }
 
 fn control(args: &[&str]) {
