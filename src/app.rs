@@ -296,10 +296,8 @@ impl App {
                     let _ = task.handle.await;
                 }
                 // A save the watch was waiting for when it stopped (or was aborted) still runs
-                // on the I/O thread: jobs run in order, so once this one has run, every save
-                // before it is on disk, and the daemon may exit.
-                let drained = tokio::time::timeout(IO_DRAIN, crate::state::on_io_thread(|| ()));
-                if drained.await.is_err() {
+                // on the I/O thread; once it is done the daemon may exit.
+                if !crate::state::drain(IO_DRAIN).await {
                     tracing::warn!("the state directory did not answer within {IO_DRAIN:?}; exiting without the last save");
                 }
             }

@@ -60,6 +60,14 @@ pub async fn on_io_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'sta
     }
 }
 
+/// Waits, at most `limit`, until every job handed to the I/O thread so far has run, and says
+/// whether they all did. Jobs run in order, so an empty job's turn comes after them.
+pub async fn drain(limit: std::time::Duration) -> bool {
+    tokio::time::timeout(limit, on_io_thread(|| ()))
+        .await
+        .is_ok()
+}
+
 /// Runs blocking file I/O (fsyncs, /proc scans) in place, so that it does not stall an async
 /// worker: on a multi-threaded runtime the worker hands its other tasks off first. Elsewhere it
 /// just runs.
@@ -98,5 +106,54 @@ mod tests {
         assert_eq!(panic.downcast_ref::<&str>(), Some(&"a job's panic"));
         // The thread survives it.
         assert_eq!(on_io_thread(|| 7).await, 7);
+    }
+
+    /// A job the caller stopped waiting for (as a watch aborted at shutdown does) still holds
+    /// back `drain` until it has run; a job that never ends holds it back only until the limit.
+    #[tokio::test]
+    async fn drain_waits_for_the_jobs_already_handed_over_and_no_longer() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        use std::time::{Duration, Instant};
+
+        // Polled once: the job is handed to the I/O thread, and the caller waits for it.
+        async fn hand_over<T>(
+            job: impl std::future::Future<Output = T>,
+        ) -> impl std::future::Future<Output = T> {
+            let mut job = Box::pin(job);
+            let polled = tokio::time::timeout(Duration::ZERO, &mut job).await;
+            assert!(polled.is_err(), "the job is held");
+            job
+        }
+
+        let (release, held) = mpsc::channel::<()>();
+        let done = Arc::new(AtomicBool::new(false));
+        let waiter = hand_over(on_io_thread({
+            let done = Arc::clone(&done);
+            move || {
+                held.recv().unwrap();
+                done.store(true, Ordering::SeqCst);
+            }
+        }))
+        .await;
+        // The caller stops waiting; the job stays queued.
+        drop(waiter);
+        let mut drained = Box::pin(drain(Duration::from_secs(60)));
+        assert!(tokio::time::timeout(Duration::ZERO, &mut drained)
+            .await
+            .is_err());
+        assert!(!done.load(Ordering::SeqCst));
+        release.send(()).unwrap();
+        assert!(drained.await, "drain ends once the job has run");
+        assert!(done.load(Ordering::SeqCst));
+
+        // A job that does not end within the limit.
+        let (release, held) = mpsc::channel::<()>();
+        let stuck = hand_over(on_io_thread(move || held.recv().unwrap())).await;
+        let t0 = Instant::now();
+        assert!(!drain(Duration::from_millis(50)).await);
+        assert!(t0.elapsed() >= Duration::from_millis(50));
+        release.send(()).unwrap();
+        stuck.await;
     }
 }

@@ -10,7 +10,7 @@
 mod io_thread;
 pub mod metrics;
 
-pub use io_thread::{off_async, on_io_thread};
+pub use io_thread::{drain, off_async, on_io_thread};
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
