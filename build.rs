@@ -107,7 +107,7 @@ fn symbol_order() {
 /// that takes each listed function's section in the file's order (rustc emits one section per
 /// function: `.text.<symbol>`, or `.text.unlikely.<symbol>` for a function marked cold). ThinLTO renames the local functions it shares between modules
 /// to `<name>.llvm.<hash>`, a hash that changes with any change to the code; `--symbol-ordering-file`
-/// would need the exact name, where the script matches any hash. A name the build lacks matches
+/// would need the exact name, where the script matches the name with any hash, or none. A name the build lacks matches
 /// nothing. Names with characters a script would read as syntax or as a pattern are left out
 /// (mangled names have none).
 fn linker_script(list: &str) -> String {
@@ -123,13 +123,16 @@ fn linker_script(list: &str) -> String {
         {
             continue;
         }
-        let name = match name.rsplit_once(".llvm.") {
-            Some((base, hash)) if hash.bytes().all(|b| b.is_ascii_digit()) => {
-                format!("{base}.llvm.*")
-            }
-            _ => name.to_string(),
+        let base = match name.rsplit_once(".llvm.") {
+            Some((base, hash)) if hash.bytes().all(|b| b.is_ascii_digit()) => base,
+            _ => name,
         };
-        script.push_str(&format!("    *(.text.{name} .text.unlikely.{name})\n"));
+        // With or without the suffix: whether a function is shared between modules changes too.
+        script.push_str("    *(");
+        for prefix in [".text.", ".text.unlikely."] {
+            script.push_str(&format!("{prefix}{base} {prefix}{base}.llvm.* "));
+        }
+        script.push_str(")\n");
     }
     script.push_str("  }\n}\nINSERT BEFORE .text;\n");
     script
