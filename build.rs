@@ -103,16 +103,21 @@ fn symbol_order() {
     println!("cargo:rustc-link-arg-bins=--script={}", script.display());
 }
 
-/// The ordering file as a linker script: one output section, `.text.hot`, placed before `.text`,
-/// that takes each listed function's section in the file's order (rustc emits one section per
-/// function: `.text.<symbol>`, or `.text.unlikely.<symbol>` for a function marked cold). ThinLTO renames the local functions it shares between modules
-/// to `<name>.llvm.<hash>`, a hash that changes with any change to the code; `--symbol-ordering-file`
-/// would need the exact name, where the script matches the name with any hash, or none. A name the build lacks matches
+/// The ordering file as a linker script. It describes the `.text` output section: first each
+/// listed function's section, in the file's order (rustc emits one section per function:
+/// `.text.<symbol>`, or `.text.unlikely.<symbol>` for a function marked cold), between the
+/// symbols `gpuwatch_hot_start` and `gpuwatch_hot_end`; then the rest, as the linker would place
+/// it. One `.text`, so that tools that look for it (valgrind's symbol reader does) see it all.
+///
+/// ThinLTO renames the local functions it shares between modules to `<name>.llvm.<hash>`, a hash
+/// that changes with any change to the code: `--symbol-ordering-file` would need the exact name,
+/// where the script matches the name with any hash, or none. A name the build lacks matches
 /// nothing. Names with characters a script would read as syntax or as a pattern are left out
 /// (mangled names have none).
 fn linker_script(list: &str) -> String {
     let mut script = String::from(
-        "/* Written by build.rs from link/symbol-order.txt. */\nSECTIONS {\n  .text.hot : {\n",
+        "/* Written by build.rs from link/symbol-order.txt. */\nSECTIONS {\n  .text : {\n    \
+         HIDDEN(gpuwatch_hot_start = .);\n",
     );
     for name in list.lines().map(str::trim) {
         if name.is_empty()
@@ -134,6 +139,9 @@ fn linker_script(list: &str) -> String {
         }
         script.push_str(")\n");
     }
-    script.push_str("  }\n}\nINSERT BEFORE .text;\n");
+    // Then the rest of the code, as the linker would place it.
+    script.push_str(
+        "    HIDDEN(gpuwatch_hot_end = .);\n    *(.text .text.*)\n  }\n}\nINSERT BEFORE .init;\n",
+    );
     script
 }

@@ -22,8 +22,8 @@
 //! `GPUWATCH_BENCH_PROFILE=FILE` instead records which of gpuwatch's functions the steady state
 //! runs (8 GPUs with GPM, cost watch on), under valgrind's callgrind, and writes them to FILE,
 //! hottest first: `link/symbol-order.txt`, which build.rs turns into a linker script that keeps
-//! that code together so that the kernel maps less text around it. Every run first prints how
-//! many of the listed functions the release binary holds together (`.text.hot`).
+//! that code together so that the kernel maps less text around it. A measuring run first prints how
+//! many of the listed functions the release binary holds together.
 //!
 //!     GPUWATCH_BENCH_PROFILE=$PWD/link/symbol-order.txt cargo bench --bench exporter
 //!

@@ -359,8 +359,8 @@ fn verify_unit(root: &Path) {
     assert!(said.trim().is_empty(), "systemd-analyze verify:\n{said}");
 }
 
-/// `cargo bench` must build the very binary that `cargo build --release` does, or the symbol
-/// ordering file that the benchmark writes (link/symbol-order.txt, names with the compiler's
+/// `cargo bench` must build the very binary that `cargo build --release` does, or the list of
+/// hot functions that the benchmark writes (link/symbol-order.txt, names with the compiler's
 /// hashes) would not fit the release binary. A dev-dependency that turned on a feature of a crate
 /// the daemon links would change that crate's hash, and every hash above it.
 #[test]

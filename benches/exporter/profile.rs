@@ -1,4 +1,4 @@
-//! The steady state's functions, for the linker's symbol ordering file.
+//! The steady state's functions, for the order the linker gives them (`link/symbol-order.txt`).
 //!
 //! The daemon runs under `valgrind --tool=callgrind` with instrumentation off. Once its startup is
 //! over (the first sample, then 35 s, past the daemon's second trim of startup pages), it
@@ -71,54 +71,46 @@ pub fn run(window: u64, setup: Setup, imds: SocketAddr, out: &Path) {
     eprintln!("{} functions written to {}", hot.len(), out.display());
 }
 
-/// How many of the functions `list` names the executable `bin` holds in `.text.hot`, the
-/// output section build.rs's linker script makes, and how many `list` names; `Err` says why it
-/// could not tell. A name counts when a function of that name, whatever its `.llvm.<hash>`
-/// suffix, lies in the section. Uses binutils' `readelf` and `nm`.
+/// How many of the functions `list` names the executable `bin` holds together, between the
+/// symbols build.rs's linker script defines, and how many `list` names; `Err` says why it could
+/// not tell. A name counts when a function of that name, whatever its `.llvm.<hash>` suffix,
+/// lies there. Uses binutils' `nm`.
 pub fn placed(bin: &Path, list: &Path) -> Result<(usize, usize), String> {
-    let run = |tool: &str, args: &[&str]| -> Result<String, String> {
-        let out = Command::new(tool)
-            .args(args)
-            .arg(bin)
-            .output()
-            .map_err(|e| format!("{tool}: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "{tool} failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    };
+    let out = Command::new("nm")
+        .arg(bin)
+        .output()
+        .map_err(|e| format!("nm: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "nm failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
     let base = |name: &str| match name.rsplit_once(".llvm.") {
         Some((base, hash)) if hash.bytes().all(|b| b.is_ascii_digit()) => base.to_string(),
         _ => name.to_string(),
     };
-    // "[15] .text.hot PROGBITS 00000000004d4e50 4d3e50 0a35f4 ...": the address and the size.
-    let sections = run("readelf", &["-SW"])?;
-    let (start, size) = sections
-        .lines()
-        .filter_map(|l| l.split_once(']').map(|(_, rest)| rest))
-        .map(|rest| rest.split_whitespace().collect::<Vec<_>>())
-        .find(|f| f.first() == Some(&".text.hot"))
-        .and_then(|f| {
-            Some((
-                u64::from_str_radix(f.get(2)?, 16).ok()?,
-                u64::from_str_radix(f.get(4)?, 16).ok()?,
-            ))
-        })
-        .ok_or("no .text.hot section: the ordering was not applied")?;
-    let hot: std::collections::HashSet<String> = run("nm", &[])?
+    // "000000000134be88 t name": the address and the name.
+    let symbols: Vec<(u64, &str)> = std::str::from_utf8(&out.stdout)
+        .map_err(|e| format!("nm: {e}"))?
         .lines()
         .filter_map(|l| {
             let mut f = l.split_whitespace();
             let address = u64::from_str_radix(f.next()?, 16).ok()?;
-            let name = f.nth(1)?;
-            (start..start + size).contains(&address).then(|| base(name))
+            Some((address, f.nth(1)?))
         })
         .collect();
+    let at = |name: &str| symbols.iter().find(|s| s.1 == name).map(|s| s.0);
+    let (Some(start), Some(end)) = (at("gpuwatch_hot_start"), at("gpuwatch_hot_end")) else {
+        return Err("no gpuwatch_hot_start and gpuwatch_hot_end: the order was not applied".into());
+    };
+    let hot: std::collections::HashSet<String> = symbols
+        .iter()
+        .filter(|s| (start..end).contains(&s.0))
+        .map(|s| base(s.1))
+        .collect();
     let list = std::fs::read_to_string(list).map_err(|e| format!("{}: {e}", list.display()))?;
-    let names: Vec<String> = list
+    let names: std::collections::BTreeSet<String> = list
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
