@@ -206,6 +206,10 @@ fn the_daemon_and_simulate_decide_the_same() {
             trace.push_str(&format!("{last},{},{u}\n", g["index"]));
         }
     }
+    // The sample at `last` is published before the decision loop has decided on it: the status
+    // of a sample is served once the loop is done with it, its records written.
+    let status = d.get(&format!("/api/v1/status?after={}&timeout=10s", seq - 1));
+    assert_eq!(status.status, 200, "{}", status.body);
     let trace_path = d.dir.path().join("trace.csv");
     std::fs::write(&trace_path, &trace).unwrap();
     let config_path = d.dir.path().join("gpuwatch.toml");
