@@ -89,12 +89,12 @@ fn symbol_order() {
         && !own_linker
         && env("GPUWATCH_SYMBOL_ORDER") != "0";
     let path = std::path::Path::new(&env("CARGO_MANIFEST_DIR")).join(FILE);
-    let Ok(list) = std::fs::read_to_string(&path) else {
-        return;
-    };
     if !wanted {
         return;
     }
+    let Ok(list) = std::fs::read_to_string(&path) else {
+        return;
+    };
     let script = std::path::Path::new(&env("OUT_DIR")).join("symbol-order.ld");
     std::fs::write(&script, linker_script(&list)).expect("OUT_DIR is writable");
     // -Xlinker, not -Wl,: a comma in the path would split it. A script of INSERT commands adds to

@@ -46,7 +46,8 @@ pub struct Config {
     pub sampling: SamplingConfig,
     pub cloud: CloudConfig,
     pub actions: ActionsConfig,
-    pub vetoes: VetoesConfig,
+    /// Shared: the decision loop hands it to the I/O thread on every sample.
+    pub vetoes: std::sync::Arc<VetoesConfig>,
     pub spot: SpotConfig,
     pub cost: CostConfig,
     pub cloudwatch: CloudWatchConfig,
@@ -212,7 +213,7 @@ impl RawConfig {
                 sampling,
                 cloud,
                 actions,
-                vetoes,
+                vetoes: std::sync::Arc::new(vetoes),
                 spot,
                 cost,
                 cloudwatch,

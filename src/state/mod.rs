@@ -90,12 +90,15 @@ pub enum DirError {
 
 #[derive(Debug, Clone)]
 pub struct StateDir {
-    dir: PathBuf,
+    /// Shared: the decision loop hands a clone to the I/O thread on every sample.
+    dir: std::sync::Arc<Path>,
 }
 
 impl StateDir {
     pub fn new(dir: impl Into<PathBuf>) -> StateDir {
-        StateDir { dir: dir.into() }
+        StateDir {
+            dir: dir.into().into(),
+        }
     }
 
     pub fn path(&self) -> &Path {

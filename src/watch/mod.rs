@@ -305,7 +305,7 @@ impl Watch {
             names
         });
         // Scanning /proc and reading the hold file block: keep them off the async worker.
-        let (vetoes, dir) = (self.config.vetoes.clone(), self.state_dir.clone());
+        let (vetoes, dir) = (Arc::clone(&self.config.vetoes), self.state_dir.clone());
         let (veto, local) =
             crate::state::on_io_thread(move || (crate::vetoes::check(&vetoes), dir.hold())).await;
         obs.veto = veto;
