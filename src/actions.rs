@@ -123,12 +123,17 @@ impl Executor {
         let recorded = self.audit(json!({
             "event": "action_attempt", "rule": rule.name, "at": at, "action": action, "evidence": evidence,
         }));
-        let mutates = action != Action::Alert && self.mode == Mode::Enforce;
-        if mutates && !recorded {
-            // No record, no action: a restart could not tell that it ran.
+        // No record, no action: a restart could not tell that it ran. Dry-run withholds it
+        // the same way, so that a rehearsal shows what enforcement would do.
+        if action != Action::Alert && !recorded {
             let why = format!(
-                "the audit log {} cannot be written; the {action} waits until it can",
-                self.audit.path().display()
+                "the audit log {} cannot be written; the {action} waits until it can{}",
+                self.audit.path().display(),
+                if self.mode == Mode::DryRun {
+                    " (in dry-run, as enforcement would)"
+                } else {
+                    ""
+                }
             );
             tracing::error!(rule = %rule.name, "{why}");
             return Outcome::NotRecorded(why);

@@ -52,7 +52,9 @@ pub struct App {
     /// Every other task: the sampler's driver, pollers, notification delivery, CloudWatch.
     tasks: JoinSet<()>,
     /// What systemd's readiness, status and watchdog report on.
-    watched: crate::systemd::Watched,
+    watched: crate::progress::Watched,
+    liveness: Arc<crate::progress::Liveness>,
+    stall_timeout: std::time::Duration,
     interval: std::time::Duration,
     timeout: std::time::Duration,
 }
@@ -190,7 +192,8 @@ impl App {
             status.progress = Some(Arc::clone(&progress));
             status.audit = Some(StateDir::new(&config.actions.state_dir).audit_path());
         }
-        let watched = crate::systemd::Watched {
+        let liveness = Arc::new(crate::progress::Liveness::default());
+        let watched = crate::progress::Watched {
             snapshots: snapshots.clone(),
             progress: watch.as_ref().map(|_| progress),
             pending: Box::new(move || {
@@ -207,6 +210,7 @@ impl App {
             snapshots,
             long_polls: Arc::new(tokio::sync::Semaphore::new(config.server.max_long_polls)),
             status,
+            liveness: Arc::clone(&liveness),
         });
         if let Some(w) = web {
             router = router.layer(axum::middleware::from_fn_with_state(
@@ -229,6 +233,8 @@ impl App {
             watch,
             tasks,
             watched,
+            liveness,
+            stall_timeout: config.server.stall_timeout,
             interval: config.sampling.interval,
             timeout: config.sampling.timeout,
         })
@@ -248,6 +254,8 @@ impl App {
             watch,
             mut tasks,
             watched,
+            liveness,
+            stall_timeout,
             interval,
             timeout,
         } = self;
@@ -276,11 +284,13 @@ impl App {
                 let _ = tokio::task::spawn_blocking(crate::memory::trim).await;
             }
         });
-        // systemd: ready once the first sample is in, then status lines and watchdog pings.
+        // systemd: ready once the first sample is in (at most one cycle, well within the
+        // stall timeout); then the stall test, for `/-/healthy` and (under systemd) the
+        // watchdog pings and status lines.
         let first = watched.snapshots.clone();
         tasks.spawn(async move {
             crate::systemd::ready(&first, interval + timeout).await;
-            crate::systemd::watchdog(watched, interval, timeout).await;
+            crate::progress::monitor(watched, liveness, stall_timeout, interval, timeout).await;
         });
         let grace = limits.shutdown_grace;
         let shutdown = async move {
@@ -365,7 +375,7 @@ struct WatchSeries {
     /// Who holds which GPU, on Kubernetes: read by pod-scoped rules.
     pods: Option<Arc<KubernetesMetrics>>,
     /// How far the decision loop has come, for the systemd watchdog.
-    progress: Arc<crate::systemd::Progress>,
+    progress: Arc<crate::progress::Progress>,
 }
 
 /// Starts the cost watch: rules, actions, and (with `provider = "aws"`) instance metadata and the

@@ -131,6 +131,10 @@ pub enum Command {
         /// certificate in the web config, then the system's roots)
         #[arg(long, value_name = "PATH")]
         cacert: Option<PathBuf>,
+        /// Send the password over plain HTTP to a daemon beyond this machine (refused
+        /// without it: anyone on the path would read it)
+        #[arg(long)]
+        insecure: bool,
         /// Print the status as JSON, as /api/v1/status serves it
         #[arg(long)]
         json: bool,
@@ -235,12 +239,18 @@ pub fn run(cli: Cli) -> ExitCode {
             state_dir,
             user,
             cacert,
+            insecure,
             json,
             config,
         } => with_config(&config, None, |c| {
             let how = match state_dir {
                 Some(dir) => cmd::status::From::StateDir(dir),
-                None => cmd::status::From::Daemon { url, user, cacert },
+                None => cmd::status::From::Daemon {
+                    url,
+                    user,
+                    cacert,
+                    insecure,
+                },
             };
             cmd::status::run(&c, how, json)
         }),

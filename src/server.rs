@@ -24,6 +24,8 @@ pub struct ServerState {
     pub long_polls: Arc<tokio::sync::Semaphore>,
     /// What the status page and `/api/v1/status` show.
     pub status: crate::status::Sources,
+    /// Whether the sampler and the decision loop make progress, for `/-/healthy`.
+    pub liveness: Arc<crate::progress::Liveness>,
 }
 
 pub fn router(state: ServerState) -> Router {
@@ -44,8 +46,18 @@ async fn metrics(State(state): State<ServerState>) -> Response {
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], body).into_response()
 }
 
-async fn healthy() -> &'static str {
-    "OK\n"
+/// Liveness: 200 while the sampler and the decision loop make progress, 503 once either has
+/// stalled for `server.stall_timeout`. A sick GPU, or NVML down, never fails it: restarting
+/// would not help.
+async fn healthy(State(state): State<ServerState>) -> Response {
+    match state.liveness.stalled() {
+        None => (StatusCode::OK, "OK\n").into_response(),
+        Some(what) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("stalled: {what} within server.stall_timeout\n"),
+        )
+            .into_response(),
+    }
 }
 
 async fn ready(State(state): State<ServerState>) -> Response {

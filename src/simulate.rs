@@ -45,20 +45,9 @@ pub struct TraceError {
 /// The largest trace read: millions of rows, and a bound against `/dev/zero`.
 pub const MAX_TRACE_BYTES: u64 = 1 << 30;
 
-/// Reads a trace file of at most `MAX_TRACE_BYTES`.
+/// Reads a trace file (a regular file, never a FIFO or a device) of at most `MAX_TRACE_BYTES`.
 pub fn read_trace(path: &std::path::Path) -> std::io::Result<String> {
-    use std::io::Read as _;
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)?
-        .take(MAX_TRACE_BYTES + 1)
-        .read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > MAX_TRACE_BYTES {
-        return Err(std::io::Error::other(format!(
-            "larger than {} GiB",
-            MAX_TRACE_BYTES >> 30
-        )));
-    }
-    String::from_utf8(bytes).map_err(|_| std::io::Error::other("not UTF-8 text"))
+    crate::files::read_text(path, MAX_TRACE_BYTES, crate::files::Links::Follow)
 }
 
 pub fn parse_trace(text: &str) -> Result<Vec<Row>, TraceError> {

@@ -319,6 +319,8 @@ fn a_local_hold_postpones_the_action_until_it_expires() {
             .is_some()
     });
     metric("gpuwatch_hold_until_timestamp_seconds")
+        .label("source", "local")
+        .label("reason", "expires")
         .value(until)
         .assert_in(&s);
     d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
@@ -348,6 +350,13 @@ fn an_instance_tag_hold_is_honoured_and_an_unreadable_one_holds() {
         "{}",
         d.log()
     );
+    // Prometheus sees it too: a hold without end, from the tag, for want of a readable expiry.
+    let s = d.scrape();
+    metric("gpuwatch_hold_until_timestamp_seconds")
+        .label("source", "tag")
+        .label("reason", "unparsable tag")
+        .value(f64::INFINITY)
+        .assert_in(&s);
 
     // A readable expiry 3 s ahead: the action follows once it passes.
     let until = gpuwatch::time::now().ceil() + 3.0;
@@ -598,5 +607,229 @@ fn the_iam_policy_grants_exactly_the_calls_in_the_code() {
     assert_eq!(
         granted, actions,
         "config/iam-policy.json drifted from IAM_ACTIONS"
+    );
+}
+
+/// The bounds of config/iam-policy.json, judged by the evaluator in `common/iam.rs` (moto
+/// evaluates no conditions): the instance role may tag only its own instance, and only with the
+/// keys gpuwatch writes (never its `gpuwatch:hold`, team or cost tags), and may cancel only spot
+/// requests tagged `gpuwatch:managed=true`.
+#[test]
+fn the_iam_policy_tags_only_gpuwatch_keys_and_cancels_only_tagged_spot_requests() {
+    use aws::iam::{ec2_arn, Policy, Request};
+    let policy = Policy::shipped();
+    let me = "i-0123456789abcdef0";
+    let other = "i-0fedcba9876543210";
+    // The keys `tag_action` writes.
+    let source =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/cloud/ec2.rs")).unwrap();
+    let written: Vec<(&str, &str)> = source
+        .split(".key(\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .map(|key| (key, "value"))
+        .collect();
+    assert_eq!(
+        written.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+        ["gpuwatch:action", "gpuwatch:rule"]
+    );
+    let tag = |on: &str, tags: &[(&str, &str)]| {
+        Request::ec2_by_instance("ec2:CreateTags", on, me).with_request_tags(tags)
+    };
+    let cancel = |request: &str, tags: &[(&str, &str)]| {
+        tags.iter().fold(
+            Request::ec2_by_instance("ec2:CancelSpotInstanceRequests", request, me),
+            |r, (k, v)| r.with_resource_tag(k, v),
+        )
+    };
+    let cases = [
+        ("its own keys, on itself", tag(me, &written), true),
+        (
+            "one of its keys, on itself",
+            tag(me, &[("gpuwatch:action", "stop")]),
+            true,
+        ),
+        (
+            "its hold tag",
+            tag(me, &[("gpuwatch:hold", "2099-01-01T00:00:00Z")]),
+            false,
+        ),
+        (
+            "its own keys and the hold tag",
+            tag(
+                me,
+                &[("gpuwatch:action", "stop"), ("gpuwatch:hold", "2099-01-01")],
+            ),
+            false,
+        ),
+        ("a cost tag", tag(me, &[("team", "someone-else")]), false),
+        (
+            "no tag keys at all",
+            Request::ec2_by_instance("ec2:CreateTags", me, me),
+            false,
+        ),
+        (
+            "its own keys, on another instance",
+            tag(other, &[("gpuwatch:action", "stop")]),
+            false,
+        ),
+        (
+            "its own keys, from outside any instance",
+            Request::new("ec2:CreateTags", &ec2_arn(me))
+                .with("aws:ARN", &ec2_arn(me))
+                .with_request_tags(&[("gpuwatch:action", "stop")]),
+            false,
+        ),
+        (
+            "a spot request tagged gpuwatch:managed=true",
+            cancel("sir-tagged1", &[("gpuwatch:managed", "true")]),
+            true,
+        ),
+        (
+            "an untagged spot request",
+            cancel("sir-untagged", &[]),
+            false,
+        ),
+        (
+            "a spot request tagged otherwise",
+            cancel(
+                "sir-other123",
+                &[("gpuwatch:managed", "false"), ("team", "ml")],
+            ),
+            false,
+        ),
+        (
+            "stopping itself",
+            Request::ec2_by_instance("ec2:StopInstances", me, me),
+            true,
+        ),
+        (
+            "terminating another instance",
+            Request::ec2_by_instance("ec2:TerminateInstances", other, me),
+            false,
+        ),
+    ];
+    let wrong: Vec<String> = cases
+        .iter()
+        .filter(|(_, req, allowed)| policy.allows(req) != *allowed)
+        .map(|(what, req, allowed)| {
+            format!(
+                "{what}: {} on {} should be {}",
+                req.action,
+                req.resource,
+                if *allowed { "allowed" } else { "denied" }
+            )
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "config/iam-policy.json:\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// Through the policy, end to end: the gate in `common/iam.rs` passes to moto only what
+/// config/iam-policy.json allows this instance's role. With the README's tag on its persistent
+/// spot request, the request is cancelled and the instance terminated, every call allowed; the
+/// same role cannot lift a hold by setting the instance's `gpuwatch:hold` tag.
+#[test]
+fn through_the_iam_policy_a_tagged_persistent_spot_request_is_cancelled_then_terminated() {
+    use aws_sdk_ec2::error::ProvideErrorMetadata;
+    let inst = aws::launch_tagged_spot_request(&[("gpuwatch:managed", "true")]);
+    let request = inst.spot_request.clone().unwrap();
+    let gate = aws::iam::Gate::start(aws::iam::Policy::shipped(), &inst.id);
+    let node = aws::ec2_client(gate.addr);
+    let hold = aws::rt()
+        .block_on(
+            node.create_tags()
+                .resources(&inst.id)
+                .tags(
+                    aws_sdk_ec2::types::Tag::builder()
+                        .key("gpuwatch:hold")
+                        .value("2099-01-01T00:00:00Z")
+                        .build(),
+                )
+                .send(),
+        )
+        .unwrap_err();
+    assert_eq!(hold.code(), Some("UnauthorizedOperation"), "{hold:?}");
+    assert!(!aws::instance_tags(&inst.id).contains_key("gpuwatch:hold"));
+
+    let imds = aws::imds(&inst.id, "spot");
+    let mut setup = Setup::new(&imds, "terminate");
+    setup.endpoint = gate.addr;
+    let d = setup.start(IDLE4);
+    d.await_scrape(LIMIT, |s| actions(s, "terminate", "done") == 1.0);
+    assert!(["shutting-down", "terminated"].contains(&aws::instance_state(&inst.id).as_str()));
+    let state = aws::spot_request_state(&request);
+    assert!(
+        state.is_none() || state.as_deref() == Some("cancelled"),
+        "{state:?}"
+    );
+    let decisions = gate.decisions();
+    // The first is the hold tag above.
+    assert!(
+        decisions[0].operation == "CreateTags" && !decisions[0].allowed,
+        "{decisions:#?}"
+    );
+    let denied: Vec<_> = decisions.iter().skip(1).filter(|d| !d.allowed).collect();
+    assert!(
+        denied.is_empty(),
+        "the policy denied the daemon {denied:#?}"
+    );
+    let mutating: Vec<&str> = decisions
+        .iter()
+        .skip(1)
+        .map(|d| d.operation.as_str())
+        .filter(|op| !op.starts_with("Describe") && *op != "GetProducts")
+        .collect();
+    assert_eq!(
+        mutating,
+        [
+            "CreateTags",
+            "CancelSpotInstanceRequests",
+            "TerminateInstances"
+        ]
+    );
+}
+
+/// Without the tag, the policy denies the cancel, and gpuwatch then terminates nothing (the
+/// persistent request would launch a replacement): the action fails, on the record.
+#[test]
+fn through_the_iam_policy_an_untagged_persistent_spot_request_keeps_its_instance() {
+    let inst = aws::launch(Kind::PersistentSpot);
+    let request = inst.spot_request.clone().unwrap();
+    let gate = aws::iam::Gate::start(aws::iam::Policy::shipped(), &inst.id);
+    let imds = aws::imds(&inst.id, "spot");
+    let mut setup = Setup::new(&imds, "terminate");
+    setup.endpoint = gate.addr;
+    let d = setup.start(IDLE4);
+    d.await_scrape(LIMIT, |s| actions(s, "terminate", "failed") >= 1.0);
+    assert_eq!(aws::instance_state(&inst.id), "running");
+    assert_eq!(aws::spot_request_state(&request).as_deref(), Some("active"));
+    let decisions = gate.decisions();
+    let cancels: Vec<_> = decisions
+        .iter()
+        .filter(|d| d.operation == "CancelSpotInstanceRequests")
+        .collect();
+    assert!(
+        !cancels.is_empty() && cancels.iter().all(|d| !d.allowed),
+        "{decisions:#?}"
+    );
+    assert!(
+        decisions
+            .iter()
+            .all(|d| d.operation != "TerminateInstances"),
+        "{decisions:#?}"
+    );
+    let audit = d.audit();
+    let error = events(&audit, "api_error")[0];
+    assert_eq!(error["operation"], "CancelSpotInstanceRequests", "{error}");
+    assert!(
+        error["error"]
+            .as_str()
+            .unwrap()
+            .contains("UnauthorizedOperation"),
+        "{error}"
     );
 }

@@ -233,8 +233,10 @@ fn demo_serves_four_gpus() {
 /// logging goes on at `info`.
 #[test]
 fn a_log_filter_not_understood_is_reported() {
+    let empty = tempfile::NamedTempFile::new().unwrap();
     let out = Command::new(BIN)
-        .args(["snapshot", "--config", "/dev/null"])
+        .args(["snapshot", "--config"])
+        .arg(empty.path())
         .env("GPUWATCH_LOG", "info,gpuwatch=loud")
         .output()
         .unwrap();
@@ -254,8 +256,12 @@ fn run_reports_the_port_it_listens_on() {
     assert_ne!(d.addr.port(), 0);
     assert_eq!(d.get("/-/healthy").status, 200);
 
+    let empty = tempfile::NamedTempFile::new().unwrap();
     let out = Command::new(BIN)
-        .args(["run", "--config", "/dev/null", "--listen", "localhost"])
+        .arg("run")
+        .arg("--config")
+        .arg(empty.path())
+        .args(["--listen", "localhost"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(64));

@@ -141,11 +141,27 @@ fn unbounded_inputs_are_refused_with_the_key_named() {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
-    // A rules file that never ends is read only up to a cap.
+    // A rules file that never ends is not read at all: it is no regular file.
     let (code, err) = check("zero.toml", "rules_file = \"/dev/zero\"\n");
     assert_eq!(code, Some(64));
     assert!(
-        err.contains("/dev/zero: cannot read: larger than 4 MiB"),
+        err.contains("/dev/zero: cannot read: is a character device, not a regular file"),
+        "{err}"
+    );
+    // A regular one that is too large is refused by its size.
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.toml");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(5 << 20)
+        .unwrap();
+    let (code, err) = check(
+        "big-rules.toml",
+        &format!("rules_file = \"{}\"\n", big.display()),
+    );
+    assert_eq!(code, Some(64));
+    assert!(
+        err.contains("big.toml: cannot read: is larger than 4 MiB"),
         "{err}"
     );
 
@@ -198,11 +214,68 @@ fn a_budget_gate_names_a_budget_whichever_file_the_rule_is_in() {
     let err = Config::load(&config).unwrap_err().to_string();
     assert!(err.contains(want), "{err}");
     // And simulate refuses it with exit 64.
+    std::fs::write(dir.path().join("empty.csv"), "").unwrap();
     let out = Command::new(common::BIN)
-        .args(["simulate", "--trace", "/dev/null", "--config"])
+        .args(["simulate", "--trace"])
+        .arg(dir.path().join("empty.csv"))
+        .arg("--config")
         .arg(dir.path().join("gpuwatch.toml"))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains(want));
+}
+
+/// The webhook URL, a secret, may live in a file of its own: relative to the config, or in
+/// systemd's credentials directory. A bad one is refused without quoting it.
+#[test]
+fn the_webhook_url_can_come_from_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gpuwatch.toml");
+    let write = |text: &str| std::fs::write(&config, text).unwrap();
+    std::fs::write(
+        dir.path().join("webhook-url"),
+        "https://hooks.example/T0/SECRET\n",
+    )
+    .unwrap();
+    write("[actions]\nwebhook_url_file = \"webhook-url\"\n");
+    let c = Config::load(&config).unwrap();
+    assert_eq!(
+        c.actions.webhook_url.as_deref(),
+        Some("https://hooks.example/T0/SECRET")
+    );
+    // Through a credential, as the systemd unit would give it.
+    let check = |env: Option<&std::path::Path>| {
+        let mut cmd = Command::new(common::BIN);
+        cmd.arg("check-config").arg(&config);
+        match env {
+            Some(d) => cmd.env("CREDENTIALS_DIRECTORY", d),
+            None => cmd.env_remove("CREDENTIALS_DIRECTORY"),
+        };
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    write("[actions]\nwebhook_url_file = \"${CREDENTIALS_DIRECTORY}/webhook-url\"\n");
+    assert_eq!(check(Some(dir.path())).0, Some(0));
+    let (code, err) = check(None);
+    assert_eq!(code, Some(64));
+    assert!(
+        err.contains("actions.webhook_url_file: \"${CREDENTIALS_DIRECTORY}/webhook-url\" names $CREDENTIALS_DIRECTORY, which is not set"),
+        "{err}"
+    );
+    // Not both; and a file that holds no URL is named, its contents never shown.
+    write("[actions]\nwebhook_url = \"https://a.example/\"\nwebhook_url_file = \"webhook-url\"\n");
+    assert!(check(None).1.contains("not both"));
+    std::fs::write(dir.path().join("webhook-url"), "not a url SECRET\n").unwrap();
+    write("[actions]\nwebhook_url_file = \"webhook-url\"\n");
+    let (code, err) = check(None);
+    assert_eq!(code, Some(64));
+    assert!(
+        err.contains("webhook-url: holds no http:// or https:// URL"),
+        "{err}"
+    );
+    assert!(!err.contains("SECRET"), "{err}");
 }

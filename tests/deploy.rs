@@ -120,13 +120,18 @@ fn the_daemonset_runs_gpuwatch_unprivileged_on_gpu_nodes_only() {
         .find(|m| m["mountPath"] == "/var/lib/kubelet/pod-resources")
         .expect("the pod-resources directory is mounted");
     assert_eq!(pod_resources["readOnly"], true);
-    let host_paths: Vec<&serde_json::Value> = pod["volumes"]
+    // Of the host, only that directory and gpuwatch's own state directory.
+    let mut host_paths: Vec<&str> = pod["volumes"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|v| v.get("hostPath").is_some())
+        .filter_map(|v| v["hostPath"]["path"].as_str())
         .collect();
-    assert_eq!(host_paths.len(), 1, "{host_paths:?}");
+    host_paths.sort_unstable();
+    assert_eq!(
+        host_paths,
+        ["/var/lib/gpuwatch", "/var/lib/kubelet/pod-resources"]
+    );
     // The Service and the ServiceMonitor find the pods by the DaemonSet's label.
     let selector = &ds["spec"]["selector"]["matchLabels"];
     assert_eq!(&kind(&docs, "Service")["spec"]["selector"], selector);
@@ -134,6 +139,110 @@ fn the_daemonset_runs_gpuwatch_unprivileged_on_gpu_nodes_only() {
     assert_eq!(&monitor["spec"]["selector"]["matchLabels"], selector);
     // gpuwatch's pod labels must survive the scrape, not become exported_pod.
     assert_eq!(monitor["spec"]["endpoints"][0]["honorLabels"], true);
+}
+
+/// The mode the kubelet gives a volume's directory when it makes one: an `emptyDir` is 0777, a
+/// `hostPath` of type `DirectoryOrCreate` is created 0755 (when it is not there yet). Any other
+/// kind of volume is not a place for the state.
+fn kubelet_made_mode(volume: &serde_json::Value) -> u32 {
+    if volume.get("emptyDir").is_some() {
+        0o777
+    } else if volume["hostPath"]["type"] == "DirectoryOrCreate" {
+        0o755
+    } else {
+        panic!(
+            "the state volume is neither an emptyDir nor a hostPath the kubelet creates: {volume}"
+        )
+    }
+}
+
+/// The shipped DaemonSet with a rule in its ConfigMap (the README's pod rule): the daemon starts
+/// on a state directory made as the kubelet makes the manifest's volume, and keeps its state
+/// there. An `emptyDir` (0777) is refused as soon as a rule exists.
+#[test]
+fn the_daemonset_keeps_its_state_where_a_rule_can_use_it() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let docs = documents();
+    let ds = kind(&docs, "DaemonSet");
+    let pod = &ds["spec"]["template"]["spec"];
+    let config = kind(&docs, "ConfigMap")["data"]["gpuwatch.toml"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let state_dir = config
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("state_dir = "))
+        .expect("the ConfigMap names a state_dir")
+        .trim_matches('"')
+        .to_string();
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == state_dir.as_str())
+        .unwrap_or_else(|| panic!("nothing is mounted at the state_dir {state_dir}"));
+    assert_ne!(mount["readOnly"], true);
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    // It outlives the pod: the node's own directory.
+    assert_eq!(volume["hostPath"]["path"], state_dir.as_str(), "{volume}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let made = dir.path().join("var-lib-gpuwatch");
+    std::fs::create_dir(&made).unwrap();
+    std::fs::set_permissions(
+        &made,
+        std::fs::Permissions::from_mode(kubelet_made_mode(volume)),
+    )
+    .unwrap();
+    // The ConfigMap's config, pointed at that directory and at the fake NVML, with the
+    // README's pod rule (the kubelet socket is absent here; the rule just has no pods).
+    let config = config.replace(
+        &format!("state_dir = \"{state_dir}\""),
+        &format!("state_dir = \"{}\"", made.display()),
+    ) + &format!(
+        "\n[nvml]\nlibrary = \"{}\"\n\
+         [[rules]]\nname = \"idle-pod\"\nscope = \"pod\"\nmetric = \"gpu_utilization\"\n\
+         comparison = \"less_than\"\nthreshold = 0.05\nperiod = \"30m\"\nevaluation_periods = 2\n\
+         action = \"exec\"\ncommand = [\"/usr/local/bin/notify-owner\"]\n",
+        common::fake_library().display()
+    );
+    let config = config.replace("listen = \"0.0.0.0:9400\"", "listen = \"127.0.0.1:0\"");
+    std::fs::write(
+        dir.path().join("scenario.toml"),
+        "[[gpu]]\nutilization = 50\n",
+    )
+    .unwrap();
+    let d = common::Daemon::start_with(dir, &config);
+    d.await_sample(std::time::Duration::from_secs(30), |s| {
+        s["nvml"]["up"] == true
+    });
+    // The decision loop runs over that directory: its state and its audit log are kept there,
+    // privately.
+    let started = || {
+        let audit = common::audit_records(&made.join("audit.jsonl"));
+        common::events(&audit, "started").len() == 1
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !made.join("state.json").exists() || !started() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no state saved in the kubelet-made directory:\n{}",
+            d.log()
+        );
+        d.await_sample(std::time::Duration::from_secs(5), |_| true);
+    }
+    let mode = std::fs::metadata(&made).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "{mode:o}");
+    assert!(
+        d.log().contains("cost watch started rules=1"),
+        "{}",
+        d.log()
+    );
 }
 
 #[test]

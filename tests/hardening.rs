@@ -98,7 +98,7 @@ fn long_polls_are_bounded() {
     // One sample an hour: a long-poll waits for its whole timeout.
     let d = Daemon::start(
         BUSY2,
-        "[server]\nlisten = \"127.0.0.1:0\"\nmax_long_polls = 2\n[sampling]\ninterval = \"1h\"\n",
+        "[server]\nlisten = \"127.0.0.1:0\"\nmax_long_polls = 2\nstall_timeout = \"2h\"\n[sampling]\ninterval = \"1h\"\n",
     );
     let first = d.await_sample(LIMIT, |s| s["nvml"]["up"] == true);
     let seq = first["seq"].as_u64().unwrap();
@@ -154,7 +154,7 @@ fn long_polls_are_bounded() {
 fn sigterm_exits_promptly_with_clients_connected_and_stops_deciding_first() {
     let dir = tempfile::tempdir().unwrap();
     let config = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout = \"60s\"\n[sampling]\ninterval = \"1h\"\n[cost]\nhourly_price_usd = 1.0\n[actions]\nboot_grace = \"0s\"\nstate_dir = \"{}\"\n",
+        "[server]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout = \"60s\"\nstall_timeout = \"2h\"\n[sampling]\ninterval = \"1h\"\n[cost]\nhourly_price_usd = 1.0\n[actions]\nboot_grace = \"0s\"\nstate_dir = \"{}\"\n",
         dir.path().join("state").display()
     );
     let mut d = Daemon::start_in(dir, BUSY2, &config);
@@ -242,6 +242,39 @@ fn with_a_full_disk_no_action_runs_until_its_record_is_durable() {
     let audit = d.audit();
     let attempts = common::events(&audit, "action_attempt");
     assert_eq!(attempts.len(), 1, "{audit:?}");
+}
+
+/// Dry-run is a rehearsal: with the audit log unwritable (here a directory stands in its
+/// place, while state.json saves fine) it withholds the action as enforcement would, and says
+/// so, rather than report "would run".
+#[test]
+fn dry_run_withholds_an_unrecorded_action_as_enforcement_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::create_dir(state.join("audit.jsonl")).unwrap();
+    let config = format!(
+        "[actions]\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\nstate_dir = \"{state}\"\n\
+         [[rules]]\nname = \"idle\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\nthreshold = 0.05\n\
+         period = \"1s\"\nevaluation_periods = 2\naction = \"exec\"\ncommand = [\"/bin/true\"]\n",
+        state = state.display(),
+    );
+    let d = Daemon::start_in(dir, IDLE2, &config);
+    let s = d.await_scrape(LIMIT, |s| {
+        counter(s, "gpuwatch_actions_total", ("result", "not_recorded")) >= 2.0
+    });
+    assert_eq!(
+        counter(&s, "gpuwatch_actions_total", ("result", "dry_run")),
+        0.0,
+        "{}",
+        s.text
+    );
+    assert!(counter(&s, "gpuwatch_state_errors_total", ("op", "audit")) >= 2.0);
+    assert!(
+        d.log().contains("in dry-run, as enforcement would"),
+        "{}",
+        d.log()
+    );
 }
 
 /// A budget alert is recorded before it is sent: while `state.json` cannot be made durable the
@@ -589,4 +622,256 @@ fn a_webhook_that_never_answers_does_not_delay_decisions() {
         "the action came {:.1} s after it was due",
         at - due
     );
+}
+
+/// What can be planted where gpuwatch expects a regular file.
+#[derive(Debug, Clone, Copy)]
+enum Planted {
+    Fifo,
+    Socket,
+    Directory,
+    /// `/dev/zero`: a character device node (a link to it where nodes cannot be made).
+    Zero,
+}
+
+const PLANTED: [Planted; 4] = [
+    Planted::Fifo,
+    Planted::Socket,
+    Planted::Directory,
+    Planted::Zero,
+];
+
+/// Replaces whatever is at `path` with `what`.
+fn plant(path: &std::path::Path, what: Planted) {
+    let _ = std::fs::remove_file(path);
+    let _ = std::fs::remove_dir_all(path);
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    match what {
+        // SAFETY: a valid NUL-terminated path; the call reads nothing else of ours.
+        Planted::Fifo => assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0),
+        Planted::Socket => drop(std::os::unix::net::UnixListener::bind(path).unwrap()),
+        Planted::Directory => std::fs::create_dir(path).unwrap(),
+        Planted::Zero => {
+            let dev = libc::makedev(1, 5);
+            // SAFETY: as above.
+            if unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o600, dev) } != 0 {
+                std::os::unix::fs::symlink("/dev/zero", path).unwrap();
+            }
+        }
+    }
+}
+
+/// Puts back a regular file with `contents` where something was planted.
+fn unplant(path: &std::path::Path, contents: &[u8]) {
+    let _ = std::fs::remove_file(path);
+    let _ = std::fs::remove_dir_all(path);
+    std::fs::write(path, contents).unwrap();
+}
+
+/// Runs gpuwatch with `args` and waits at most 20 s: its exit code, stdout and stderr. A hang
+/// fails the test.
+fn bounded(args: &[&std::ffi::OsStr]) -> (Option<i32>, String, String) {
+    let mut child = std::process::Command::new(common::BIN)
+        .args(args)
+        .envs(common::aws::SAFE_ENV.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("gpuwatch {args:?} hung");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Every file an admin names (config, rules, web config, certificate, key, trace): a FIFO, a
+/// socket, a directory or `/dev/zero` there is an error that names the path, at once, for the
+/// daemon, `check-config`, `hold`, `audit` and `status` alike (exit 64), never a hang.
+#[test]
+fn nothing_but_a_regular_file_is_read_as_config_certificate_or_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name);
+    common::certs::protect(dir.path());
+    let config = format!(
+        "rules_file = \"rules.toml\"\n[nvml]\nlibrary = \"{}\"\n\
+         [server]\nlisten = \"127.0.0.1:0\"\nweb_config_file = \"web-config.yml\"\n\
+         [actions]\nstate_dir = \"{}\"\n",
+        common::fake_library().display(),
+        p("state").display()
+    );
+    std::fs::write(p("gpuwatch.toml"), &config).unwrap();
+    std::fs::write(p("rules.toml"), "rules = []\n").unwrap();
+    std::fs::write(p("trace.csv"), "0,0,0.5\n").unwrap();
+    let config = p("gpuwatch.toml");
+    // The setup is sound: check-config passes before anything is planted.
+    let (code, _, err) = bounded(&["check-config".as_ref(), config.as_os_str()]);
+    assert_eq!(code, Some(0), "{err}");
+    for name in [
+        "gpuwatch.toml",
+        "rules.toml",
+        "web-config.yml",
+        "server.crt",
+        "server.key",
+    ] {
+        let keep = std::fs::read(p(name)).unwrap();
+        for what in PLANTED {
+            plant(&p(name), what);
+            let c = config.as_os_str();
+            for args in [
+                vec!["check-config".as_ref(), c],
+                vec!["run".as_ref(), "--config".as_ref(), c],
+                vec!["hold".as_ref(), "1h".as_ref(), "--config".as_ref(), c],
+                vec!["audit".as_ref(), "--config".as_ref(), c],
+                vec![
+                    "status".as_ref(),
+                    "--config".as_ref(),
+                    c,
+                    "--state-dir".as_ref(),
+                    c,
+                ],
+            ] {
+                let (code, _, err) = bounded(&args);
+                assert_eq!(code, Some(64), "{name} as {what:?}, {args:?}: {err}");
+                assert!(err.contains(name), "{name} as {what:?}, {args:?}: {err}");
+            }
+        }
+        unplant(&p(name), &keep);
+    }
+    for what in PLANTED {
+        plant(&p("trace.csv"), what);
+        let (code, _, err) = bounded(&[
+            "simulate".as_ref(),
+            "--config".as_ref(),
+            config.as_os_str(),
+            "--trace".as_ref(),
+            p("trace.csv").as_os_str(),
+        ]);
+        assert_eq!(code, Some(66), "trace as {what:?}: {err}");
+        assert!(err.contains("trace.csv"), "{what:?}: {err}");
+    }
+}
+
+/// A rule that would act on the idle GPUs at once, with its state in `state`.
+fn config_for(state: &std::path::Path) -> String {
+    format!(
+        "[actions]\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\nstate_dir = \"{}\"\n\
+         [[rules]]\nname = \"idle\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
+         threshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 1\naction = \"exec\"\ncommand = [\"/bin/true\"]\n",
+        state.display()
+    )
+}
+
+/// The state directory's files: a FIFO, a socket, a directory or `/dev/zero` in place of
+/// `hold.json`, `audit.jsonl` or `state.json` is reported with its path and survived. The
+/// daemon's decision loop goes on (it saves its state sample after sample), and
+/// `status --state-dir`, `hold` and `audit` answer at once.
+#[test]
+fn nothing_in_the_state_directory_wedges_a_decision_or_a_command() {
+    for what in PLANTED {
+        // hold.json and audit.jsonl, under the running daemon.
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir(&state).unwrap();
+        plant(&state.join("hold.json"), what);
+        plant(&state.join("audit.jsonl"), what);
+        let d = Daemon::start_in(dir, IDLE2, &config_for(&state));
+        // The loop reads the hold at every step: an unreadable one holds, and is shown.
+        let s = d.await_scrape(LIMIT, |s| {
+            metric("gpuwatch_hold_until_timestamp_seconds")
+                .label("reason", "unreadable file")
+                .get(s)
+                .is_some()
+                && counter(s, "gpuwatch_state_errors_total", ("op", "audit")) >= 1.0
+        });
+        metric("gpuwatch_hold_until_timestamp_seconds")
+            .label("source", "local")
+            .value(f64::INFINITY)
+            .assert_in(&s);
+        assert_eq!(
+            counter(&s, "gpuwatch_actions_total", ("result", "done")),
+            0.0
+        );
+        // It goes on deciding: the state is saved again as samples come.
+        let saved = || {
+            std::fs::metadata(state.join("state.json"))
+                .unwrap()
+                .modified()
+                .unwrap()
+        };
+        let first = saved();
+        let seq = d.await_sample(LIMIT, |_| true)["seq"].as_u64().unwrap();
+        d.await_sample(LIMIT, |s| s["seq"].as_u64().unwrap() >= seq + 3);
+        assert!(
+            saved() > first,
+            "{what:?}: state.json no longer saved\n{}",
+            d.log()
+        );
+        let status = d.get("/api/v1/status").json();
+        let reason = status["holds"][0]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(reason.contains("hold.json"), "{what:?}: {status}");
+        assert_eq!(d.get("/-/healthy").status, 200, "{what:?}");
+
+        // The commands, beside it.
+        let config = d.dir.path().join("gpuwatch.toml");
+        let (code, _, err) = bounded(&["audit".as_ref(), "--config".as_ref(), config.as_os_str()]);
+        assert!(err.contains("audit.jsonl"), "audit, {what:?}: {err}");
+        assert_eq!(code, Some(0), "audit, {what:?}: {err}");
+        let (_, out, err) = bounded(&[
+            "status".as_ref(),
+            "--config".as_ref(),
+            config.as_os_str(),
+            "--state-dir".as_ref(),
+            state.as_os_str(),
+        ]);
+        assert!(out.contains("hold.json"), "status, {what:?}: {out}{err}");
+        drop(d);
+
+        // state.json, for a daemon starting and for status --state-dir.
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir(&state).unwrap();
+        plant(&state.join("state.json"), what);
+        let d = Daemon::start_in(dir, IDLE2, &config_for(&state));
+        let s = d.await_scrape(LIMIT, |s| {
+            counter(s, "gpuwatch_state_errors_total", ("op", "load")) >= 2.0
+        });
+        assert_eq!(
+            counter(&s, "gpuwatch_actions_total", ("result", "done")),
+            0.0
+        );
+        assert_eq!(d.get("/-/healthy").status, 200, "{what:?}");
+        assert!(d.log().contains("state.json"), "{}", d.log());
+        let config = d.dir.path().join("gpuwatch.toml");
+        let (code, _, err) = bounded(&[
+            "status".as_ref(),
+            "--config".as_ref(),
+            config.as_os_str(),
+            "--state-dir".as_ref(),
+            state.as_os_str(),
+        ]);
+        assert_eq!(code, Some(3), "status, {what:?}: {err}");
+        assert!(err.contains("state.json"), "{what:?}: {err}");
+        // `hold` writes its hold.json whatever stands in for state.json.
+        let (code, _, err) = bounded(&[
+            "hold".as_ref(),
+            "1h".as_ref(),
+            "--config".as_ref(),
+            config.as_os_str(),
+        ]);
+        assert_eq!(code, Some(0), "hold, {what:?}: {err}");
+    }
 }

@@ -1,14 +1,24 @@
 //! The image, built for real with Debian's buildah from the project's `Containerfile`, offline:
 //! the runtime base is assembled here (glibc as `ldd` names it), and the binaries come from an
-//! image holding the ones cargo built (`BINARIES`), so no registry is reached. Then the image's
-//! root filesystem holds no shell and no package manager, says non-root and `gpuwatch run`, and
-//! runs `gpuwatch demo` under chroot. Needs root and buildah (`scripts/test` installs it).
+//! image holding what cargo built (`BINARIES`: the binary, and the fake NVML library a build
+//! leaves beside it), so no registry is reached. Then the image's root filesystem holds no shell,
+//! no package manager and no NVML library, neither the fake one nor any other (no file of those
+//! names, and no ELF file that exports NVML's entry point), says non-root and `gpuwatch run`, and
+//! runs its entrypoint and command under chroot, with the fake library put where the NVIDIA
+//! container runtime puts the host's NVML. Needs root, buildah (`scripts/test` installs it) and
+//! binutils.
 
 mod common;
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+/// The symbol every NVML library, fake or real, exports: nvml-wrapper's first call.
+const NVML_ENTRY: &str = "nvmlInit_v2";
+/// Where the NVIDIA container runtime mounts the host's NVML in a Debian-based image: a directory
+/// the loader searches without a cache.
+const RUNTIME_NVML: &str = "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1";
 
 /// Runs buildah on the vfs driver, asserts success, and returns its stdout, trimmed.
 fn buildah(args: &[&str]) -> String {
@@ -87,8 +97,62 @@ fn stripped(from: &Path, to: &Path) {
     assert!(status.success(), "strip {}", from.display());
 }
 
+/// Every regular file under `root` (links not followed), as paths relative to it.
+fn files(root: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let entry = entry.unwrap();
+            let kind = entry.file_type().unwrap();
+            if kind.is_dir() {
+                dirs.push(entry.path());
+            } else if kind.is_file() {
+                found.push(entry.path().strip_prefix(root).unwrap().to_path_buf());
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// Whether `file` is an ELF object whose dynamic symbol table defines `symbol`.
+fn exports(file: &Path, symbol: &str) -> bool {
+    let mut magic = [0u8; 4];
+    let is_elf = std::fs::File::open(file)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && magic == *b"\x7fELF";
+    if !is_elf {
+        return false;
+    }
+    let out = Command::new("nm")
+        .args(["--dynamic", "--defined-only"])
+        .arg(file)
+        .output()
+        .expect("nm not found: install binutils");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l.split_whitespace().last() == Some(symbol))
+}
+
+/// The NVML libraries among `files` under `root`: by name (the fake library, or any
+/// `libnvidia-ml`), or by content (an ELF file that exports NVML's entry point).
+fn nvml_libraries(root: &Path, files: &[PathBuf]) -> Vec<String> {
+    files
+        .iter()
+        .filter(|f| {
+            let name = f.file_name().unwrap().to_string_lossy();
+            name == "libgpuwatch_fake_nvml.so"
+                || name.starts_with("libnvidia-ml")
+                || exports(&root.join(f), NVML_ENTRY)
+        })
+        .map(|f| f.display().to_string())
+        .collect()
+}
+
 #[test]
-fn the_image_holds_only_gpuwatch_and_runs_the_demo() {
+fn the_image_holds_only_gpuwatch_and_runs_on_the_hosts_nvml() {
     if unsafe { libc::geteuid() } != 0 {
         panic!("building images with buildah here needs root");
     }
@@ -185,6 +249,19 @@ fn the_image_holds_only_gpuwatch_and_runs_the_demo() {
     made.containers.push(ctr.clone());
     let rootfs = PathBuf::from(buildah(&["mount", &ctr]));
     assert!(rootfs.join("usr/bin/gpuwatch").is_file());
+    // No NVML: the fake one is for tests and `cargo run -- demo`, the real one the runtime's.
+    // The check finds the fake library as the build left it, by name and by content, and passes
+    // the binary.
+    assert_eq!(
+        nvml_libraries(&out, &files(&out)),
+        ["libgpuwatch_fake_nvml.so"]
+    );
+    assert!(exports(&out.join("libgpuwatch_fake_nvml.so"), NVML_ENTRY));
+    assert!(!exports(&out.join("gpuwatch"), NVML_ENTRY));
+    let held = files(&rootfs);
+    assert!(held.len() > 3, "{held:?}");
+    let nvml = nvml_libraries(&rootfs, &held);
+    assert!(nvml.is_empty(), "the image holds NVML: {nvml:?}");
     for absent in [
         "bin/sh",
         "bin/bash",
@@ -198,8 +275,31 @@ fn the_image_holds_only_gpuwatch_and_runs_the_demo() {
         assert!(!rootfs.join(absent).exists(), "the image holds {absent}");
     }
 
-    // And it runs: the demo, under chroot into the image's root filesystem, with /proc
-    // mounted as a container runtime mounts it.
+    // And it runs: its entrypoint and command, under chroot into the image's root filesystem, in
+    // the image's environment, with /proc mounted and NVML put in place as a container runtime
+    // does (in the container, never in the image). The fake library reads its GPUs from a
+    // scenario file.
+    let runtime_nvml = rootfs.join(RUNTIME_NVML);
+    std::fs::create_dir_all(runtime_nvml.parent().unwrap()).unwrap();
+    std::fs::copy(common::fake_library(), &runtime_nvml).unwrap();
+    let scenario = "[[gpu]]\nutilization = 30\n".repeat(4);
+    std::fs::write(rootfs.join("tmp/scenario.toml"), scenario).unwrap();
+    let env: Vec<(String, String)> = oci["Env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| {
+            let (k, v) = e.as_str()?.split_once('=')?;
+            Some((k.to_string(), v.to_string()))
+        })
+        .collect();
+    let mut command: Vec<String> = [&oci["Entrypoint"], &oci["Cmd"]]
+        .iter()
+        .flat_map(|v| v.as_array().unwrap().iter())
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    let port = common::free_port();
+    command.extend(["--listen".to_string(), format!("127.0.0.1:{port}")]);
     let proc_dir = rootfs.join("proc");
     std::fs::create_dir_all(&proc_dir).unwrap();
     let mounted = Command::new("mount")
@@ -209,32 +309,32 @@ fn the_image_holds_only_gpuwatch_and_runs_the_demo() {
         .unwrap();
     assert!(mounted.success(), "mount -t proc");
     let proc_mount = Unmount(proc_dir);
-    let port = common::free_port();
-    let mut demo = common::Killed(
+    let mut daemon = common::Killed(
         Command::new("/usr/sbin/chroot")
             .arg(&rootfs)
-            .args(["/usr/bin/gpuwatch", "demo", "--listen"])
-            .arg(format!("127.0.0.1:{port}"))
+            .args(&command)
             .env_clear()
+            .envs(env)
+            .env("GPUWATCH_FAKE_NVML_SCENARIO", "/tmp/scenario.toml")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap(),
     );
-    let stderr = demo.0.stderr.take().unwrap();
+    let stderr = daemon.0.stderr.take().unwrap();
     let log = std::thread::spawn(move || {
         let mut text = String::new();
         let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut text);
         text
     });
-    let Some(addr) = BufReader::new(demo.0.stdout.take().unwrap())
+    let Some(addr) = BufReader::new(daemon.0.stdout.take().unwrap())
         .lines()
         .map_while(Result::ok)
         .find_map(|l| common::ready_address(&l))
     else {
-        drop(demo);
+        drop(daemon);
         panic!(
-            "the demo in the image did not start:\n{}",
+            "the daemon in the image did not start ({command:?}):\n{}",
             log.join().unwrap()
         );
     };
@@ -245,7 +345,7 @@ fn the_image_holds_only_gpuwatch_and_runs_the_demo() {
     common::metric("gpuwatch_gpus")
         .value(4.0)
         .assert_in(&scrape);
-    drop(demo);
+    drop(daemon);
     drop(proc_mount);
     buildah(&["umount", &ctr]);
 }

@@ -324,3 +324,55 @@ fn a_mig_device_is_attributed_to_its_gpu() {
         s.text
     );
 }
+
+/// A kubelet that lists more assignments than the cap: the rest are ignored, and the warning
+/// is logged once when it starts, not at every refresh.
+#[test]
+fn an_overflowing_kubelet_is_warned_of_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("kubelet.sock");
+    let pods = dir.path().join("pods.json");
+    // Written whole (a rename), so that the kubelet never reads half a file.
+    // 5000 pods, each holding a GPU: more assignments than the cap (4096).
+    let write = |name: &str| {
+        let list: Vec<serde_json::Value> = (0..5000)
+            .map(|i| {
+                let pod_name = if i == 0 {
+                    name.to_string()
+                } else {
+                    format!("{name}-{i}")
+                };
+                pod(&pod_name, "ml", "c", "nvidia.com/gpu", &[&uuid(i % 4)])
+            })
+            .collect();
+        let list = serde_json::Value::Array(list);
+        let tmp = dir.path().join("pods.json.tmp");
+        std::fs::write(&tmp, list.to_string()).unwrap();
+        std::fs::rename(&tmp, &pods).unwrap();
+    };
+    write("flood-a");
+    let _kubelet = fake_kubelet(&socket, &pods);
+    let d = Daemon::start(
+        SCENARIO,
+        &format!(
+            "[kubernetes]\npod_resources_socket = \"{}\"\nrefresh = \"200ms\"\n",
+            socket.display()
+        ),
+    );
+    // Three answers over the cap, each seen in the series: at least three refreshes.
+    for name in ["flood-a", "flood-b", "flood-c"] {
+        write(name);
+        d.await_scrape(LIMIT, |s| {
+            s.named("gpuwatch_pod_gpu_allocated")
+                .iter()
+                .any(|x| x.labels.get("pod").map(String::as_str) == Some(name))
+        });
+    }
+    let log = d.log();
+    assert_eq!(
+        log.matches("more GPU assignments than any node has")
+            .count(),
+        1,
+        "{log}"
+    );
+}

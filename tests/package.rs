@@ -2,11 +2,13 @@
 //! the binary this `cargo test` built, without building again, into a throwaway directory. Then
 //! `dpkg-deb` shows that its control fields name the package, version, section and a libc6
 //! dependency; that it holds the binary, the unit, the config (a conffile, so upgrades keep the
-//! admin's edits), the example configs, every dashboard with the Grafana provisioning file
-//! pointing at them, the Prometheus rules and the README; and that its maintainer scripts never
+//! admin's edits, and readable by root only, since it may hold a webhook URL), the example
+//! configs, every dashboard with the Grafana provisioning file pointing at them, the Prometheus
+//! rules and the README; and that its maintainer scripts never
 //! enable or start the daemon, which can stop the machine. Extracted (never installed: no
-//! `dpkg -i`, no `systemctl`), the packaged binary accepts the packaged configs, `systemd-analyze
-//! verify` accepts the packaged unit against the packaged binary, and every dashboard is JSON.
+//! `dpkg -i`, no `systemctl`), the packaged binary accepts the packaged configs, the packaged unit
+//! hands the daemon the config as a systemd credential, `systemd-analyze verify` accepts the
+//! unit against the packaged binary, and every dashboard is JSON.
 //! Needs cargo-deb, dpkg-deb and systemd-analyze (`scripts/test` installs them).
 //!
 //! Also here, since it is about what the release binary is made of: the dev-dependencies change
@@ -20,6 +22,8 @@ use std::process::{Command, Output};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const CONF: &str = "/etc/gpuwatch/gpuwatch.toml";
+/// The unit's copy of `CONF`, which only the service can read.
+const CREDENTIAL: &str = "gpuwatch.toml";
 const UNIT: &str = "usr/lib/systemd/system/gpuwatch.service";
 const DASHBOARDS: &str = "usr/share/gpuwatch/dashboards";
 
@@ -183,10 +187,11 @@ fn the_package_installs_a_working_daemon_that_is_not_enabled() {
             .get(path)
             .unwrap_or_else(|| panic!("the package lacks {path}; it holds:\n{listing}"));
         assert_eq!(owner, "0/0", "{path} is owned by {owner}");
-        let want = if path == "/usr/bin/gpuwatch" {
-            "-rwxr-xr-x"
-        } else {
-            "-rw-r--r--"
+        let want = match path.as_str() {
+            "/usr/bin/gpuwatch" => "-rwxr-xr-x",
+            // It may hold webhook_url: root reads it, and hands the daemon a copy.
+            CONF => "-rw-r-----",
+            _ => "-rw-r--r--",
         };
         assert_eq!(mode, want, "{path}'s mode");
     }
@@ -230,15 +235,22 @@ fn the_package_installs_a_working_daemon_that_is_not_enabled() {
         assert!(text(&out).contains(": ok"), "{}", text(&out));
     }
 
-    // The unit runs the packaged binary on the packaged config, and systemd accepts it.
+    // The unit runs the packaged binary on the packaged config, read through a credential (systemd
+    // reads the file as root; the daemon's DynamicUser reads its private copy), and systemd
+    // accepts it.
     let unit = fs::read_to_string(root.join(UNIT)).unwrap();
     let exec = unit
         .lines()
         .find(|l| l.starts_with("ExecStart="))
         .unwrap_or_else(|| panic!("no ExecStart= in:\n{unit}"));
+    assert_eq!(
+        exec,
+        format!("ExecStart=/usr/bin/gpuwatch run --config ${{CREDENTIALS_DIRECTORY}}/{CREDENTIAL}")
+    );
+    let credential = format!("LoadCredential={CREDENTIAL}:{CONF}");
     assert!(
-        exec.starts_with("ExecStart=/usr/bin/gpuwatch ") && exec.contains(CONF),
-        "{exec}"
+        unit.lines().any(|l| l == credential),
+        "no {credential} in:\n{unit}"
     );
     verify_unit(&root);
 

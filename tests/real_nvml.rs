@@ -113,8 +113,13 @@ fn gpm_sm_activity_agrees_with_nvidia_smi_dmon() {
             .spawn()
             .expect("start GPUWATCH_GPM_LOAD")
     });
+    // The defaults: an empty config file (a device such as /dev/null is refused as a config).
+    let empty = tempfile::NamedTempFile::new().unwrap();
     let mut daemon = Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
-        .args(["run", "--config", "/dev/null", "--listen", "127.0.0.1:0"])
+        .arg("run")
+        .arg("--config")
+        .arg(empty.path())
+        .args(["--listen", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

@@ -238,3 +238,61 @@ fn root_holds_for_a_daemon_that_runs_as_another_user() {
         .unwrap();
     assert!(!out.status.success(), "{out:?}");
 }
+
+/// A hostile "daemon" on loopback: it answers every connection with a 200 and then `body`
+/// forever (never a whole answer). Stops when the test process ends.
+fn hostile(body: &'static [u8], chunk_pause: Duration) -> std::net::SocketAddr {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(4) {
+            let Ok(mut s) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut head = [0u8; 4096];
+                let _ = s.read(&mut head);
+                let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n");
+                // At most 1 GiB, so that even a client without a cap ends.
+                for _ in 0..(1usize << 30) / body.len() {
+                    if s.write_all(body).is_err() {
+                        return;
+                    }
+                    if !chunk_pause.is_zero() {
+                        std::thread::sleep(chunk_pause);
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_hostile_server_gets_a_bounded_read_and_a_bounded_wait() {
+    static FLOOD: [u8; 64 * 1024] = [b' '; 64 * 1024];
+    let started = std::time::Instant::now();
+    let addr = hostile(&FLOOD, Duration::ZERO);
+    let (code, _, err) = status(&["--url", &format!("http://{addr}/")], &[]);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("more than 4 MiB"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+
+    // A drip that never ends: the whole exchange is bounded in time.
+    let started = std::time::Instant::now();
+    let addr = hostile(b" ", Duration::from_millis(100));
+    let (code, _, err) = status(&["--url", &format!("http://{addr}/")], &[]);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(30), "{err}");
+}
+
+#[test]
+fn a_password_never_goes_over_plain_http_beyond_loopback() {
+    // Refused before any connection is made (nothing listens there, nothing is sent).
+    let (code, _, err) = status(
+        &["--url", "http://192.0.2.1:9400/", "--user", "prom"],
+        &[("GPUWATCH_PASSWORD", "s3cret")],
+    );
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("plain HTTP beyond this machine"), "{err}");
+    assert!(err.contains("--insecure"), "{err}");
+}

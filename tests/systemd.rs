@@ -3,8 +3,8 @@
 //! - `READY=1` comes only once the first sample is in (the first sample here takes 1.5 s).
 //! - `STATUS=` lines carry the GPU count, NVML and the pending actions.
 //! - `WATCHDOG=1` pings come while the daemon makes progress, stop while its decision loop hangs
-//!   (a FIFO named `hold.json` stands in for a file on a hung disk: opening it blocks), and come
-//!   back once it moves again.
+//!   (its I/O thread, stopped with ptrace, stands in for one stuck on a hung disk), and come
+//!   back once it moves again. `/-/healthy` answers by the same test: 503 while it hangs.
 //! - `STOPPING=1` comes on SIGTERM, and the daemon exits cleanly.
 
 mod common;
@@ -83,7 +83,8 @@ fn start_with(
 ) -> Daemon {
     std::fs::write(dir.path().join("scenario.toml"), SLOW_START).unwrap();
     let config = format!(
-        "[nvml]\nlibrary = \"{lib}\"\n[sampling]\ninterval = \"100ms\"\ntimeout = \"5s\"\n\
+        "[nvml]\nlibrary = \"{lib}\"\n[server]\nstall_timeout = \"6s\"\n\
+         [sampling]\ninterval = \"100ms\"\ntimeout = \"5s\"\n\
          [actions]\nboot_grace = \"0s\"\n{actions}wall = false\nstate_dir = \"{state}\"\n\
          [[rules]]\nname = \"idle\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
          threshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 1\naction = \"exec\"\n\
@@ -147,11 +148,9 @@ fn watchdog_pings_stop_while_the_decision_loop_hangs() {
     manager.until(Duration::from_secs(20), |m| m.contains("READY=1"));
     manager.until(Duration::from_secs(3), |m| m.contains("WATCHDOG=1"));
 
-    // The decision loop reads hold.json at every step: opening a FIFO blocks it.
-    let hold = d.dir.path().join("state/hold.json");
-    let c = std::ffi::CString::new(hold.to_str().unwrap()).unwrap();
-    // SAFETY: mkfifo reads the NUL-terminated path and nothing else.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    // The decision loop saves its state on the I/O thread at every step: with that thread
+    // stopped, as on a hung disk, it waits.
+    let frozen = common::Frozen::thread(d.pid(), "gpuwatch-io");
 
     // Within a few watchdog periods the pings stop, and stay stopped for three periods, while
     // the sampler goes on.
@@ -178,11 +177,26 @@ fn watchdog_pings_stop_while_the_decision_loop_hangs() {
     });
     assert!(d.log().contains("no watchdog ping"), "{}", d.log());
 
-    // Unblock it: a writer opens the FIFO, the name goes, and the reader gets an empty file.
-    let writer = std::fs::OpenOptions::new().write(true).open(&hold).unwrap();
-    std::fs::remove_file(&hold).unwrap();
-    drop(writer);
+    // The liveness answer says so too, once the stall lasts stall_timeout (6 s here).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let health = loop {
+        let health = d.get("/-/healthy");
+        if health.status != 200 || Instant::now() > deadline {
+            break health;
+        }
+        manager.recv(Duration::from_millis(200));
+    };
+    assert_eq!(health.status, 503, "{}", health.body);
+    assert!(health.body.contains("decision loop"), "{}", health.body);
+
+    // It moves again: the pings come back, and so does 200.
+    drop(frozen);
     manager.until(Duration::from_secs(5), |m| m.contains("WATCHDOG=1"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while d.get("/-/healthy").status != 200 {
+        assert!(Instant::now() < deadline, "still unhealthy\n{}", d.log());
+        manager.recv(Duration::from_millis(100));
+    }
 }
 
 /// An action that takes a while (here an `exec` of 4 s, within its 30 s timeout) is no wedge:

@@ -71,3 +71,29 @@ fn security_rates_the_exposure_at_most_2() {
         "exposure {score} > {MAX_EXPOSURE:.1}:\n{stdout}"
     );
 }
+
+/// The config may hold a webhook URL, so the package installs it 0640 root: the unit has systemd
+/// (as root) hand the daemon's dynamic user a copy as a credential, and runs the daemon on that
+/// copy. Other secrets (a web config, a TLS key, a webhook URL file) follow it the same way,
+/// named relative to it, with `LoadCredential=` lines in a drop-in.
+#[test]
+fn the_daemon_reads_its_config_through_a_credential() {
+    let unit = fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/systemd/gpuwatch.service"
+    ))
+    .unwrap();
+    let lines: Vec<&str> = unit.lines().collect();
+    assert!(
+        lines.contains(&"LoadCredential=gpuwatch.toml:/etc/gpuwatch/gpuwatch.toml"),
+        "the unit does not hand the daemon its config as a credential:\n{unit}"
+    );
+    let exec: Vec<&&str> = lines
+        .iter()
+        .filter(|l| l.starts_with("ExecStart="))
+        .collect();
+    assert_eq!(
+        exec,
+        [&"ExecStart=/usr/bin/gpuwatch run --config ${CREDENTIALS_DIRECTORY}/gpuwatch.toml"]
+    );
+}

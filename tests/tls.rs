@@ -112,10 +112,77 @@ fn a_certificate_replaced_on_disk_is_served_without_a_restart() {
     let dir = s.daemon.dir.path();
     let renewed = s.ca_issuer.issue(dir, "server", false, false);
     assert_ne!(first.server_cert.as_deref(), Some(renewed.der.as_slice()));
-    let second = tls_get(addr, "/-/healthy", &s.ca, None, right);
-    assert_eq!(second.status, Some(200), "{:?}", second.error);
-    assert_eq!(second.server_cert.as_deref(), Some(renewed.der.as_slice()));
+    // A handshake takes the certificate loaded last and asks for a check of the files, which
+    // runs beside it: a handshake or two after the renewal, the new one is served.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let next = tls_get(addr, "/-/healthy", &s.ca, None, right);
+        assert_eq!(next.status, Some(200), "{:?}", next.error);
+        if next.server_cert.as_deref() == Some(renewed.der.as_slice()) {
+            break;
+        }
+        assert_eq!(next.server_cert, first.server_cert, "neither old nor new");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the renewed certificate was never served"
+        );
+    }
     assert!(s.daemon.log().contains("reloaded the TLS certificate"));
+}
+
+/// Makes a FIFO at `path`.
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
+#[test]
+fn a_fifo_or_a_huge_file_as_the_certificate_never_stalls_a_handshake() {
+    let s = start();
+    let addr = s.daemon.addr;
+    let right = Some((USER, PASSWORD));
+    let first = tls_get(addr, "/-/healthy", &s.ca, None, right);
+    assert_eq!(first.status, Some(200), "{:?}", first.error);
+    let cert = s.daemon.dir.path().join("server.crt");
+    let huge = "-----BEGIN CERTIFICATE-----\n".to_string() + &"A".repeat(2 << 20);
+    for plant in ["fifo", "huge"] {
+        std::fs::remove_file(&cert).unwrap();
+        match plant {
+            "fifo" => mkfifo(&cert),
+            _ => std::fs::write(&cert, &huge).unwrap(),
+        }
+        // Each handshake asks for a check of the changed file; none waits on it, and the
+        // certificate that worked is still served.
+        for _ in 0..5 {
+            let started = std::time::Instant::now();
+            let next = tls_get(addr, "/metrics", &s.ca, None, right);
+            assert_eq!(next.status, Some(200), "{plant}: {:?}", next.error);
+            assert_eq!(next.server_cert, first.server_cert, "{plant}");
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(5),
+                "{plant}: {:?}",
+                started.elapsed()
+            );
+        }
+    }
+    // The checks ran beside the handshakes; their warnings reach the log a moment later.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let log = loop {
+        let log = s.daemon.log();
+        if log.contains("is a FIFO, not a regular file") && log.contains("is larger than 1 MiB")
+            || std::time::Instant::now() > deadline
+        {
+            break log;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(log.contains("is a FIFO, not a regular file"), "{log}");
+    assert!(log.contains("is larger than 1 MiB"), "{log}");
+    // And the daemon still stops when asked.
+    s.daemon.terminate();
+    let mut d = s.daemon;
+    assert!(d.wait_exit(std::time::Duration::from_secs(20)).is_some());
 }
 
 #[test]
@@ -175,4 +242,177 @@ fn a_bad_web_config_exits_64_naming_the_key() {
         .unwrap();
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("nowhere.yml: cannot read"));
+}
+
+/// A daemon on plain HTTP with basic auth for `USER` (a bcrypt hash of cost 10, as
+/// `htpasswd -nBC 10` makes) and `extra` in its web config.
+fn with_basic_auth(extra: &str) -> Daemon {
+    let dir = tempfile::tempdir().unwrap();
+    let hash = bcrypt::hash(PASSWORD, 10).unwrap();
+    std::fs::write(
+        dir.path().join("web-config.yml"),
+        format!("basic_auth_users:\n  {USER}: {hash}\n{extra}"),
+    )
+    .unwrap();
+    Daemon::start_in(
+        dir,
+        BUSY,
+        "[server]\nlisten = \"127.0.0.1:0\"\nweb_config_file = \"web-config.yml\"\n",
+    )
+}
+
+/// A GET over a fresh connection from `source` (a loopback address), with basic auth: the
+/// status, or `None` when the connection failed.
+async fn get_from(
+    source: std::net::IpAddr,
+    to: std::net::SocketAddr,
+    path: &str,
+    auth: Option<(&str, &str)>,
+) -> Option<u16> {
+    use base64::Engine as _;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = tokio::net::TcpSocket::new_v4().ok()?;
+    socket.bind(std::net::SocketAddr::new(source, 0)).ok()?;
+    let mut s = socket.connect(to).await.ok()?;
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
+    if let Some((u, p)) = auth {
+        let enc = base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"));
+        request.push_str(&format!("Authorization: Basic {enc}\r\n"));
+    }
+    request.push_str("\r\n");
+    s.write_all(request.as_bytes()).await.ok()?;
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).await.ok()?;
+    String::from_utf8_lossy(&answer)
+        .split(' ')
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// 300 connections sending wrong passwords in a loop cannot lock out a scraper whose password
+/// verified before: a guess that finds bcrypt busy is answered at once, never parked on a
+/// connection, and the scraper's remembered password goes ahead of every stranger.
+#[test]
+fn wrong_passwords_in_a_loop_never_lock_out_a_verified_scraper() {
+    let d = with_basic_auth("");
+    let addr = d.addr;
+    let local: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    assert_eq!(
+        block_on(get_from(local, addr, "/metrics", Some((USER, PASSWORD)))),
+        Some(200)
+    );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let answers = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let attack = {
+        let (stop, answers, sent) = (stop.clone(), answers.clone(), sent.clone());
+        std::thread::spawn(move || {
+            block_on(async move {
+                let mut tasks = tokio::task::JoinSet::new();
+                for _ in 0..300 {
+                    let (stop, answers, sent) = (stop.clone(), answers.clone(), sent.clone());
+                    tasks.spawn(async move {
+                        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                        // user prom, password "wrong", on one keep-alive connection while
+                        // it lasts.
+                        let request = b"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Basic cHJvbTp3cm9uZw==\r\n\r\n";
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+                                continue;
+                            };
+                            let mut buf = vec![0u8; 4096];
+                            loop {
+                                if stop.load(std::sync::atomic::Ordering::Relaxed)
+                                    || s.write_all(request).await.is_err()
+                                {
+                                    break;
+                                }
+                                sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                match s.read(&mut buf).await {
+                                    Ok(n) if n > 0 => {
+                                        answers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                    }
+                                    _ => break,
+                                }
+                            }
+                        }
+                    });
+                }
+                while tasks.join_next().await.is_some() {}
+            })
+        })
+    };
+    // The attack is under way before the scrapes start: every connection has guessed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while sent.load(std::sync::atomic::Ordering::Relaxed) < 1000 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the attack never got going"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let mut fast = 0;
+    let mut slowest = std::time::Duration::ZERO;
+    let mut failures = Vec::new();
+    for _ in 0..200 {
+        let started = std::time::Instant::now();
+        let status = block_on(get_from(local, addr, "/metrics", Some((USER, PASSWORD))));
+        let took = started.elapsed();
+        slowest = slowest.max(took);
+        if status == Some(200) && took < std::time::Duration::from_millis(100) {
+            fast += 1;
+        } else {
+            failures.push((status, took));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    attack.join().unwrap();
+    println!(
+        "{fast} of 200 scrapes answered 200 within 100 ms, the slowest in {slowest:?}, while the attack sent {} guesses and got {} answers",
+        sent.load(std::sync::atomic::Ordering::Relaxed),
+        answers.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    assert!(fast >= 198, "{failures:?}");
+}
+
+/// The rate limit is per client address, and a verified password goes ahead of it: a stranger
+/// who spends their bucket gets 429, and neither the scraper (on `/-/healthy` too) nor another
+/// stranger does.
+#[test]
+fn one_clients_flood_never_rate_limits_another() {
+    let d = with_basic_auth("rate_limit:\n  interval: 1h\n  burst: 5\n");
+    let addr = d.addr;
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+    block_on(async {
+        assert_eq!(
+            get_from(ip("127.0.0.1"), addr, "/metrics", Some((USER, PASSWORD))).await,
+            Some(200)
+        );
+        let mut flood = Vec::new();
+        for _ in 0..30 {
+            flood.push(get_from(ip("127.0.0.2"), addr, "/metrics", None).await);
+        }
+        assert_eq!(flood[..5], [Some(401); 5], "{flood:?}");
+        assert_eq!(flood[5..], [Some(429); 25], "{flood:?}");
+        for path in ["/metrics", "/-/healthy"].iter().cycle().take(20) {
+            assert_eq!(
+                get_from(ip("127.0.0.1"), addr, path, Some((USER, PASSWORD))).await,
+                Some(200),
+                "{path}"
+            );
+        }
+        assert_eq!(
+            get_from(ip("127.0.0.3"), addr, "/-/healthy", None).await,
+            Some(401)
+        );
+    });
 }

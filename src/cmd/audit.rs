@@ -1,7 +1,7 @@
 //! `gpuwatch audit`: the audit log as sentences, rotated files included, oldest first.
 //! Malformed lines are reported with their file and line number and skipped, never fatal.
 
-use std::io::Write as _;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -77,6 +77,10 @@ pub fn files(state_dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// The longest record `gpuwatch audit` reads; a longer line is reported and skipped, read in
+/// pieces and never held whole.
+pub const MAX_RECORD_BYTES: usize = 64 * 1024;
+
 pub fn run(config: &Config, filter: &Filter, json: bool) -> ExitCode {
     let dir = &config.actions.state_dir;
     let files = files(dir);
@@ -86,52 +90,117 @@ pub fn run(config: &Config, filter: &Filter, json: bool) -> ExitCode {
     }
     let mut out = std::io::stdout().lock();
     for file in files {
-        let reader = match std::fs::File::open(&file) {
+        // Not through a link, and never a FIFO or a device: what is planted in the state
+        // directory is reported, not followed or waited on.
+        let reader = match crate::files::open_regular(&file, crate::files::Links::Refuse) {
             Ok(f) => std::io::BufReader::new(f),
             Err(e) => {
                 eprintln!("audit: {}: {e}", file.display());
                 continue;
             }
         };
-        // Line by line, a record at a time: a rotated log of any size is read in little memory,
-        // and a line that is not UTF-8 is one malformed line, not a failure.
-        let lines = std::io::BufRead::split(reader, b'\n');
-        let mut n = 0;
-        for bytes in lines {
-            n += 1;
-            let Ok(bytes) = bytes else {
-                eprintln!("audit: {}: cannot read on from line {n}", file.display());
-                break;
-            };
-            let Ok(line) = std::str::from_utf8(&bytes) else {
-                eprintln!("audit: {}:{n}: not UTF-8, skipped", file.display());
-                continue;
-            };
-            if line.trim().is_empty() {
-                continue;
-            }
-            let record: Value = match serde_json::from_str(line) {
-                Ok(v @ Value::Object(_)) => v,
-                _ => {
-                    eprintln!("audit: {}:{n}: not a JSON record, skipped", file.display());
-                    continue;
-                }
-            };
-            if !keep(&record, filter) {
-                continue;
-            }
-            let written = if json {
-                writeln!(out, "{line}")
-            } else {
-                writeln!(out, "{}", sentence(&record))
-            };
-            if written.is_err() {
-                // A closed pipe (`| head`) ends the listing, quietly.
-                return ExitCode::SUCCESS;
-            }
+        if list(reader, &file, filter, json, &mut out).is_err() {
+            // A closed pipe (`| head`) ends the listing, quietly.
+            return ExitCode::SUCCESS;
         }
     }
     ExitCode::SUCCESS
+}
+
+/// Lists one file's records, a line at a time, so that a log of any size is read in little
+/// memory; a line that is too long, not UTF-8 or not a JSON record is reported and skipped.
+/// `Err` is a failed write to `out`.
+fn list(
+    mut reader: impl std::io::BufRead,
+    file: &Path,
+    filter: &Filter,
+    json: bool,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
+    let mut n = 0;
+    let mut line = Vec::new();
+    loop {
+        n += 1;
+        let whole = match read_line(&mut reader, &mut line, MAX_RECORD_BYTES) {
+            Ok(None) => return Ok(()),
+            Ok(Some(whole)) => whole,
+            Err(_) => {
+                eprintln!("audit: {}: cannot read on from line {n}", file.display());
+                return Ok(());
+            }
+        };
+        if !whole {
+            eprintln!(
+                "audit: {}:{n}: longer than {} KiB, skipped",
+                file.display(),
+                MAX_RECORD_BYTES >> 10
+            );
+            continue;
+        }
+        let Ok(text) = std::str::from_utf8(&line) else {
+            eprintln!("audit: {}:{n}: not UTF-8, skipped", file.display());
+            continue;
+        };
+        if text.trim().is_empty() {
+            continue;
+        }
+        let record: Value = match serde_json::from_str(text) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => {
+                eprintln!("audit: {}:{n}: not a JSON record, skipped", file.display());
+                continue;
+            }
+        };
+        if !keep(&record, filter) {
+            continue;
+        }
+        // JSON escapes every control character, so `--json` prints the line as it is; a
+        // sentence quotes values from the file, and a terminal must not run what they hold.
+        if json {
+            writeln!(out, "{text}")?;
+        } else {
+            writeln!(out, "{}", crate::status::text::plain(&sentence(&record)))?;
+        }
+    }
+}
+
+/// Reads the next line (without its `\n`) into `line`, keeping at most `max` bytes:
+/// `Some(true)` for a whole line, `Some(false)` for one that was longer (the rest of it is read
+/// and dropped), `None` at the end of the input.
+fn read_line(
+    reader: &mut impl std::io::BufRead,
+    line: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Option<bool>> {
+    line.clear();
+    let mut whole = true;
+    let mut any = false;
+    loop {
+        let buf = match reader.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if buf.is_empty() {
+            return Ok(any.then_some(whole));
+        }
+        any = true;
+        let (piece, end) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (&buf[..i], Some(i + 1)),
+            None => (buf, None),
+        };
+        if whole && line.len() + piece.len() <= max {
+            line.extend_from_slice(piece);
+        } else {
+            whole = false;
+            line.clear();
+        }
+        let used = end.unwrap_or(buf.len());
+        reader.consume(used);
+        if end.is_some() {
+            return Ok(Some(whole));
+        }
+    }
 }
 
 fn str_of<'a>(r: &'a Value, key: &str) -> &'a str {
@@ -258,4 +327,47 @@ pub fn sentence(r: &Value) -> String {
         other => format!("{other}: {r}"),
     };
     format!("{when}  {what}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_line_is_skipped_and_control_characters_are_replaced() {
+        let long = format!("{{\"event\":\"x\",\"pad\":\"{}\"}}", "a".repeat(100_000));
+        let evil =
+            r#"{"event":"cancelled","rule":"r","action":"stop","reason":"\u001b]2;owned\u0007"}"#;
+        let input = format!("{long}\n{evil}\nnot json\n{{\"event\":\"stopped\"}}");
+        let mut out = Vec::new();
+        list(
+            std::io::BufReader::with_capacity(1024, input.as_bytes()),
+            Path::new("audit.jsonl"),
+            &Filter::default(),
+            false,
+            &mut out,
+        )
+        .unwrap();
+        let out = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 2, "{out}");
+        assert!(lines[0].ends_with("rule r: stop cancelled, \u{fffd}]2;owned\u{fffd}"));
+        assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'));
+        assert!(lines[1].ends_with("gpuwatch stopped"), "{out}");
+    }
+
+    #[test]
+    fn lines_are_read_whole_up_to_the_limit() {
+        let mut r = std::io::BufReader::with_capacity(4, &b"abcdef\nxy\n\nlast"[..]);
+        let mut line = Vec::new();
+        assert_eq!(read_line(&mut r, &mut line, 6).unwrap(), Some(true));
+        assert_eq!(line, b"abcdef");
+        assert_eq!(read_line(&mut r, &mut line, 1).unwrap(), Some(false));
+        assert!(line.is_empty());
+        assert_eq!(read_line(&mut r, &mut line, 6).unwrap(), Some(true));
+        assert!(line.is_empty());
+        assert_eq!(read_line(&mut r, &mut line, 6).unwrap(), Some(true));
+        assert_eq!(line, b"last");
+        assert_eq!(read_line(&mut r, &mut line, 6).unwrap(), None);
+    }
 }

@@ -19,13 +19,20 @@ pub enum From {
         url: Option<String>,
         user: Option<String>,
         cacert: Option<PathBuf>,
+        /// A password may go over plain HTTP beyond loopback.
+        insecure: bool,
     },
     StateDir(PathBuf),
 }
 
 pub fn run(config: &Config, from: From, json: bool) -> ExitCode {
     let status = match from {
-        From::Daemon { url, user, cacert } => ask_daemon(config, url, user, cacert),
+        From::Daemon {
+            url,
+            user,
+            cacert,
+            insecure,
+        } => ask_daemon(config, url, user, cacert, insecure),
         From::StateDir(dir) => read_state(config, &StateDir::new(&dir)),
     };
     let status = match status {
@@ -67,6 +74,7 @@ fn ask_daemon(
     url: Option<String>,
     user: Option<String>,
     cacert: Option<PathBuf>,
+    insecure: bool,
 ) -> Result<Status, String> {
     let base = base_url(config, url);
     let web = config.server.web.as_ref();
@@ -95,9 +103,14 @@ fn ask_daemon(
         .build()
         .map_err(|e| format!("cannot set up an HTTP client: {e}"))?;
     let password = std::env::var("GPUWATCH_PASSWORD").ok();
-    if password.is_some() && user.is_some() && base.starts_with("http://") && !loopback(&base) {
+    if password.is_some()
+        && user.is_some()
+        && base.starts_with("http://")
+        && !loopback(&base)
+        && !insecure
+    {
         return Err(format!(
-            "{base} is plain HTTP beyond this machine: the password would cross the network in the clear; use https"
+            "{base} is plain HTTP beyond this machine: the password would cross the network in the clear; use https (or --insecure)"
         ));
     }
     let needs_auth = web.is_some_and(|w| !w.users.is_empty());
@@ -112,7 +125,7 @@ fn ask_daemon(
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?;
-    runtime.block_on(async {
+    let asked = async {
         let mut request = client.get(&url);
         if let Some(u) = &user {
             request = request.basic_auth(u, password.as_deref());
@@ -124,10 +137,7 @@ fn ask_daemon(
             )
         })?;
         let code = response.status();
-        let body = response
-            .text()
-            .await
-            .map_err(|e| format!("{url}: {}", crate::notify::error_chain(&e)))?;
+        let body = read_body(response, &url).await?;
         if !code.is_success() {
             let mut body = body.trim().to_string();
             if body.len() > 300 {
@@ -144,7 +154,47 @@ fn ask_daemon(
             ));
         }
         serde_json::from_str(&body).map_err(|e| format!("{url} answered what is not a status: {e}"))
+    };
+    // The client's own timeout bounds each request; this bounds the whole exchange.
+    runtime.block_on(async {
+        tokio::time::timeout(ANSWER_TIME, asked)
+            .await
+            .unwrap_or_else(|_| Err(format!("{url} did not answer within {ANSWER_TIME:?}")))
     })
+}
+
+/// The largest status answer read: a node's status is a few KiB.
+pub const MAX_ANSWER_BYTES: usize = 4 << 20;
+
+/// The longest the whole exchange with the daemon may take.
+const ANSWER_TIME: Duration = Duration::from_secs(15);
+
+/// Reads an answer's body, at most `MAX_ANSWER_BYTES` of it, as text.
+async fn read_body(mut response: reqwest::Response, url: &str) -> Result<String, String> {
+    let too_large = || {
+        format!(
+            "{url} answered more than {} MiB; that is no status",
+            MAX_ANSWER_BYTES >> 20
+        )
+    };
+    if response
+        .content_length()
+        .is_some_and(|n| n > MAX_ANSWER_BYTES as u64)
+    {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| format!("{url}: {}", crate::notify::error_chain(&e)))?
+    {
+        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
 /// Whether the URL's host is this machine.
@@ -164,7 +214,12 @@ fn loopback(url: &str) -> bool {
 }
 
 fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    crate::files::read_capped(
+        path,
+        crate::web::tls::MAX_PEM_BYTES,
+        crate::files::Links::Follow,
+    )
+    .map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
 /// The status from the state files, while the daemon is down: the rules' states and pending

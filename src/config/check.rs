@@ -134,26 +134,39 @@ pub(super) fn check_name(invalid: &mut impl FnMut(&str, String), what: &str, nam
 /// `/dev/zero` or a runaway file.
 pub const MAX_FILE_BYTES: u64 = 4 << 20;
 
-/// Reads a config or rules file, refusing anything larger than `MAX_FILE_BYTES`.
+/// Reads a config or rules file: a regular file (a link to one is fine), of at most
+/// `MAX_FILE_BYTES`, as UTF-8.
 pub fn read_capped(path: &Path) -> Result<String, ConfigError> {
-    use std::io::Read as _;
-    let err = |source: std::io::Error| ConfigError::Read {
-        path: path.to_path_buf(),
-        source,
-    };
-    let file = std::fs::File::open(path).map_err(err)?;
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(err)?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(err(std::io::Error::other(format!(
-            "larger than {} MiB; is this the right file?",
-            MAX_FILE_BYTES >> 20
-        ))));
-    }
-    String::from_utf8(bytes).map_err(|_| err(std::io::Error::other("not UTF-8 text")))
+    crate::files::read_text(path, MAX_FILE_BYTES, crate::files::Links::Follow).map_err(|source| {
+        ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        }
+    })
 }
+
+/// The path a `*_file` key names: a leading `${CREDENTIALS_DIRECTORY}` (or
+/// `$CREDENTIALS_DIRECTORY`) is the directory systemd puts a unit's `LoadCredential=` files in;
+/// any other relative path is relative to `base` (the directory of the file that names it).
+/// `Err` is the message for the key.
+pub fn file_path(base: &Path, value: &str) -> Result<std::path::PathBuf, String> {
+    const VAR: &str = "CREDENTIALS_DIRECTORY";
+    let rest = value
+        .strip_prefix("${CREDENTIALS_DIRECTORY}")
+        .or_else(|| value.strip_prefix("$CREDENTIALS_DIRECTORY"));
+    let Some(rest) = rest else {
+        return Ok(base.join(value));
+    };
+    match std::env::var_os(VAR).filter(|d| !d.is_empty()) {
+        Some(dir) => Ok(Path::new(&dir).join(rest.trim_start_matches('/'))),
+        None => Err(format!(
+            "\"{value}\" names ${VAR}, which is not set (systemd sets it for a unit with LoadCredential=)"
+        )),
+    }
+}
+
+/// The largest secret read from a file (a webhook URL, say).
+pub const MAX_SECRET_BYTES: u64 = 64 << 10;
 
 /// serde says "unknown field "x", expected one of ..."; config files have keys.
 pub(super) fn unknown_key_message(message: &str) -> String {

@@ -22,7 +22,7 @@ mod server;
 pub use actions::*;
 pub use budgets::*;
 use check::*;
-pub use check::{read_capped, MAX_FILE_BYTES};
+pub use check::{file_path, read_capped, MAX_FILE_BYTES};
 pub use cloud::*;
 pub use error::{ConfigError, ConfigErrors};
 pub use node::*;
@@ -81,21 +81,39 @@ impl Config {
     /// resolved against its directory.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigErrors> {
         let mut raw = RawConfig::parse(text, path)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let named = |key: &str, value: &str| {
+            check::file_path(base, value).map_err(|message| ConfigError::Invalid {
+                key: key.to_string(),
+                message,
+            })
+        };
         if !raw.rules_file.is_empty() {
-            let file = path
-                .parent()
-                .unwrap_or(Path::new("."))
-                .join(&raw.rules_file);
+            let file = named("rules_file", &raw.rules_file)?;
             raw.rules.extend(load_rules_file(&file)?);
         }
         let web_file = raw.server.web_config_file.clone();
+        let webhook_file = std::mem::take(&mut raw.actions.webhook_url_file);
+        let inline_webhook = !raw.actions.webhook_url.is_empty();
         let mut config = raw.validate()?;
         if !web_file.is_empty() {
-            let file = path.parent().unwrap_or(Path::new(".")).join(&web_file);
+            let file = named("server.web_config_file", &web_file)?;
             config.server.web = Some(crate::web::WebConfig::load(
                 &file,
                 "server.web_config_file",
             )?);
+        }
+        if !webhook_file.is_empty() {
+            const KEY: &str = "actions.webhook_url_file";
+            if inline_webhook {
+                return Err(ConfigError::Invalid {
+                    key: KEY.into(),
+                    message: "give webhook_url or webhook_url_file, not both".into(),
+                }
+                .into());
+            }
+            let file = named(KEY, &webhook_file)?;
+            config.actions.webhook_url = Some(read_webhook_url(&file)?);
         }
         config.path = path.to_path_buf();
         Ok(config)
@@ -113,6 +131,29 @@ impl Config {
             Err(ConfigErrors(errors))
         }
     }
+}
+
+/// Reads the webhook URL from its file (whitespace around it, a final newline say, is not
+/// part of it). The URL is a secret: a message says what is wrong with it, never what it is.
+fn read_webhook_url(file: &Path) -> Result<String, ConfigError> {
+    let text = crate::files::read_text(file, check::MAX_SECRET_BYTES, crate::files::Links::Follow)
+        .map_err(|source| ConfigError::Read {
+            path: file.to_path_buf(),
+            source,
+        })?;
+    let url = text.trim();
+    let mut bad = false;
+    check::url(&mut |_: &str, _: String| bad = true, "", url, true);
+    if bad {
+        return Err(ConfigError::Invalid {
+            key: "actions.webhook_url_file".into(),
+            message: format!(
+                "{}: holds no http:// or https:// URL (one line, the URL alone)",
+                file.display()
+            ),
+        });
+    }
+    Ok(url.to_string())
 }
 
 impl RawConfig {
@@ -162,6 +203,19 @@ impl RawConfig {
         let exposition = self.exposition.validate(&mut invalid);
         let kubernetes = self.kubernetes.validate(&mut invalid);
         let node = validate_labels(&self.node, &self.cloud.tag_labels, &mut invalid);
+        if let (Some(server), Some(sampling)) = (&server, &sampling) {
+            let cycle = sampling.interval + sampling.timeout;
+            if server.stall_timeout <= cycle {
+                invalid(
+                    "server.stall_timeout",
+                    format!(
+                        "\"{}\" is not longer than sampling.interval plus sampling.timeout ({}): /-/healthy would call a working daemon stalled",
+                        self.server.stall_timeout,
+                        humantime::format_duration(cycle)
+                    ),
+                );
+            }
+        }
 
         let mut budgets = Vec::new();
         for (i, b) in self.budgets.iter().enumerate() {

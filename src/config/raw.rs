@@ -112,6 +112,8 @@ pub struct RawActions {
     pub warning: String,
     pub spot_stop: String,
     pub webhook_url: String,
+    /// A file holding the webhook URL, so that the secret can be kept out of this file.
+    pub webhook_url_file: String,
     pub wall: bool,
     pub exec_timeout: String,
     pub retry_for: String,
@@ -143,6 +145,7 @@ pub struct RawServer {
     pub max_connections: usize,
     pub max_long_polls: usize,
     pub header_read_timeout: String,
+    pub stall_timeout: String,
     pub web_config_file: String,
 }
 
@@ -182,6 +185,7 @@ impl Default for RawConfig {
                 warning: "10m".to_string(),
                 spot_stop: "refuse".to_string(),
                 webhook_url: String::new(),
+                webhook_url_file: String::new(),
                 wall: true,
                 exec_timeout: "60s".to_string(),
                 retry_for: "10m".to_string(),
@@ -214,6 +218,7 @@ impl Default for RawConfig {
                 max_connections: 256,
                 max_long_polls: 64,
                 header_read_timeout: "5s".to_string(),
+                stall_timeout: "2m".to_string(),
                 web_config_file: String::new(),
             },
             nvml: RawNvml {

@@ -12,6 +12,9 @@ pub struct ServerConfig {
     pub max_long_polls: usize,
     /// A request head must arrive within this, and an idle connection is closed after it.
     pub header_read_timeout: Duration,
+    /// `/-/healthy` answers 503 once the sampler or the decision loop has made no progress for
+    /// this long.
+    pub stall_timeout: Duration,
     /// TLS and basic auth, from `web_config_file` (the exporter toolkit's format).
     pub web: Option<crate::web::WebConfig>,
 }
@@ -69,11 +72,18 @@ impl RawServer {
             &self.header_read_timeout,
             Duration::from_millis(100)..=Duration::from_secs(300),
         );
+        let stall_timeout = duration(
+            invalid,
+            "server.stall_timeout",
+            &self.stall_timeout,
+            Duration::from_secs(1)..=Duration::from_secs(24 * 3600),
+        );
         Some(ServerConfig {
             listen: listen?,
             max_connections: self.max_connections,
             max_long_polls: self.max_long_polls,
             header_read_timeout: header_read_timeout?,
+            stall_timeout: stall_timeout?,
             web: None,
         })
     }

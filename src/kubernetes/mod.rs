@@ -166,17 +166,23 @@ pub async fn poll(socket: PathBuf, every: Duration, view: Arc<KubernetesMetrics>
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut last_error: Option<String> = None;
     let mut failures = 0u32;
+    // Whether the last answer overflowed: its warning is logged once per change, not per refresh.
+    let mut overflowing = false;
     loop {
         ticker.tick().await;
         match list(&socket).await {
             Ok(assignments) => {
                 failures = 0;
-                if assignments.len() >= MAX_ASSIGNMENTS {
+                let over = assignments.len() >= MAX_ASSIGNMENTS;
+                if over && !overflowing {
                     tracing::warn!(
                         kept = MAX_ASSIGNMENTS,
                         "the kubelet lists more GPU assignments than any node has; the rest are ignored"
                     );
+                } else if overflowing && !over {
+                    tracing::info!("the kubelet lists fewer GPU assignments than the cap again");
                 }
+                overflowing = over;
                 if last_error.take().is_some() {
                     tracing::info!(socket = %socket.display(), "the kubelet's pod resources answer again");
                 }

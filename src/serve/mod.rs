@@ -102,6 +102,39 @@ impl Slots {
     }
 }
 
+/// A request's handle on its connection's activity, in the request's extensions: a handler
+/// that parks a request (the auth layer's delay before refusing a stranger) marks the
+/// connection idle meanwhile, so that the listener may evict it to make room.
+#[derive(Clone)]
+pub struct Activity {
+    busy: Arc<AtomicUsize>,
+    idle_since: Arc<Mutex<Instant>>,
+}
+
+impl Activity {
+    /// Counts the connection as idle until the guard is dropped.
+    pub fn idle(&self) -> IdleGuard {
+        if let Ok(mut t) = self.idle_since.lock() {
+            *t = Instant::now();
+        }
+        self.busy.fetch_sub(1, Ordering::AcqRel);
+        IdleGuard {
+            busy: Arc::clone(&self.busy),
+        }
+    }
+}
+
+/// See [`Activity::idle`].
+pub struct IdleGuard {
+    busy: Arc<AtomicUsize>,
+}
+
+impl Drop for IdleGuard {
+    fn drop(&mut self) {
+        self.busy.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
 /// Marks a request in progress on its connection for as long as it lives.
 struct Busy {
     busy: Arc<AtomicUsize>,
@@ -141,7 +174,7 @@ pub async fn serve(
     let mut tasks = tokio::task::JoinSet::new();
     let mut shutdown = pin!(shutdown);
     loop {
-        let (stream, _peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -183,6 +216,7 @@ pub async fn serve(
         stats.open.fetch_add(1, Ordering::Relaxed);
         tasks.spawn(connection(
             stream,
+            peer,
             app.clone(),
             limits,
             tls.clone(),
@@ -230,6 +264,7 @@ impl Drop for SlotGuard {
 #[allow(clippy::too_many_arguments)]
 async fn connection(
     stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
     app: Router,
     limits: Limits,
     tls: Option<TlsAcceptor>,
@@ -246,6 +281,7 @@ async fn connection(
     let Some(acceptor) = tls else {
         return drive(
             TokioIo::new(stream),
+            peer,
             app,
             limits,
             busy,
@@ -266,6 +302,7 @@ async fn connection(
         Ok(Ok(tls)) => {
             drive(
                 TokioIo::new(tls),
+                peer,
                 app,
                 limits,
                 busy,
@@ -287,8 +324,10 @@ async fn connection(
 }
 
 /// Serves HTTP/1.1 on one connection until it ends, is evicted, ages out or the server stops.
+#[allow(clippy::too_many_arguments)]
 async fn drive<I>(
     io: TokioIo<I>,
+    peer: std::net::SocketAddr,
     app: Router,
     limits: Limits,
     busy: Arc<AtomicUsize>,
@@ -300,7 +339,15 @@ async fn drive<I>(
 {
     let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         let guard = Busy::new(&busy, &idle_since);
-        let call = app.clone().oneshot(req.map(axum::body::Body::new));
+        let mut req = req.map(axum::body::Body::new);
+        // The client's address, for the rate limit of its own, and the connection's activity.
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(peer));
+        req.extensions_mut().insert(Activity {
+            busy: Arc::clone(&busy),
+            idle_since: Arc::clone(&idle_since),
+        });
+        let call = app.clone().oneshot(req);
         async move {
             let response = call.await;
             drop(guard);

@@ -13,7 +13,7 @@ pub mod metrics;
 pub use io_thread::{drain, off_async, on_io_thread};
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -287,27 +287,11 @@ fn check_private_of(path: &Path, meta: &fs::Metadata, me: u32) -> Result<(), Dir
     })
 }
 
-/// Reads a file of at most `max` bytes, not following a symlink. A larger file, or one that is
-/// not UTF-8, is `InvalidData`.
+/// Reads a regular file of at most `max` bytes, not following a symlink, without blocking on a
+/// FIFO or a device. A larger file, or one that is not UTF-8, is `InvalidData`; anything but a
+/// regular file is `InvalidInput`. Callers name the path.
 fn read_capped(path: &Path, max: u64) -> io::Result<String> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)?;
-    let mut bytes = Vec::new();
-    file.take(max + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > max {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("{} is larger than {max} bytes", path.display()),
-        ));
-    }
-    String::from_utf8(bytes).map_err(|_| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("{} is not UTF-8", path.display()),
-        )
-    })
+    crate::files::read_text(path, max, crate::files::Links::Refuse)
 }
 
 /// The state as `save` writes it.
@@ -463,14 +447,23 @@ impl AuditLog {
         f.sync_data()
     }
 
+    /// Opens the log to append, never blocking on what is planted in its place: anything but a
+    /// regular file is refused, and the record is then not written.
     fn open(&self) -> io::Result<File> {
-        OpenOptions::new()
+        let file = OpenOptions::new()
             .create(true)
             .append(true)
             .read(true)
             .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&self.path)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&self.path)?;
+        if !file.metadata()?.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not a regular file", self.path.display()),
+            ));
+        }
+        Ok(file)
     }
 
     /// `audit.jsonl` becomes `audit.jsonl.1`, `.1` becomes `.2`, and so on; the oldest beyond

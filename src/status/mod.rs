@@ -214,7 +214,7 @@ pub struct Sources {
     /// What `gpuwatch hold` needs to find this daemon's state directory.
     pub config_path: PathBuf,
     /// How far the decision loop has come: a status waits (briefly) for its view of a sample.
-    pub progress: Option<Arc<crate::systemd::Progress>>,
+    pub progress: Option<Arc<crate::progress::Progress>>,
     /// The last events read, and the audit file's identity and size when they were read.
     pub events: Arc<std::sync::Mutex<EventsCache>>,
 }
@@ -397,9 +397,17 @@ pub fn health(s: &Status) -> Health {
 
 /// The command that holds every action of the daemon that reads `config`: for an hour, which
 /// the operator edits to taste.
+///
+/// A config read through a systemd credential (the unit's `LoadCredential=` copy of
+/// `/etc/gpuwatch/gpuwatch.toml`) is named by the default path, which the operator reads.
 pub fn hold_command(config: &Path) -> String {
     let mut command = "gpuwatch hold 1h --reason \"still in use\"".to_string();
-    if !config.as_os_str().is_empty() && config != Path::new(crate::config::DEFAULT_PATH) {
+    let credential = std::env::var_os("CREDENTIALS_DIRECTORY")
+        .is_some_and(|d| !d.is_empty() && config.starts_with(d));
+    if !config.as_os_str().is_empty()
+        && config != Path::new(crate::config::DEFAULT_PATH)
+        && !credential
+    {
         command.push_str(" --config ");
         command.push_str(&shell_quote(&config.to_string_lossy()));
     }
@@ -420,18 +428,11 @@ fn shell_quote(word: &str) -> String {
 pub fn recent_events(path: &Path, n: usize) -> Vec<Event> {
     use std::io::{Read, Seek, SeekFrom};
     const TAIL: u64 = 256 * 1024;
-    use std::os::unix::fs::OpenOptionsExt;
-    // Not through a link: root reading the status must not follow one planted in the directory.
-    let Ok(mut file) = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-    else {
+    // Not through a link: root reading the status must not follow one planted in the
+    // directory; and never a FIFO or a device.
+    let Ok(mut file) = crate::files::open_regular(path, crate::files::Links::Refuse) else {
         return Vec::new();
     };
-    if !file.metadata().is_ok_and(|m| m.is_file()) {
-        return Vec::new();
-    }
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
     let start = len.saturating_sub(TAIL);
     if file.seek(SeekFrom::Start(start)).is_err() {

@@ -19,7 +19,6 @@ pub struct WatchView {
     /// The idle time of every GPU that is up.
     pub gpu_idle: Vec<IdleGpu>,
     pub actions: BTreeMap<ActionResult, u64>,
-    pub hold_until: Option<f64>,
     /// The holds in place: `gpuwatch hold` and the instance tag, with their reasons.
     pub holds: Vec<crate::status::Hold>,
     pub interruption: Option<f64>,
@@ -171,15 +170,25 @@ impl Collector for WatchCollector {
                 )
             }),
         )?;
-        if let Some(h) = v.hold_until {
-            gauge(
+        if !v.holds.is_empty() {
+            gauges(
                 e,
                 desc(
                     "gpuwatch_hold_until_timestamp",
-                    "When the current hold expires",
+                    "When each hold in place expires, by source (local or tag); +Inf for one whose expiry cannot be read, which holds until it is mended",
                     Some("seconds"),
                 ),
-                h,
+                v.holds.iter().map(|h| {
+                    let reason = match (h.until, h.source.as_str()) {
+                        (Some(_), _) => "expires",
+                        (None, "tag") => "unparsable tag",
+                        (None, _) => "unreadable file",
+                    };
+                    (
+                        [("source", Text(&h.source)), ("reason", Text(reason))],
+                        h.until.unwrap_or(f64::INFINITY),
+                    )
+                }),
             )?;
         }
         gauge(

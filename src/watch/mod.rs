@@ -161,7 +161,7 @@ pub struct Watch {
     /// Who holds which GPU, on Kubernetes (for pod-scoped rules).
     pub pods: Option<Arc<crate::kubernetes::metrics::KubernetesMetrics>>,
     /// How far the loop has come, for the systemd watchdog.
-    pub progress: Arc<crate::systemd::Progress>,
+    pub progress: Arc<crate::progress::Progress>,
     /// What this step changed of the view, published with the rest of it at the step's end, so
     /// that a scrape never sees an action counted while the rule still shows it pending.
     pub unpublished: std::sync::Mutex<Unpublished>,
@@ -266,7 +266,7 @@ impl Watch {
 
             // Publish: an action withdrawn or completed above shows in this cycle's metrics.
             let rules = rule_views(&judged, &persisted, &settings, now);
-            self.publish(&snap, outcome, rules, &inputs, interruption);
+            self.publish(&snap, outcome, rules, interruption);
             self.progress.stepped(seq);
         }
         self.save(&persisted, true).await;
@@ -390,7 +390,6 @@ impl Watch {
         snap: &Snapshot,
         outcome: Decision,
         rules: Vec<RuleView>,
-        inputs: &Inputs,
         interruption: Option<f64>,
     ) {
         let gpu_idle = outcome
@@ -432,7 +431,6 @@ impl Watch {
             v.budgets = view.budgets;
             v.idle_dollars = view.idle_dollars;
         });
-        let now = inputs.now;
         let unpublished = self
             .unpublished
             .lock()
@@ -445,7 +443,6 @@ impl Watch {
             v.holds = unpublished.holds;
             v.rules = rules;
             v.gpu_idle = gpu_idle;
-            v.hold_until = inputs.hold_until.filter(|h| h.is_finite() && *h > now);
             v.interruption = interruption;
         });
     }
@@ -638,7 +635,7 @@ impl Watch {
                 let outcome = {
                     let _acting = self
                         .progress
-                        .acting(self.action_limit(), crate::systemd::ACTED_GRACE);
+                        .acting(self.action_limit(), crate::progress::ACTED_GRACE);
                     self.executor.execute(rule, *action, &evidence, at).await
                 };
                 if let Outcome::NotRecorded(_) = outcome {

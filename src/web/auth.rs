@@ -3,16 +3,26 @@
 //!
 //! bcrypt is slow on purpose (about 70 ms at cost 10), so a client could spend the daemon's CPU
 //! with wrong passwords. Verifications therefore run on the blocking pool, two at a time at
-//! most; a request that cannot get a turn within a few seconds is answered 503. A password that
-//! verified is remembered per user and compared in constant time afterwards, so a scraper with
-//! the right password costs one bcrypt in all. An unknown user is verified against a hash of
-//! the same cost, so that the answer takes as long as for a known user with a wrong password.
+//! most (one where there are only two CPUs), and a request that finds every turn taken is
+//! answered 503 at once: it never waits, so
+//! strangers' wrong passwords cannot pile up as busy connections that the listener may not
+//! evict. A password that verified is remembered per user and compared in constant time
+//! afterwards, before anything else: a scraper with the right password costs one bcrypt in
+//! all, and never waits behind strangers, nor counts against the rate limit. Every user has the
+//! same cost (the config says so), and an unknown user is verified against a decoy hash of that
+//! cost, so that a refusal takes as long whoever is named.
+//!
+//! The rate limit is a token bucket per client address (an IPv6 client by its /64): one
+//! client's flood never makes another's requests wait or fail. Every refusal is sent after a
+//! delay (`REFUSAL_DELAY`), while its connection counts as idle: a client guessing in a loop is
+//! slowed to a request a second per connection, and cannot hold a connection the listener needs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -22,8 +32,9 @@ use tokio::sync::Semaphore;
 
 use super::{RateLimit, WebConfig};
 
-/// How long a request waits for a turn at bcrypt.
-const VERIFY_WAIT: Duration = Duration::from_secs(5);
+/// How many client addresses the rate limit tracks at once; past that, the ones whose buckets
+/// are full again (as good as new) are forgotten first, then the longest quiet.
+const MAX_CLIENTS: usize = 4096;
 
 /// The layer's state, built once from the web config.
 pub struct Guard {
@@ -32,15 +43,92 @@ pub struct Guard {
     decoy: String,
     /// User to the password that last verified.
     verified: Mutex<BTreeMap<String, Vec<u8>>>,
-    turns: Semaphore,
+    turns: Arc<Semaphore>,
     headers: Vec<(HeaderName, HeaderValue)>,
-    bucket: Option<Mutex<Bucket>>,
+    limit: Option<Mutex<Buckets>>,
 }
 
-struct Bucket {
+/// What a request's credentials are.
+enum Credentials {
+    /// No users are configured: nothing to check.
+    Open,
+    /// The password verified before (remembered, compared in constant time).
+    Known,
+    /// To verify with bcrypt: user and password.
+    Unverified(String, Vec<u8>),
+    /// Missing or malformed.
+    Missing,
+}
+
+/// The token buckets, by client.
+struct Buckets {
     limit: RateLimit,
+    clients: HashMap<IpAddr, Bucket>,
+}
+
+#[derive(Clone, Copy)]
+struct Bucket {
     tokens: f64,
     at: Instant,
+}
+
+impl Buckets {
+    /// Takes a token from `client`'s bucket; `false` when it is empty.
+    fn admit(&mut self, client: IpAddr, now: Instant) -> bool {
+        let limit = self.limit;
+        let burst = f64::from(limit.burst);
+        let refill = |b: &Bucket| {
+            let gained = now.duration_since(b.at).as_secs_f64() / limit.interval.as_secs_f64();
+            (b.tokens + gained).min(burst)
+        };
+        if !self.clients.contains_key(&client) && self.clients.len() >= MAX_CLIENTS {
+            self.clients.retain(|_, b| refill(b) < burst);
+            if self.clients.len() >= MAX_CLIENTS {
+                if let Some(quiet) = self
+                    .clients
+                    .iter()
+                    .min_by_key(|(_, b)| b.at)
+                    .map(|(k, _)| *k)
+                {
+                    self.clients.remove(&quiet);
+                }
+            }
+        }
+        let b = self.clients.entry(client).or_insert(Bucket {
+            tokens: burst,
+            at: now,
+        });
+        b.tokens = refill(b);
+        b.at = now;
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// The address a client's bucket is kept under: an IPv4 address, or an IPv6 address's /64 (a
+/// host is given a whole /64 to pick addresses from). An IPv4-mapped address is its IPv4 one.
+fn client_key(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+    }
+}
+
+/// How many bcrypt checks may run at once: two, and never more than half the CPUs (one on a
+/// machine of two), so that strangers' guesses leave the daemon a CPU of its own.
+fn verify_turns() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cpus / 2).clamp(1, 2)
 }
 
 impl Guard {
@@ -67,43 +155,35 @@ impl Guard {
             users: web.users.clone(),
             decoy,
             verified: Mutex::new(BTreeMap::new()),
-            turns: Semaphore::new(2),
+            turns: Arc::new(Semaphore::new(verify_turns())),
             headers,
-            bucket: web.rate_limit.map(|limit| {
-                Mutex::new(Bucket {
+            limit: web.rate_limit.map(|limit| {
+                Mutex::new(Buckets {
                     limit,
-                    tokens: f64::from(limit.burst),
-                    at: Instant::now(),
+                    clients: HashMap::new(),
                 })
             }),
         })
     }
 
-    /// Takes a token from the bucket; `false` when it is empty.
-    fn admit(&self) -> bool {
-        let Some(bucket) = &self.bucket else {
+    /// Takes a token from the client's bucket; `false` when it is empty.
+    fn admit(&self, client: Option<IpAddr>) -> bool {
+        let Some(buckets) = &self.limit else {
             return true;
         };
-        let mut b = bucket.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        let refill = now.duration_since(b.at).as_secs_f64() / b.limit.interval.as_secs_f64();
-        b.tokens = (b.tokens + refill).min(f64::from(b.limit.burst));
-        b.at = now;
-        if b.tokens >= 1.0 {
-            b.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
+        // Without a peer address (never, behind our listener) all such requests share one.
+        let client = client.map_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), client_key);
+        let mut b = buckets.lock().unwrap_or_else(|e| e.into_inner());
+        b.admit(client, Instant::now())
     }
 
-    /// Checks an `Authorization` header value.
-    async fn check(self: &Arc<Self>, authorization: Option<&HeaderValue>) -> Result<(), Response> {
+    /// What an `Authorization` header value carries, without bcrypt.
+    fn credentials(&self, authorization: Option<&HeaderValue>) -> Credentials {
         if self.users.is_empty() {
-            return Ok(());
+            return Credentials::Open;
         }
         let Some((user, password)) = authorization.and_then(parse_basic) else {
-            return Err(unauthorized());
+            return Credentials::Missing;
         };
         let remembered = self
             .verified
@@ -112,9 +192,15 @@ impl Guard {
             .get(&user)
             .is_some_and(|p| bool::from(p.as_slice().ct_eq(&password)));
         if remembered {
-            return Ok(());
+            Credentials::Known
+        } else {
+            Credentials::Unverified(user, password)
         }
-        let Ok(Ok(_turn)) = tokio::time::timeout(VERIFY_WAIT, self.turns.acquire()).await else {
+    }
+
+    /// Verifies a user's password with bcrypt, if a turn is free now (503 at once if not).
+    async fn verify(self: &Arc<Self>, user: String, password: Vec<u8>) -> Result<(), Response> {
+        let Ok(turn) = Arc::clone(&self.turns).try_acquire_owned() else {
             return Err((
                 StatusCode::SERVICE_UNAVAILABLE,
                 [(header::RETRY_AFTER, "1")],
@@ -125,9 +211,14 @@ impl Guard {
         let known = self.users.get(&user).cloned();
         let hash = known.clone().unwrap_or_else(|| self.decoy.clone());
         let pw = password.clone();
-        let ok = tokio::task::spawn_blocking(move || bcrypt::verify(pw, &hash).unwrap_or(false))
-            .await
-            .unwrap_or(false);
+        // The turn is held until bcrypt returns, even if the client has gone.
+        let ok = tokio::task::spawn_blocking(move || {
+            let ok = bcrypt::verify(pw, &hash).unwrap_or(false);
+            drop(turn);
+            ok
+        })
+        .await
+        .unwrap_or(false);
         if ok && known.is_some() {
             self.verified
                 .lock()
@@ -136,6 +227,16 @@ impl Guard {
             Ok(())
         } else {
             Err(unauthorized())
+        }
+    }
+
+    /// Checks an `Authorization` header value (for the unit tests; the layer splits it).
+    #[cfg(test)]
+    async fn check(self: &Arc<Self>, authorization: Option<&HeaderValue>) -> Result<(), Response> {
+        match self.credentials(authorization) {
+            Credentials::Open | Credentials::Known => Ok(()),
+            Credentials::Missing => Err(unauthorized()),
+            Credentials::Unverified(u, p) => self.verify(u, p).await,
         }
     }
 }
@@ -164,27 +265,59 @@ fn unauthorized() -> Response {
         .into_response()
 }
 
-/// The middleware: rate limit, then basic auth, then the handler, then the headers.
+/// How long a refusal (401, 429, or 503 for want of a bcrypt turn) waits before it is sent,
+/// at least: from half a second to one and a half, spread so that many clients refused at once
+/// do not come back at once. A client that guesses in a loop thus costs the daemon a request
+/// a second per connection, not as many as it can send; and while a refusal waits its
+/// connection counts as idle, so the listener may close it to make room.
+const REFUSAL_DELAY: Duration = Duration::from_millis(500);
+const REFUSAL_SPREAD_MS: u32 = 1000;
+
+/// The middleware: a client whose password verified before goes straight on; everyone else
+/// meets the rate limit of their address, then basic auth; then the handler, then the headers.
 pub async fn layer(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
-    if !guard.admit() {
-        return (
+    let credentials = guard.credentials(request.headers().get(header::AUTHORIZATION));
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip());
+    let checked = if !matches!(credentials, Credentials::Known) && !guard.admit(peer) {
+        Err((
             StatusCode::TOO_MANY_REQUESTS,
             [(header::RETRY_AFTER, "1")],
             "rate limit exceeded\n",
         )
-            .into_response();
-    }
-    let mut response = match guard
-        .check(request.headers().get(header::AUTHORIZATION))
-        .await
-    {
-        Ok(()) => next.run(request).await,
-        Err(refused) => refused,
+            .into_response())
+    } else {
+        match credentials {
+            Credentials::Open | Credentials::Known => Ok(()),
+            Credentials::Missing => Err(unauthorized()),
+            Credentials::Unverified(user, password) => guard.verify(user, password).await,
+        }
     };
-    for (name, value) in &guard.headers {
-        response.headers_mut().insert(name.clone(), value.clone());
-    }
+    let mut response = match checked {
+        Ok(()) => next.run(request).await,
+        Err(refused) => {
+            let _idle = request
+                .extensions()
+                .get::<crate::serve::Activity>()
+                .map(crate::serve::Activity::idle);
+            // The clock's fraction of a second is spread enough.
+            let spread = crate::time::now().fract() * f64::from(REFUSAL_SPREAD_MS);
+            tokio::time::sleep(REFUSAL_DELAY + Duration::from_millis(spread as u64)).await;
+            refused
+        }
+    };
+    guard.add_headers(&mut response);
     response
+}
+
+impl Guard {
+    fn add_headers(&self, response: &mut Response) {
+        for (name, value) in &self.headers {
+            response.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
 }
 
 #[cfg(test)]
@@ -246,6 +379,40 @@ mod tests {
             }),
         };
         let guard = Guard::new(&web);
-        assert_eq!((0..5).filter(|_| guard.admit()).count(), 3);
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let b: IpAddr = "192.0.2.2".parse().unwrap();
+        assert_eq!((0..5).filter(|_| guard.admit(Some(a))).count(), 3);
+        // Another client has a bucket of its own.
+        assert_eq!((0..5).filter(|_| guard.admit(Some(b))).count(), 3);
+        // An IPv6 client is its /64, and an IPv4-mapped address is its IPv4 one.
+        let v6 = |s: &str| Some(s.parse::<IpAddr>().unwrap());
+        assert_eq!(
+            (0..5)
+                .filter(|i| guard.admit(v6(&format!("2001:db8::{i}"))))
+                .count(),
+            3
+        );
+        assert!(!guard.admit(v6("::ffff:192.0.2.1")));
+    }
+
+    #[test]
+    fn the_buckets_are_bounded() {
+        let mut b = Buckets {
+            limit: RateLimit {
+                interval: Duration::from_secs(3600),
+                burst: 2,
+            },
+            clients: HashMap::new(),
+        };
+        let now = Instant::now();
+        let ip = |i: u32| IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + i));
+        for i in 0..MAX_CLIENTS as u32 + 100 {
+            assert!(b.admit(ip(i), now + Duration::from_millis(u64::from(i))));
+        }
+        assert!(b.clients.len() <= MAX_CLIENTS);
+        // The newest is remembered: its bucket is one token down.
+        let last = ip(MAX_CLIENTS as u32 + 99);
+        assert!(b.admit(last, now + Duration::from_secs(60)));
+        assert!(!b.admit(last, now + Duration::from_secs(60)));
     }
 }

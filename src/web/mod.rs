@@ -7,7 +7,8 @@
 //! `http_server_config.headers`, `basic_auth_users` (bcrypt) and `rate_limit`. Settings that
 //! would weaken TLS or that rustls does not offer (TLS 1.0 and 1.1, `RequestClientCert`,
 //! `RequireAnyClientCert`, explicit cipher suites and curves, `client_allowed_sans`) are refused
-//! with a message, never silently ignored. Relative paths are read from the file's directory.
+//! with a message, never silently ignored. Relative paths are read from the file's directory,
+//! and a leading `${CREDENTIALS_DIRECTORY}` is systemd's credentials directory.
 
 pub mod auth;
 pub mod tls;
@@ -61,7 +62,8 @@ pub struct TlsSettings {
     pub max_version: Version,
 }
 
-/// A token bucket over all requests: `burst` at once, then one per `interval`.
+/// A token bucket per client address (an IPv6 client by its /64): `burst` at once, then one
+/// per `interval`. A client whose password verified before is not limited.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RateLimit {
     pub interval: Duration,
@@ -180,6 +182,22 @@ impl WebConfig {
                 bad(&k, "is not a bcrypt hash, such as the output of `htpasswd -nBC 10 \"\" | tr -d ':\\n'`".into());
             }
         }
+        // One cost for every user: a check against a cheaper hash answers sooner, and so would
+        // tell which users exist (unknown users are checked against a decoy of that one cost).
+        let costs: BTreeMap<&String, u32> = users
+            .iter()
+            .filter_map(|(u, h)| Some((u, h.parse::<bcrypt::HashParts>().ok()?.get_cost())))
+            .collect();
+        if let Some((first, &cost)) = costs.iter().next() {
+            for (user, &other) in &costs {
+                if other != cost {
+                    bad(
+                        &format!("basic_auth_users.{user}"),
+                        format!("has bcrypt cost {other}, and {first:?} has cost {cost}: every user must have the same cost, or the time of a refusal tells which users exist"),
+                    );
+                }
+            }
+        }
         let mut headers = Vec::new();
         if let Some(http) = raw.http_server_config {
             let _ = http.http2;
@@ -258,7 +276,13 @@ fn tls_settings(t: RawTls, dir: &Path, bad: &mut impl FnMut(&str, String)) -> Op
                 None
             }
             (Some(i), None) => Some(Pem::Inline(i)),
-            (None, Some(f)) if !f.is_empty() => Some(Pem::File(dir.join(f))),
+            (None, Some(f)) if !f.is_empty() => match crate::config::file_path(dir, &f) {
+                Ok(path) => Some(Pem::File(path)),
+                Err(message) => {
+                    bad(&format!("tls_server_config.{name}_file"), message);
+                    None
+                }
+            },
             _ => None,
         }
     };
@@ -407,6 +431,8 @@ mod tests {
             ("tls_server_config:\n  cert_file: a\n  key_file: b\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n", "tls_server_config.cipher_suites: is not supported"),
             ("basic_auth_users:\n  bob: hunter2\n", "basic_auth_users.bob: is not a bcrypt hash"),
             ("basic_auth_users:\n  bob: $2y$20$mDwo.lAisC94iLAyP81MCesa29IzH37oigHC/42V2pdJlUprsJPze\n", "basic_auth_users.bob: has cost 20"),
+            // One cost for all: a cheaper hash would answer sooner, and tell who exists.
+            ("basic_auth_users:\n  alice: $2y$12$mDwo.lAisC94iLAyP81MCesa29IzH37oigHC/42V2pdJlUprsJPze\n  bob: $2y$04$mDwo.lAisC94iLAyP81MCesa29IzH37oigHC/42V2pdJlUprsJPze\n", "basic_auth_users.bob: has bcrypt cost 4, and \"alice\" has cost 12: every user must have the same cost"),
             ("tls_server_config:\n  cert_fil: a\n", "tls_server_config: unknown field \"cert_fil\""),
             ("rate_limit:\n  interval: soon\n  burst: 1\n", "rate_limit.interval: \"soon\" is not a duration"),
         ];

@@ -1,9 +1,14 @@
 //! The rustls server configuration for `tls_server_config`, with a certificate that is reloaded
-//! when its files change: each handshake compares the files' modification times and sizes with
-//! those last loaded (two `stat` calls), and reads them again only when they differ. A
-//! certificate that fails to load is logged, and the previous one stays in use.
+//! when its files change. A handshake never touches a file: it takes the certificate loaded
+//! last, and asks for a check if none is under way. The check runs on the blocking pool: it
+//! compares the files' modification times and sizes with those last loaded (two `stat` calls),
+//! and reads them again only when they differ, as regular files of at most `MAX_PEM_BYTES`. A
+//! certificate that fails to load (a FIFO, a huge or half-written file) is logged, and the
+//! previous one stays in use. So the first handshake after a renewal may still get the old
+//! certificate; the next ones get the new.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -71,10 +76,16 @@ pub fn server_config(t: &TlsSettings) -> Result<Arc<ServerConfig>, String> {
     Ok(Arc::new(config))
 }
 
+/// The largest certificate, key or CA file read: a chain of a few certificates is a few KiB.
+pub const MAX_PEM_BYTES: u64 = 1 << 20;
+
 fn read(pem: &Pem) -> Result<Vec<u8>, String> {
     match pem {
         Pem::Inline(text) => Ok(text.as_bytes().to_vec()),
-        Pem::File(path) => std::fs::read(path).map_err(|e| format!("{}: {e}", path.display())),
+        Pem::File(path) => {
+            crate::files::read_capped(path, MAX_PEM_BYTES, crate::files::Links::Follow)
+                .map_err(|e| format!("{}: {e}", path.display()))
+        }
     }
 }
 
@@ -119,7 +130,15 @@ fn stamp(cert: &Pem, key: &Pem) -> Stamp {
     Some([one(cert)?, one(key)?])
 }
 
+/// The certificate resolver: what a handshake reads, and how a reload is asked for.
 struct Reloading {
+    files: Arc<Files>,
+    /// A check is under way on the blocking pool.
+    checking: Arc<AtomicBool>,
+}
+
+/// The files, and what was loaded from them last.
+struct Files {
     cert: Pem,
     key: Pem,
     provider: Arc<CryptoProvider>,
@@ -129,7 +148,7 @@ struct Reloading {
 impl fmt::Debug for Reloading {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Reloading")
-            .field("cert", &describe(&self.cert))
+            .field("cert", &describe(&self.files.cert))
             .finish()
     }
 }
@@ -139,32 +158,75 @@ impl Reloading {
         let stamp = stamp(&cert, &key);
         let loaded = certified_key(&cert, &key, &provider)?;
         Ok(Reloading {
-            cert,
-            key,
-            provider,
-            current: Mutex::new((stamp, Arc::new(loaded))),
+            files: Arc::new(Files {
+                cert,
+                key,
+                provider,
+                current: Mutex::new((stamp, Arc::new(loaded))),
+            }),
+            checking: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// Starts a check of the files on the blocking pool, unless one is under way (or there is no
+    /// runtime to run it on).
+    fn check_soon(&self) {
+        let inline = matches!(
+            (&self.files.cert, &self.files.key),
+            (Pem::Inline(_), Pem::Inline(_))
+        );
+        if inline || self.checking.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.checking.store(false, Ordering::Release);
+            return;
+        };
+        let files = Arc::clone(&self.files);
+        let checking = Arc::clone(&self.checking);
+        runtime.spawn_blocking(move || {
+            files.check();
+            checking.store(false, Ordering::Release);
+        });
+    }
+}
+
+impl Files {
+    /// Reloads the certificate if its files changed since they were loaded last.
+    fn check(&self) {
+        let now = stamp(&self.cert, &self.key);
+        let last = self.current.lock().unwrap_or_else(|e| e.into_inner()).0;
+        if now.is_none() || now == last {
+            return;
+        }
+        let loaded = certified_key(&self.cert, &self.key, &self.provider);
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        match loaded {
+            Ok(k) => {
+                tracing::info!(cert = %describe(&self.cert), "reloaded the TLS certificate");
+                *current = (now, Arc::new(k));
+            }
+            Err(e) => {
+                // Half-written files are normal during a renewal: keep serving the certificate
+                // that worked, and try again when the files change again.
+                tracing::warn!(error = %e, "cannot reload the TLS certificate; keeping the previous one");
+                current.0 = now;
+            }
+        }
     }
 }
 
 impl ResolvesServerCert for Reloading {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let now = stamp(&self.cert, &self.key);
-        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        if now.is_some() && now != current.0 {
-            match certified_key(&self.cert, &self.key, &self.provider) {
-                Ok(k) => {
-                    tracing::info!(cert = %describe(&self.cert), "reloaded the TLS certificate");
-                    *current = (now, Arc::new(k));
-                }
-                Err(e) => {
-                    // Half-written files are normal during a renewal: keep serving the
-                    // certificate that worked, and try again when the files change again.
-                    tracing::warn!(error = %e, "cannot reload the TLS certificate; keeping the previous one");
-                    current.0 = now;
-                }
-            }
-        }
-        Some(Arc::clone(&current.1))
+        let key = Arc::clone(
+            &self
+                .files
+                .current
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .1,
+        );
+        self.check_soon();
+        Some(key)
     }
 }

@@ -514,3 +514,44 @@ fn forward(conn: TcpStream, upstream: SocketAddr) {
     let _ = c2.shutdown(std::net::Shutdown::Write);
     let _ = t.join();
 }
+
+// ---- the IAM policy -----------------------------------------------------------------------------
+
+#[path = "iam.rs"]
+pub mod iam;
+
+/// Like `launch(Kind::PersistentSpot)`, with `tags` on the spot request (a tag specification of
+/// `RequestSpotInstances`, as an operator sets them).
+pub fn launch_tagged_spot_request(tags: &[(&str, &str)]) -> Launched {
+    use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
+    let ec2 = ec2_client(moto().addr);
+    let mut spec = TagSpecification::builder().resource_type(ResourceType::SpotInstancesRequest);
+    for (k, v) in tags {
+        spec = spec.tags(Tag::builder().key(*k).value(*v).build());
+    }
+    rt().block_on(async {
+        let out = ec2
+            .request_spot_instances()
+            .spot_price("10.0")
+            .instance_count(1)
+            .r#type(SpotInstanceType::Persistent)
+            .tag_specifications(spec.build())
+            .launch_specification(
+                aws_sdk_ec2::types::RequestSpotLaunchSpecification::builder()
+                    .image_id("ami-12c6146b")
+                    .instance_type(InstanceType::P4d24xlarge)
+                    .build(),
+            )
+            .send()
+            .await
+            .unwrap();
+        let req = &out.spot_instance_requests()[0];
+        Launched {
+            id: req
+                .instance_id()
+                .expect("moto fulfils spot requests")
+                .to_string(),
+            spot_request: Some(req.spot_instance_request_id().unwrap().to_string()),
+        }
+    })
+}

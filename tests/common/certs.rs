@@ -132,9 +132,15 @@ pub fn tls_get(
             Err(e) => return fail(e.to_string()),
         };
         let name = ServerName::try_from("127.0.0.1").unwrap();
-        let mut tls = match connector.connect(name, tcp).await {
-            Ok(t) => t,
-            Err(e) => return fail(e.to_string()),
+        // A handshake that stalls is an answer too: none within 10 s.
+        let handshake = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            connector.connect(name, tcp),
+        );
+        let mut tls = match handshake.await {
+            Ok(Ok(t)) => t,
+            Ok(Err(e)) => return fail(e.to_string()),
+            Err(_) => return fail("the handshake timed out".into()),
         };
         let server_cert = tls
             .get_ref()

@@ -510,7 +510,7 @@ impl Assertion {
                 );
                 let got = found[0].value;
                 assert!(
-                    (got - want).abs() <= 1e-9 * want.abs().max(1.0),
+                    got == want || (got - want).abs() <= 1e-9 * want.abs().max(1.0),
                     "{} {:?} = {got}, expected {want}",
                     self.m.name,
                     self.m.labels
@@ -564,4 +564,64 @@ pub fn assert_promtool_accepts_but(exposition: &str, allowed: &[&str]) {
         .filter(|l| !allowed.iter().any(|a| l.contains(a)))
         .collect();
     assert!(problems.is_empty(), "promtool:\n{text}\n{exposition}");
+}
+
+/// One thread of a child process, stopped with ptrace while the rest runs on: what a thread
+/// stuck in the kernel on a hung disk (or a wedged driver call) looks like from outside. It
+/// runs again when this is dropped (or when the test process ends).
+pub struct Frozen {
+    release: Option<std::sync::mpsc::Sender<()>>,
+    tracer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Frozen {
+    /// Stops the thread of process `pid` whose name is `name` (`/proc/PID/task/TID/comm`).
+    pub fn thread(pid: u32, name: &str) -> Frozen {
+        let tid = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .find(|e| {
+                std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == name)
+            })
+            .unwrap_or_else(|| panic!("no thread {name:?} in process {pid}"))
+            .file_name()
+            .to_string_lossy()
+            .parse::<i32>()
+            .unwrap();
+        let (stopped_tx, stopped_rx) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel::<()>();
+        // ptrace requests come from the thread that attached; this one does it all.
+        let tracer = std::thread::spawn(move || {
+            // SAFETY: ptrace and waitpid on a thread of our own child; no memory is shared.
+            unsafe {
+                let seized = libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0) == 0
+                    && libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0) == 0;
+                let mut status = 0;
+                let stopped = seized && libc::waitpid(tid, &mut status, libc::__WALL) == tid;
+                let error = std::io::Error::last_os_error();
+                stopped_tx.send(stopped.then_some(()).ok_or(error)).unwrap();
+                if !stopped {
+                    return;
+                }
+                let _ = release_rx.recv();
+                libc::ptrace(libc::PTRACE_DETACH, tid, 0, 0);
+            }
+        });
+        if let Err(e) = stopped_rx.recv().unwrap() {
+            panic!("cannot stop thread {tid} with ptrace: {e}");
+        }
+        Frozen {
+            release: Some(release),
+            tracer: Some(tracer),
+        }
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        drop(self.release.take());
+        if let Some(t) = self.tracer.take() {
+            let _ = t.join();
+        }
+    }
 }
