@@ -3,11 +3,10 @@
 //!
 //! - 8 GPUs without GPM, cost watch off (the exporter alone);
 //! - 8, 64 and 256 Hopper GPUs (13 GPM metrics each), cost watch off and on;
-//! - 8 GPUs with GPM and the cost watch, without the environment the systemd unit gives the
-//!   daemon (glibc's per-thread malloc caches on), as a plain `gpuwatch run` starts.
+//! - 8 GPUs with GPM and the cost watch, without any `Environment=` setting of the systemd unit,
+//!   as a plain `gpuwatch run` starts (the unit sets none today, so it matches the row above it).
 //!
-//! Every other row runs with the unit's `Environment=` settings, as the unit, the DaemonSet and
-//! the image run the daemon.
+//! Every other row runs with the unit's `Environment=` settings, as the unit runs the daemon.
 //!
 //! "Cost watch on" is what a fleet runs: an idle rule (dry run), a price, a local budget, and
 //! `provider = "aws"`, with instance metadata from a loopback IMDSv2 fake in this process and
@@ -16,16 +15,8 @@
 //!     cargo bench --bench exporter                      # 60 s per row
 //!     GPUWATCH_BENCH_SECS=40 GPUWATCH_BENCH_GPUS=8 cargo bench --bench exporter
 //!
-//! gpuwatch drops the pages only startup used once it is ready and again 30 s later: a window
+//! gpuwatch gives the heap that startup freed back once it is ready and again 30 s later: a window
 //! shorter than that measures before the second drop.
-//!
-//! `GPUWATCH_BENCH_PROFILE=FILE` instead records which of gpuwatch's functions the steady state
-//! runs (8 GPUs with GPM, cost watch on), under valgrind's callgrind, and writes them to FILE,
-//! hottest first: `link/symbol-order.txt`, which build.rs turns into a linker script that keeps
-//! that code together so that the kernel maps less text around it. A measuring run first prints how
-//! many of the listed functions the release binary holds together.
-//!
-//!     GPUWATCH_BENCH_PROFILE=$PWD/link/symbol-order.txt cargo bench --bench exporter
 //!
 //! Each row: resident memory (VmRSS) and its anonymous part (RssAnon) from /proc/PID/status,
 //! the anonymous and file-backed pages of /proc/PID/smaps_rollup, CPU time per minute over the
@@ -35,7 +26,6 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -240,23 +230,6 @@ fn main() {
         setups.retain(|s| s.gpus == 8 && s.gpm && !s.bare);
     }
     let imds = imds();
-    if let Ok(out) = std::env::var("GPUWATCH_BENCH_PROFILE") {
-        let setup = Setup {
-            gpus: 8,
-            gpm: true,
-            cost: true,
-            bare: false,
-        };
-        profile::run(window, setup, imds, std::path::Path::new(&out));
-        return;
-    }
-    let list = Path::new(env!("CARGO_MANIFEST_DIR")).join("link/symbol-order.txt");
-    match profile::placed(Path::new(env!("CARGO_BIN_EXE_gpuwatch")), &list) {
-        Ok((placed, listed)) => {
-            println!("link/symbol-order.txt: {placed} of {listed} functions linked together")
-        }
-        Err(e) => println!("link/symbol-order.txt: {e}"),
-    }
     println!(
         "{:>4} {:>3} {:>4} {:>4}  {:>8} {:>8} {:>8} {:>8}  {:>9}  {:>7} {:>7} {:>7} {:>8}",
         "GPUs",
@@ -427,6 +400,3 @@ impl Drop for Daemon {
         let _ = self.0.wait();
     }
 }
-
-#[path = "exporter/profile.rs"]
-mod profile;

@@ -27,16 +27,6 @@ use crate::state::{AuditLog, DirError, StateDir};
 use crate::watch::metrics::{NodeLabel, WatchCollector, WatchMetrics};
 use crate::watch::{NodeSignals, Watch};
 
-/// Runs the daemon until SIGINT or SIGTERM.
-pub async fn run(config: Config) -> anyhow::Result<()> {
-    // Building is the larger future (it loads the AWS config); boxed, it is freed once built
-    // instead of sizing the future that runs for the daemon's life.
-    Box::pin(App::build(config))
-        .await?
-        .run(shutdown_signal())
-        .await
-}
-
 /// The daemon, built and listening: every task it started is owned here, and `run` stops and
 /// drains all of them.
 pub struct App {
@@ -278,10 +268,7 @@ impl App {
                 std::time::Duration::from_secs(30),
             ] {
                 tokio::time::sleep(wait).await;
-                // This task runs on the worker, whose stack holds what building the daemon
-                // touched.
-                crate::memory::trim_stack();
-                let _ = tokio::task::spawn_blocking(crate::memory::trim).await;
+                let _ = tokio::task::spawn_blocking(crate::process_memory::trim).await;
             }
         });
         // systemd: ready once the first sample is in (at most one cycle, well within the
@@ -567,7 +554,8 @@ pub fn display_addr(addr: SocketAddr) -> String {
     }
 }
 
-async fn shutdown_signal() {
+/// Completes at SIGINT or SIGTERM: what `gpuwatch run` stops on.
+pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

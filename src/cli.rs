@@ -166,17 +166,18 @@ pub fn run(cli: Cli) -> ExitCode {
             config,
             rules,
             listen,
-        } => with_config(&config, rules.as_deref(), |mut c| {
+        } => cmd::run::run(move || {
+            let mut c = load_config(&config, rules.as_deref())?;
             if let Some(listen) = listen {
                 match listen.parse() {
                     Ok(addr) => c.server.listen = addr,
                     Err(_) => {
                         eprintln!("run: --listen: \"{listen}\" is not an IP address and port, such as \"127.0.0.1:9400\"");
-                        return cmd::exit::USAGE.into();
+                        return Err(cmd::exit::USAGE.into());
                     }
                 }
             }
-            cmd::run::run(c)
+            Ok(c)
         }),
         Command::Simulate {
             config,
@@ -267,6 +268,14 @@ pub fn run(cli: Cli) -> ExitCode {
 /// A missing file at the default path means the defaults; a file named on the command line must
 /// exist.
 fn with_config(path: &Path, rules: Option<&Path>, f: impl FnOnce(Config) -> ExitCode) -> ExitCode {
+    match load_config(path, rules) {
+        Ok(c) => f(c),
+        Err(code) => code,
+    }
+}
+
+/// Loads the config as `with_config` does; `Err` is the exit status, the errors reported.
+fn load_config(path: &Path, rules: Option<&Path>) -> Result<Config, ExitCode> {
     let loaded = if path == Path::new(DEFAULT_PATH) && !path.exists() {
         tracing::info!("no config at {}; using the defaults", path.display());
         Ok(Config::default())
@@ -279,8 +288,5 @@ fn with_config(path: &Path, rules: Option<&Path>, f: impl FnOnce(Config) -> Exit
         }
         Ok(c)
     });
-    match loaded {
-        Ok(c) => f(c),
-        Err(e) => config_failure(&e),
-    }
+    loaded.map_err(|e| config_failure(&e))
 }

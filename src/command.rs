@@ -1,7 +1,6 @@
 //! Runs the commands a user configures (`exec` actions, the spot interruption hook): in a
 //! process group of their own, so that a timeout kills everything they started, and without the
-//! daemon's AWS credentials, systemd's notify socket or the daemon's allocator setting, which
-//! they have no need of.
+//! daemon's AWS credentials or systemd's notify socket, which they have no need of.
 
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -17,10 +16,6 @@ const CREDENTIALS: [&str; 5] = [
 
 /// systemd's notify variables: they are the daemon's, not a command's to use.
 const SYSTEMD: [&str; 3] = ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"];
-
-/// The allocator setting the unit, the DaemonSet and the image give the daemon (glibc's
-/// per-thread caches off, for its memory); a command runs with glibc's defaults.
-pub const ALLOCATOR: [&str; 1] = ["GLIBC_TUNABLES"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -49,7 +44,7 @@ pub async fn run(
         .stdin(Stdio::null())
         .process_group(0)
         .kill_on_drop(true);
-    for var in CREDENTIALS.iter().chain(&SYSTEMD).chain(&ALLOCATOR) {
+    for var in CREDENTIALS.iter().chain(&SYSTEMD) {
         cmd.env_remove(var);
     }
     let mut child = cmd.spawn().map_err(|source| RunError::Spawn {
@@ -114,7 +109,6 @@ mod tests {
         }
 
         std::env::set_var("AWS_SECRET_ACCESS_KEY", "do-not-pass");
-        std::env::set_var("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0");
         let out = dir.path().join("env");
         let argv = vec![
             "/bin/sh".to_string(),
@@ -128,6 +122,5 @@ mod tests {
         let env = std::fs::read_to_string(&out).unwrap();
         assert!(env.contains("GPUWATCH_RULE=r"));
         assert!(!env.contains("do-not-pass"), "{env}");
-        assert!(!env.contains("GLIBC_TUNABLES"), "{env}");
     }
 }

@@ -8,7 +8,7 @@ use clap::Parser;
 use gpuwatch::cli::Cli;
 
 fn main() -> ExitCode {
-    gpuwatch::memory::at_start();
+    gpuwatch::process_memory::at_start();
     let cli = Cli::parse();
     init_logging();
     gpuwatch::cli::run(cli)

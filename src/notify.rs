@@ -104,9 +104,6 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
 async fn write_wall(text: &str) {
     use tokio::io::AsyncWriteExt;
     let mut wall = tokio::process::Command::new("wall");
-    for var in crate::command::ALLOCATOR {
-        wall.env_remove(var);
-    }
     let child = wall
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())

@@ -101,14 +101,6 @@ fn the_daemonset_runs_gpuwatch_unprivileged_on_gpu_nodes_only() {
         .unwrap()
         .iter()
         .any(|e| e["name"] == "NVIDIA_VISIBLE_DEVICES" && e["value"] == "all"));
-    // The allocator runs as the systemd unit runs it.
-    let tunables = common::unit_environment("GLIBC_TUNABLES");
-    assert_eq!(tunables, "glibc.malloc.tcache_count=0");
-    assert!(c["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|e| e["name"] == "GLIBC_TUNABLES" && e["value"] == tunables.as_str()));
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/-/healthy");
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/-/ready");
     assert!(c["resources"]["requests"]["memory"].is_string());

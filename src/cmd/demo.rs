@@ -118,7 +118,7 @@ pub fn run(listen: &str) -> ExitCode {
         crate::app::display_addr(listen),
         crate::app::display_addr(listen)
     );
-    super::run::run(config)
+    super::run::run(move || Ok(config))
 }
 
 /// A TOML basic string holding `s`.

@@ -1,17 +1,20 @@
 //! `gpuwatch run`: the daemon, on a runtime of one worker thread.
 //!
 //! One worker is enough for what the daemon does between samples, and every thread keeps the
-//! stack pages it has touched. Blocking work never stalls it: per-sample file I/O runs on the
-//! `gpuwatch-io` thread (`state::on_io_thread`), rare file I/O hands the worker's tasks to
-//! another thread first (`state::off_async`), and the rest runs on the blocking pool. The
-//! daemon's future runs on that worker, not on the main thread, which only waits, with the stack
-//! pages that parsing the command line and the config touched given back.
+//! stack pages it has touched. So the deep, one-time work (reading and validating the config,
+//! building the app: the listener, the sampler, the AWS config) runs on a startup thread that
+//! ends when it is done, and its stack goes with it; the main thread then only waits. Blocking
+//! work never stalls the worker: per-sample file I/O runs on the `gpuwatch-io` thread
+//! (`state::on_io_thread`), rare file I/O hands the worker's tasks to another thread first
+//! (`state::off_async`), and the rest runs on the blocking pool.
 
 use std::process::ExitCode;
 
 use crate::config::Config;
 
-pub fn run(config: Config) -> ExitCode {
+/// Runs the daemon with the config that `load` reads (on the startup thread); `load`'s `Err` is
+/// the exit status of a config that cannot be used.
+pub fn run(load: impl FnOnce() -> Result<Config, ExitCode> + Send + 'static) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         // An idle pool thread goes soon: the pool hands work to its idle threads in turn, so a
@@ -26,11 +29,34 @@ pub fn run(config: Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // Parsing the command line and the config is done: the main thread only waits from here.
-    crate::memory::trim_stack();
+    let handle = runtime.handle().clone();
+    // What the app spawns while it is built runs on the worker; building it runs here.
+    let startup = std::thread::Builder::new()
+        .name("gpuwatch-start".into())
+        .spawn(move || {
+            let config = load()?;
+            handle
+                .block_on(Box::pin(crate::app::App::build(config)))
+                .map_err(|e| {
+                    eprintln!("gpuwatch: {e:#}");
+                    ExitCode::FAILURE
+                })
+        });
+    let built = match startup.map(std::thread::JoinHandle::join) {
+        Ok(Ok(built)) => built,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(e) => {
+            eprintln!("gpuwatch: cannot start the startup thread: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let app = match built {
+        Ok(app) => app,
+        Err(code) => return code,
+    };
     // Boxed, the daemon's future is built on the heap; unboxed, spawning would copy it through
     // the main thread's stack.
-    let daemon = runtime.spawn(Box::pin(crate::app::run(config)));
+    let daemon = runtime.spawn(Box::pin(app.run(crate::app::shutdown_signal())));
     match runtime.block_on(daemon) {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(e)) => {

@@ -75,15 +75,11 @@ fn spawn_worker(mut source: impl GpuSource) -> std::io::Result<mpsc::Sender<Repl
     std::thread::Builder::new()
         .name("gpuwatch-nvml".into())
         .spawn(move || {
-            for (n, reply) in rx.into_iter().enumerate() {
+            for reply in rx {
                 let started = Instant::now();
                 let sample = source.sample();
                 // The receiver is gone when the cycle was abandoned; the result is dropped.
                 let _ = reply.send((sample, started.elapsed()));
-                // The first cycles open the library and its devices, deeper than any after.
-                if n == 1 {
-                    crate::memory::trim_stack();
-                }
             }
         })?;
     Ok(tx)

@@ -252,18 +252,6 @@ pub fn files_in(dir: &str, ext: &str) -> Vec<PathBuf> {
     files
 }
 
-/// The value the systemd unit gives the daemon's environment variable `name`
-/// (`Environment=NAME=value`); the DaemonSet and the image give the same.
-pub fn unit_environment(name: &str) -> String {
-    let unit = Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/gpuwatch.service");
-    let text = std::fs::read_to_string(&unit).unwrap();
-    text.lines()
-        .filter_map(|l| l.strip_prefix("Environment="))
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
-        .unwrap_or_else(|| panic!("the unit sets no {name}"))
-        .to_string()
-}
-
 /// Unix seconds from an RFC 3339 value in the audit log or an API answer.
 pub fn secs(v: &Value) -> f64 {
     gpuwatch::time::parse_rfc3339(v.as_str().unwrap()).unwrap()
