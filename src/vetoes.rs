@@ -66,21 +66,28 @@ fn process_veto(cfg: &VetoesConfig, dir: &Path) -> Option<String> {
 }
 
 /// The user of an sshd session process, if `dir` is one running the real sshd.
+///
+/// The executable is checked first: only then is the command line read. Reading another
+/// process's command line reads its memory, which a local user could make block (an argument
+/// area backed by a file on a FUSE mount): the real sshd's is its own.
 fn sshd_session(dir: &Path) -> Option<String> {
+    let exe = std::fs::read_link(dir.join("exe")).ok()?;
+    if !is_real_sshd(&exe) {
+        return None;
+    }
     let cmdline = std::fs::read(dir.join("cmdline")).ok()?;
     let cmd = String::from_utf8_lossy(&cmdline);
     let rest = cmd.strip_prefix("sshd: ")?;
     let (user, _) = rest.split_once('@')?;
-    let exe = std::fs::read_link(dir.join("exe")).ok()?;
-    is_real_sshd(&exe).then(|| user.trim().to_string())
+    Some(user.trim().to_string())
 }
 
 fn is_real_sshd(exe: &Path) -> bool {
     let named = exe
         .file_name()
         .is_some_and(|n| n == "sshd" || n == "sshd-session");
-    let trusted = std::fs::metadata(exe).is_ok_and(|m| m.uid() == 0 && m.mode() & 0o022 == 0);
-    named && trusted
+    // The name first: most processes are not sshd, and need no stat.
+    named && std::fs::metadata(exe).is_ok_and(|m| m.uid() == 0 && m.mode() & 0o022 == 0)
 }
 
 /// The user of a live remote login in utmp, if there is one. glibc's x86-64 and aarch64
@@ -94,7 +101,7 @@ fn utmp_remote_login(path: &Path) -> Option<String> {
     if meta.uid() != 0 || meta.mode() & 0o002 != 0 || meta.len() > 4 << 20 {
         return None;
     }
-    let bytes = std::fs::read(path).ok()?;
+    let bytes = crate::files::read_capped(path, 4 << 20, crate::files::Links::Follow).ok()?;
     let text = |b: &[u8]| {
         let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
         String::from_utf8_lossy(&b[..end]).into_owned()

@@ -296,6 +296,9 @@ esac"#;
         ("deb-systemd-helper", helper),
         ("deb-systemd-invoke", ""),
         ("systemctl", ""),
+        // No override of the config's mode.
+        ("dpkg-statoverride", "exit 1"),
+        ("chmod", "exec /bin/chmod \"$@\""),
     ] {
         let stub = stubs.join(name);
         fs::write(
@@ -310,9 +313,19 @@ esac"#;
     }
     let postinst = fs::read_to_string(control.join("postinst")).unwrap();
     assert!(postinst.contains("/run/systemd/system"), "{postinst}");
-    let postinst = postinst.replace("/run/systemd/system", &booted.display().to_string());
+    // The config an older package left world-readable, here in the test's own directory.
+    let config = tmp.join("gpuwatch.toml");
+    assert!(
+        postinst.contains("/etc/gpuwatch/gpuwatch.toml"),
+        "{postinst}"
+    );
+    let postinst = postinst
+        .replace("/run/systemd/system", &booted.display().to_string())
+        .replace("/etc/gpuwatch/gpuwatch.toml", &config.display().to_string());
     for (args, upgrade) in [(["configure", ""], ""), (["configure", "0.0.1-1"], "yes")] {
         let _ = fs::remove_file(&log);
+        fs::write(&config, "").unwrap();
+        fs::set_permissions(&config, fs::Permissions::from_mode(0o644)).unwrap();
         ok(
             Command::new("/bin/sh")
                 .arg("-c")
@@ -329,6 +342,8 @@ esac"#;
             calls.contains("daemon-reload"),
             "postinst {args:?} did not reach its systemd part:\n{calls}"
         );
+        let mode = fs::metadata(&config).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640, "postinst {args:?} left the config {mode:o}");
         for call in calls.lines() {
             let words: Vec<&str> = call.split_whitespace().collect();
             let acts = match words.as_slice() {

@@ -287,12 +287,15 @@ fn a_hostile_server_gets_a_bounded_read_and_a_bounded_wait() {
 
 #[test]
 fn a_password_never_goes_over_plain_http_beyond_loopback() {
-    // Refused before any connection is made (nothing listens there, nothing is sent).
-    let (code, _, err) = status(
-        &["--url", "http://192.0.2.1:9400/", "--user", "prom"],
-        &[("GPUWATCH_PASSWORD", "s3cret")],
-    );
-    assert_eq!(code, Some(3), "{err}");
-    assert!(err.contains("plain HTTP beyond this machine"), "{err}");
-    assert!(err.contains("--insecure"), "{err}");
+    // Refused before any connection is made (nothing listens there, nothing is sent), however
+    // the scheme is spelled.
+    for url in ["http://192.0.2.1:9400/", "HTTP://192.0.2.1:9400/"] {
+        let (code, _, err) = status(
+            &["--url", url, "--user", "prom"],
+            &[("GPUWATCH_PASSWORD", "s3cret")],
+        );
+        assert_eq!(code, Some(3), "{url}: {err}");
+        assert!(err.contains("plain HTTP beyond this machine"), "{err}");
+        assert!(err.contains("--insecure"), "{err}");
+    }
 }

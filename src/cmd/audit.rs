@@ -154,10 +154,15 @@ fn list(
         if !keep(&record, filter) {
             continue;
         }
-        // JSON escapes every control character, so `--json` prints the line as it is; a
+        // In valid JSON a raw control character can only be whitespace between tokens (inside
+        // strings they are escaped): `--json` prints the record with those made spaces. A
         // sentence quotes values from the file, and a terminal must not run what they hold.
         if json {
-            writeln!(out, "{text}")?;
+            let line: String = text
+                .chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect();
+            writeln!(out, "{line}")?;
         } else {
             writeln!(out, "{}", crate::status::text::plain(&sentence(&record)))?;
         }

@@ -57,7 +57,7 @@ pub fn run(load: impl FnOnce() -> Result<Config, ExitCode> + Send + 'static) -> 
     // Boxed, the daemon's future is built on the heap; unboxed, spawning would copy it through
     // the main thread's stack.
     let daemon = runtime.spawn(Box::pin(app.run(crate::app::shutdown_signal())));
-    match runtime.block_on(daemon) {
+    let code = match runtime.block_on(daemon) {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(e)) => {
             eprintln!("gpuwatch: {e:#}");
@@ -68,5 +68,9 @@ pub fn run(load: impl FnOnce() -> Result<Config, ExitCode> + Send + 'static) -> 
             eprintln!("gpuwatch: the daemon's task ended: {e}");
             ExitCode::FAILURE
         }
-    }
+    };
+    // The daemon has drained its own tasks; a blocking call stuck in the kernel (a file on a
+    // hung disk) must not keep the process from exiting.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    code
 }

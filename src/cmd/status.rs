@@ -103,12 +103,9 @@ fn ask_daemon(
         .build()
         .map_err(|e| format!("cannot set up an HTTP client: {e}"))?;
     let password = std::env::var("GPUWATCH_PASSWORD").ok();
-    if password.is_some()
-        && user.is_some()
-        && base.starts_with("http://")
-        && !loopback(&base)
-        && !insecure
-    {
+    // The scheme as the client reads it (`HTTP://` is plain HTTP too).
+    let plain = reqwest::Url::parse(&base).map_or(true, |u| u.scheme() != "https");
+    if password.is_some() && user.is_some() && plain && !loopback(&base) && !insecure {
         return Err(format!(
             "{base} is plain HTTP beyond this machine: the password would cross the network in the clear; use https (or --insecure)"
         ));

@@ -145,23 +145,30 @@ pub fn read_capped(path: &Path) -> Result<String, ConfigError> {
     })
 }
 
-/// The path a `*_file` key names: a leading `${CREDENTIALS_DIRECTORY}` (or
-/// `$CREDENTIALS_DIRECTORY`) is the directory systemd puts a unit's `LoadCredential=` files in;
-/// any other relative path is relative to `base` (the directory of the file that names it).
-/// `Err` is the message for the key.
-pub fn file_path(base: &Path, value: &str) -> Result<std::path::PathBuf, String> {
-    const VAR: &str = "CREDENTIALS_DIRECTORY";
-    let rest = value
-        .strip_prefix("${CREDENTIALS_DIRECTORY}")
-        .or_else(|| value.strip_prefix("$CREDENTIALS_DIRECTORY"));
-    let Some(rest) = rest else {
-        return Ok(base.join(value));
-    };
-    match std::env::var_os(VAR).filter(|d| !d.is_empty()) {
-        Some(dir) => Ok(Path::new(&dir).join(rest.trim_start_matches('/'))),
-        None => Err(format!(
-            "\"{value}\" names ${VAR}, which is not set (systemd sets it for a unit with LoadCredential=)"
-        )),
+/// The path a `*_file` key names. A relative name is beside `base` (the directory of the file
+/// that names it); where nothing is there and `GPUWATCH_CONFIG_DIR` is set (the systemd unit
+/// sets it to `/etc/gpuwatch`, since it hands the daemon its config as a credential, in a
+/// directory of its own), it is looked up there. A leading `${CREDENTIALS_DIRECTORY}/` (or
+/// `$CREDENTIALS_DIRECTORY/`) is the directory systemd puts a unit's `LoadCredential=` files
+/// in; outside the unit, where that is not set, it is `base`, so that `gpuwatch hold` run by
+/// an operator reads the same files from where the credentials come from.
+pub fn file_path(base: &Path, value: &str) -> std::path::PathBuf {
+    let credential = ["${CREDENTIALS_DIRECTORY}/", "$CREDENTIALS_DIRECTORY/"]
+        .iter()
+        .find_map(|prefix| value.strip_prefix(prefix));
+    if let Some(rest) = credential {
+        return match std::env::var_os("CREDENTIALS_DIRECTORY").filter(|d| !d.is_empty()) {
+            Some(dir) => Path::new(&dir).join(rest),
+            None => base.join(rest),
+        };
+    }
+    let beside = base.join(value);
+    if Path::new(value).is_absolute() || beside.exists() {
+        return beside;
+    }
+    match std::env::var_os("GPUWATCH_CONFIG_DIR").filter(|d| !d.is_empty()) {
+        Some(dir) if Path::new(&dir).join(value).exists() => Path::new(&dir).join(value),
+        _ => beside,
     }
 }
 

@@ -82,14 +82,8 @@ impl Config {
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigErrors> {
         let mut raw = RawConfig::parse(text, path)?;
         let base = path.parent().unwrap_or(Path::new("."));
-        let named = |key: &str, value: &str| {
-            check::file_path(base, value).map_err(|message| ConfigError::Invalid {
-                key: key.to_string(),
-                message,
-            })
-        };
         if !raw.rules_file.is_empty() {
-            let file = named("rules_file", &raw.rules_file)?;
+            let file = check::file_path(base, &raw.rules_file);
             raw.rules.extend(load_rules_file(&file)?);
         }
         let web_file = raw.server.web_config_file.clone();
@@ -97,7 +91,7 @@ impl Config {
         let inline_webhook = !raw.actions.webhook_url.is_empty();
         let mut config = raw.validate()?;
         if !web_file.is_empty() {
-            let file = named("server.web_config_file", &web_file)?;
+            let file = check::file_path(base, &web_file);
             config.server.web = Some(crate::web::WebConfig::load(
                 &file,
                 "server.web_config_file",
@@ -112,7 +106,7 @@ impl Config {
                 }
                 .into());
             }
-            let file = named(KEY, &webhook_file)?;
+            let file = check::file_path(base, &webhook_file);
             config.actions.webhook_url = Some(read_webhook_url(&file)?);
         }
         config.path = path.to_path_buf();
@@ -203,19 +197,15 @@ impl RawConfig {
         let exposition = self.exposition.validate(&mut invalid);
         let kubernetes = self.kubernetes.validate(&mut invalid);
         let node = validate_labels(&self.node, &self.cloud.tag_labels, &mut invalid);
-        if let (Some(server), Some(sampling)) = (&server, &sampling) {
-            let cycle = sampling.interval + sampling.timeout;
-            if server.stall_timeout <= cycle {
-                invalid(
-                    "server.stall_timeout",
-                    format!(
-                        "\"{}\" is not longer than sampling.interval plus sampling.timeout ({}): /-/healthy would call a working daemon stalled",
-                        self.server.stall_timeout,
-                        humantime::format_duration(cycle)
-                    ),
-                );
+        // A stall is judged over at least two whole sampling cycles: a slow interval never makes
+        // a working daemon look stalled.
+        let server = server.map(|mut server| {
+            if let Some(sampling) = &sampling {
+                let cycles = 2 * (sampling.interval + sampling.timeout);
+                server.stall_timeout = server.stall_timeout.max(cycles);
             }
-        }
+            server
+        });
 
         let mut budgets = Vec::new();
         for (i, b) in self.budgets.iter().enumerate() {

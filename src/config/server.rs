@@ -13,7 +13,8 @@ pub struct ServerConfig {
     /// A request head must arrive within this, and an idle connection is closed after it.
     pub header_read_timeout: Duration,
     /// `/-/healthy` answers 503 once the sampler or the decision loop has made no progress for
-    /// this long.
+    /// this long: `server.stall_timeout`, or two sampling cycles (interval plus timeout) where
+    /// that is longer.
     pub stall_timeout: Duration,
     /// TLS and basic auth, from `web_config_file` (the exporter toolkit's format).
     pub web: Option<crate::web::WebConfig>,

@@ -3,8 +3,8 @@
 //!
 //! bcrypt is slow on purpose (about 70 ms at cost 10), so a client could spend the daemon's CPU
 //! with wrong passwords. Verifications therefore run on the blocking pool, two at a time at
-//! most (one where there are only two CPUs), and a request that finds every turn taken is
-//! answered 503 at once: it never waits, so
+//! most and one per client address, and a request that finds no turn for it is answered 503
+//! at once: it never waits, so
 //! strangers' wrong passwords cannot pile up as busy connections that the listener may not
 //! evict. A password that verified is remembered per user and compared in constant time
 //! afterwards, before anything else: a scraper with the right password costs one bcrypt in
@@ -17,7 +17,7 @@
 //! delay (`REFUSAL_DELAY`), while its connection counts as idle: a client guessing in a loop is
 //! slowed to a request a second per connection, and cannot hold a connection the listener needs.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -33,17 +33,20 @@ use tokio::sync::Semaphore;
 use super::{RateLimit, WebConfig};
 
 /// How many client addresses the rate limit tracks at once; past that, the ones whose buckets
-/// are full again (as good as new) are forgotten first, then the longest quiet.
+/// are full again (as good as new) are forgotten first, then the quietest eighth, in one pass.
 const MAX_CLIENTS: usize = 4096;
 
 /// The layer's state, built once from the web config.
 pub struct Guard {
     users: BTreeMap<String, String>,
-    /// A hash of a random password, of the users' cost, for unknown users.
+    /// A hash of the users' cost of a fixed password no user has, for unknown users.
     decoy: String,
     /// User to the password that last verified.
     verified: Mutex<BTreeMap<String, Vec<u8>>>,
     turns: Arc<Semaphore>,
+    /// The client addresses (as the rate limit keys them) with a check in progress: one each,
+    /// so that one address, however many connections it opens, never holds every turn.
+    verifying: Mutex<HashSet<IpAddr>>,
     headers: Vec<(HeaderName, HeaderValue)>,
     limit: Option<Mutex<Buckets>>,
 }
@@ -82,16 +85,15 @@ impl Buckets {
             (b.tokens + gained).min(burst)
         };
         if !self.clients.contains_key(&client) && self.clients.len() >= MAX_CLIENTS {
+            // Once per many newcomers, not per newcomer: the full buckets go, and if that is
+            // not an eighth of them, the quietest eighth too.
             self.clients.retain(|_, b| refill(b) < burst);
-            if self.clients.len() >= MAX_CLIENTS {
-                if let Some(quiet) = self
-                    .clients
-                    .iter()
-                    .min_by_key(|(_, b)| b.at)
-                    .map(|(k, _)| *k)
-                {
-                    self.clients.remove(&quiet);
-                }
+            let keep = MAX_CLIENTS - MAX_CLIENTS / 8;
+            if self.clients.len() > keep {
+                let mut ats: Vec<Instant> = self.clients.values().map(|b| b.at).collect();
+                let cut = ats.len() - keep;
+                let (_, &mut oldest_kept, _) = ats.select_nth_unstable(cut);
+                self.clients.retain(|_, b| b.at >= oldest_kept);
             }
         }
         let b = self.clients.entry(client).or_insert(Bucket {
@@ -124,12 +126,8 @@ fn client_key(addr: IpAddr) -> IpAddr {
     }
 }
 
-/// How many bcrypt checks may run at once: two, and never more than half the CPUs (one on a
-/// machine of two), so that strangers' guesses leave the daemon a CPU of its own.
-fn verify_turns() -> usize {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (cpus / 2).clamp(1, 2)
-}
+/// How many bcrypt checks may run at once.
+const TURNS: usize = 2;
 
 impl Guard {
     pub fn new(web: &WebConfig) -> Arc<Guard> {
@@ -155,7 +153,8 @@ impl Guard {
             users: web.users.clone(),
             decoy,
             verified: Mutex::new(BTreeMap::new()),
-            turns: Arc::new(Semaphore::new(verify_turns())),
+            turns: Arc::new(Semaphore::new(TURNS)),
+            verifying: Mutex::new(HashSet::new()),
             headers,
             limit: web.rate_limit.map(|limit| {
                 Mutex::new(Buckets {
@@ -198,15 +197,39 @@ impl Guard {
         }
     }
 
-    /// Verifies a user's password with bcrypt, if a turn is free now (503 at once if not).
-    async fn verify(self: &Arc<Self>, user: String, password: Vec<u8>) -> Result<(), Response> {
-        let Ok(turn) = Arc::clone(&self.turns).try_acquire_owned() else {
-            return Err((
+    /// Verifies a user's password with bcrypt, if a turn is free now and the client has no
+    /// check in progress already (503 if not).
+    async fn verify(
+        self: &Arc<Self>,
+        user: String,
+        password: Vec<u8>,
+        peer: Option<IpAddr>,
+    ) -> Result<(), Response> {
+        let busy = || {
+            (
                 StatusCode::SERVICE_UNAVAILABLE,
                 [(header::RETRY_AFTER, "1")],
                 "too many logins in progress\n",
             )
-                .into_response());
+                .into_response()
+        };
+        let client = peer.map(client_key);
+        if let Some(c) = client {
+            if !self
+                .verifying
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(c)
+            {
+                return Err(busy());
+            }
+        }
+        let _client = Verifying {
+            guard: Arc::clone(self),
+            client,
+        };
+        let Ok(turn) = Arc::clone(&self.turns).try_acquire_owned() else {
+            return Err(busy());
         };
         let known = self.users.get(&user).cloned();
         let hash = known.clone().unwrap_or_else(|| self.decoy.clone());
@@ -236,7 +259,25 @@ impl Guard {
         match self.credentials(authorization) {
             Credentials::Open | Credentials::Known => Ok(()),
             Credentials::Missing => Err(unauthorized()),
-            Credentials::Unverified(u, p) => self.verify(u, p).await,
+            Credentials::Unverified(u, p) => self.verify(u, p, None).await,
+        }
+    }
+}
+
+/// A client's check in progress, for [`Guard::verify`]; its end frees the client's place.
+struct Verifying {
+    guard: Arc<Guard>,
+    client: Option<IpAddr>,
+}
+
+impl Drop for Verifying {
+    fn drop(&mut self) {
+        if let Some(c) = self.client {
+            self.guard
+                .verifying
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&c);
         }
     }
 }
@@ -292,7 +333,7 @@ pub async fn layer(State(guard): State<Arc<Guard>>, request: Request, next: Next
         match credentials {
             Credentials::Open | Credentials::Known => Ok(()),
             Credentials::Missing => Err(unauthorized()),
-            Credentials::Unverified(user, password) => guard.verify(user, password).await,
+            Credentials::Unverified(user, password) => guard.verify(user, password, peer).await,
         }
     };
     let mut response = match checked {
@@ -365,6 +406,40 @@ mod tests {
             guard.check(None).await.unwrap_err().status(),
             StatusCode::UNAUTHORIZED
         );
+    }
+
+    /// One address holds one turn at most: its second guess meanwhile is 503, while another
+    /// address still gets the other turn.
+    #[tokio::test]
+    async fn one_check_per_address_at_a_time() {
+        let web = WebConfig {
+            tls: None,
+            users: BTreeMap::from([("alice".to_string(), bcrypt::hash("s3cret", 8).unwrap())]),
+            headers: vec![],
+            rate_limit: None,
+        };
+        let guard = Guard::new(&web);
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let b: IpAddr = "192.0.2.2".parse().unwrap();
+        let first = {
+            let guard = Arc::clone(&guard);
+            tokio::spawn(async move { guard.verify("alice".into(), b"x".to_vec(), Some(a)).await })
+        };
+        // The first check is under way once its address is marked.
+        while guard.verifying.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let again = guard.verify("alice".into(), b"y".to_vec(), Some(a)).await;
+        assert_eq!(again.unwrap_err().status(), StatusCode::SERVICE_UNAVAILABLE);
+        let other = guard
+            .verify("alice".into(), b"s3cret".to_vec(), Some(b))
+            .await;
+        assert!(other.is_ok());
+        assert_eq!(
+            first.await.unwrap().unwrap_err().status(),
+            StatusCode::UNAUTHORIZED
+        );
+        assert!(guard.verifying.lock().unwrap().is_empty());
     }
 
     #[test]

@@ -276,13 +276,7 @@ fn tls_settings(t: RawTls, dir: &Path, bad: &mut impl FnMut(&str, String)) -> Op
                 None
             }
             (Some(i), None) => Some(Pem::Inline(i)),
-            (None, Some(f)) if !f.is_empty() => match crate::config::file_path(dir, &f) {
-                Ok(path) => Some(Pem::File(path)),
-                Err(message) => {
-                    bad(&format!("tls_server_config.{name}_file"), message);
-                    None
-                }
-            },
+            (None, Some(f)) if !f.is_empty() => Some(Pem::File(crate::config::file_path(dir, &f))),
             _ => None,
         }
     };

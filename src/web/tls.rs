@@ -10,7 +10,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use rustls::crypto::CryptoProvider;
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
@@ -135,6 +135,20 @@ struct Reloading {
     files: Arc<Files>,
     /// A check is under way on the blocking pool.
     checking: Arc<AtomicBool>,
+    /// When the check under way began, and whether its slowness was reported.
+    began: Mutex<(Instant, bool)>,
+}
+
+/// A check running longer than this (a hung network file system, say) is reported, once.
+const SLOW_CHECK: Duration = Duration::from_secs(10);
+
+/// Clears the check-under-way flag however the check ends, a panic included.
+struct Done(Arc<AtomicBool>);
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// The files, and what was loaded from them last.
@@ -165,6 +179,7 @@ impl Reloading {
                 current: Mutex::new((stamp, Arc::new(loaded))),
             }),
             checking: Arc::new(AtomicBool::new(false)),
+            began: Mutex::new((Instant::now(), false)),
         })
     }
 
@@ -175,9 +190,18 @@ impl Reloading {
             (&self.files.cert, &self.files.key),
             (Pem::Inline(_), Pem::Inline(_))
         );
-        if inline || self.checking.swap(true, Ordering::AcqRel) {
+        if inline {
             return;
         }
+        if self.checking.swap(true, Ordering::AcqRel) {
+            let mut began = self.began.lock().unwrap_or_else(|e| e.into_inner());
+            if !began.1 && began.0.elapsed() > SLOW_CHECK {
+                began.1 = true;
+                tracing::warn!(cert = %describe(&self.files.cert), "checking the TLS certificate's files has taken over {SLOW_CHECK:?}; the certificate loaded last stays in use, and no reload happens until the check returns");
+            }
+            return;
+        }
+        *self.began.lock().unwrap_or_else(|e| e.into_inner()) = (Instant::now(), false);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             self.checking.store(false, Ordering::Release);
             return;
@@ -185,8 +209,8 @@ impl Reloading {
         let files = Arc::clone(&self.files);
         let checking = Arc::clone(&self.checking);
         runtime.spawn_blocking(move || {
+            let _done = Done(checking);
             files.check();
-            checking.store(false, Ordering::Release);
         });
     }
 }
