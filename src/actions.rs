@@ -197,7 +197,7 @@ impl Executor {
             ("GPUWATCH_NAMESPACE", namespace),
             ("GPUWATCH_POD", pod),
         ];
-        match crate::command::run(&rule.command, &env, self.exec_timeout).await {
+        match crate::exec::run(&rule.command, &env, self.exec_timeout).await {
             Ok(status) if status.success() => Outcome::Done,
             Ok(status) => Outcome::Failed(format!("{:?} exited with {status}", rule.command[0])),
             Err(e) => Outcome::Failed(e.to_string()),

@@ -1,7 +1,6 @@
 //! Wiring: builds the sampler, the registry and the HTTP server from a validated config.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use std::io::Write as _;
@@ -574,29 +573,4 @@ pub async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
-}
-
-/// Finds the fake NVML library: `GPUWATCH_FAKE_NVML_LIB`, else where cargo builds it beside the
-/// running binary. `deps/` comes first: cargo rebuilds it there whenever gpuwatch is built, while
-/// the copy in `target/<profile>/` is refreshed only when the whole workspace is.
-pub fn find_fake_library() -> anyhow::Result<PathBuf> {
-    if let Some(p) = std::env::var_os("GPUWATCH_FAKE_NVML_LIB") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().context("cannot find the running binary")?;
-    let dir = exe
-        .parent()
-        .context("the running binary has no directory")?;
-    let file = gpuwatch_fake_nvml::LIBRARY_FILE;
-    let candidates = [dir.join("deps").join(file), dir.join(file)];
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .cloned()
-        .with_context(|| {
-            format!(
-                "cannot find {file} beside {}; build it with `cargo build --release` or name it in GPUWATCH_FAKE_NVML_LIB",
-                exe.display()
-            )
-        })
 }

@@ -57,10 +57,10 @@ pub fn run(listen: &str) -> ExitCode {
             return exit::USAGE.into();
         }
     };
-    let library = match crate::app::find_fake_library() {
+    let library = match find_fake_library() {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("demo: {e:#}");
+            eprintln!("demo: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -119,6 +119,31 @@ pub fn run(listen: &str) -> ExitCode {
         crate::app::display_addr(listen)
     );
     super::run::run(move || Ok(config))
+}
+
+/// Finds the fake NVML library: `GPUWATCH_FAKE_NVML_LIB`, else where cargo builds it beside the
+/// running binary. `deps/` comes first: cargo rebuilds it there whenever gpuwatch is built, while
+/// the copy in `target/<profile>/` is refreshed only when the whole workspace is. `Err` is the
+/// message for a person.
+fn find_fake_library() -> Result<std::path::PathBuf, String> {
+    if let Some(p) = std::env::var_os("GPUWATCH_FAKE_NVML_LIB") {
+        return Ok(p.into());
+    }
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot find the running binary: {e}"))?;
+    let dir = exe
+        .parent()
+        .ok_or_else(|| "the running binary has no directory".to_string())?;
+    let file = gpuwatch_fake_nvml::LIBRARY_FILE;
+    [dir.join("deps").join(file), dir.join(file)]
+        .into_iter()
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            format!(
+                "cannot find {file} beside {}; build it with `cargo build --release` or name it in GPUWATCH_FAKE_NVML_LIB",
+                exe.display()
+            )
+        })
 }
 
 /// A TOML basic string holding `s`.

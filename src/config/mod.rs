@@ -19,16 +19,25 @@ mod raw;
 mod rules;
 mod server;
 
-pub use actions::*;
-pub use budgets::*;
+pub use actions::{ActionsConfig, Mode, SpotConfig, SpotStop, VetoesConfig};
+pub use budgets::{BudgetConfig, BudgetSource, RawBudget};
 use check::*;
 pub use check::{file_path, read_capped, MAX_FILE_BYTES};
-pub use cloud::*;
+pub use cloud::{CloudConfig, CloudWatchConfig, CostConfig, Provider};
 pub use error::{ConfigError, ConfigErrors};
-pub use node::*;
-pub use raw::*;
-pub use rules::*;
-pub use server::*;
+pub use node::{
+    tag_label_name, KubernetesConfig, NodeConfig, TagLabel, MAX_LABEL_VALUE, NODE_INFO_LABELS,
+};
+pub use raw::{
+    RawActions, RawCloud, RawCloudWatch, RawConfig, RawCost, RawExposition, RawKubernetes, RawNode,
+    RawNvml, RawSampling, RawServer, RawSpot, RawVetoes,
+};
+pub use rules::{RawGate, RawRule, MAX_EVALUATION_PERIODS};
+pub use server::{ExpositionConfig, Names, NvmlConfig, SamplingConfig, ServerConfig};
+
+use budgets::exhausted_rule;
+use node::validate_labels;
+use rules::{check_unique, load_rules_file};
 
 use crate::rules::{
     Action, Aggregation, BudgetGate, Comparison, Condition, Lifecycle, Metric, Rule, Scope,

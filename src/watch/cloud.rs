@@ -202,7 +202,7 @@ impl Failures {
 }
 
 async fn run_hook(hook: &[String], timeout: Duration, executor: &Executor) {
-    let result = match crate::command::run(hook, &[], timeout).await {
+    let result = match crate::exec::run(hook, &[], timeout).await {
         Ok(s) if s.success() => "done".to_string(),
         Ok(s) => format!("exited with {s}"),
         Err(e) => e.to_string(),
