@@ -209,14 +209,14 @@ pub fn run(cli: Cli) -> ExitCode {
             duration,
             reason,
             config,
-        } => with_config(&config, None, |c| cmd::hold::hold(&c, &duration, &reason)),
+        } => with_state_config(&config, |c| cmd::hold::hold(&c, &duration, &reason)),
         Command::Audit {
             since,
             rule,
             kind,
             json,
             config,
-        } => with_config(&config, None, |c| {
+        } => with_state_config(&config, |c| {
             let since = match since.as_deref().map(humantime::parse_duration) {
                 None => None,
                 Some(Ok(d)) => Some(crate::time::now() - d.as_secs_f64()),
@@ -255,7 +255,7 @@ pub fn run(cli: Cli) -> ExitCode {
             };
             cmd::status::run(&c, how, json)
         }),
-        Command::Release { config } => with_config(&config, None, |c| cmd::hold::release(&c)),
+        Command::Release { config } => with_state_config(&config, |c| cmd::hold::release(&c)),
         Command::Demo { listen } => cmd::demo::run(&listen),
         Command::Snapshot { json, config } => {
             with_config(&config, None, |c| cmd::snapshot::run(&c, json))
@@ -274,13 +274,30 @@ fn with_config(path: &Path, rules: Option<&Path>, f: impl FnOnce(Config) -> Exit
     }
 }
 
+/// `with_config` for the commands that need only the state directory (`hold`, `release`,
+/// `audit`): see `Config::load_for_state`.
+fn with_state_config(path: &Path, f: impl FnOnce(Config) -> ExitCode) -> ExitCode {
+    match load_with(path, None, Config::load_for_state) {
+        Ok(c) => f(c),
+        Err(code) => code,
+    }
+}
+
 /// Loads the config as `with_config` does; `Err` is the exit status, the errors reported.
 fn load_config(path: &Path, rules: Option<&Path>) -> Result<Config, ExitCode> {
+    load_with(path, rules, Config::load)
+}
+
+fn load_with(
+    path: &Path,
+    rules: Option<&Path>,
+    load: fn(&Path) -> Result<Config, crate::config::ConfigErrors>,
+) -> Result<Config, ExitCode> {
     let loaded = if path == Path::new(DEFAULT_PATH) && !path.exists() {
         tracing::info!("no config at {}; using the defaults", path.display());
         Ok(Config::default())
     } else {
-        Config::load(path)
+        load(path)
     };
     let loaded = loaded.and_then(|mut c| {
         if let Some(r) = rules {

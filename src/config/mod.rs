@@ -122,6 +122,21 @@ impl Config {
         Ok(config)
     }
 
+    /// Reads the config for a command that needs only the state directory (`hold`, `release`,
+    /// `audit`): the rules file, the web config (and its certificates) and the webhook URL file
+    /// are not read, so that a broken certificate or secret never keeps an operator from
+    /// holding the node's actions.
+    pub fn load_for_state(path: &Path) -> Result<Config, ConfigErrors> {
+        let text = read_capped(path)?;
+        let mut raw = RawConfig::parse(&text, path)?;
+        raw.rules_file.clear();
+        raw.server.web_config_file.clear();
+        raw.actions.webhook_url_file.clear();
+        let mut config = raw.validate()?;
+        config.path = path.to_path_buf();
+        Ok(config)
+    }
+
     /// Adds the rules of a JSON (or TOML `[[rules]]`) file, as `--rules PATH` does.
     pub fn add_rules_file(&mut self, file: &Path) -> Result<(), ConfigErrors> {
         let raw = load_rules_file(file)?;
