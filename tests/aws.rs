@@ -146,6 +146,17 @@ fn a_one_time_spot_instance_is_not_stopped_without_permission() {
     );
 }
 
+/// The instance is going or gone, and its spot request is no longer active (moto drops a
+/// cancelled request; AWS shows it as cancelled).
+fn assert_cancelled_and_terminated(instance: &str, request: &str) {
+    assert!(["shutting-down", "terminated"].contains(&aws::instance_state(instance).as_str()));
+    let state = aws::spot_request_state(request);
+    assert!(
+        state.is_none() || state.as_deref() == Some("cancelled"),
+        "{state:?}"
+    );
+}
+
 #[test]
 fn a_persistent_spot_request_is_cancelled_then_its_instance_terminated() {
     let inst = aws::launch(Kind::PersistentSpot);
@@ -154,13 +165,7 @@ fn a_persistent_spot_request_is_cancelled_then_its_instance_terminated() {
     let imds = aws::imds(&inst.id, "spot");
     let d = Setup::new(&imds, "terminate").start(IDLE4);
     d.await_scrape(LIMIT, |s| actions(s, "terminate", "done") == 1.0);
-    assert!(["shutting-down", "terminated"].contains(&aws::instance_state(&inst.id).as_str()));
-    // moto drops a cancelled request; AWS shows it as cancelled. Either way it is not active.
-    let state = aws::spot_request_state(&request);
-    assert!(
-        state.is_none() || state.as_deref() == Some("cancelled"),
-        "{state:?}"
-    );
+    assert_cancelled_and_terminated(&inst.id, &request);
     assert_eq!(
         api_calls(&d.audit()),
         [
@@ -760,12 +765,7 @@ fn through_the_iam_policy_a_tagged_persistent_spot_request_is_cancelled_then_ter
     setup.endpoint = gate.addr;
     let d = setup.start(IDLE4);
     d.await_scrape(LIMIT, |s| actions(s, "terminate", "done") == 1.0);
-    assert!(["shutting-down", "terminated"].contains(&aws::instance_state(&inst.id).as_str()));
-    let state = aws::spot_request_state(&request);
-    assert!(
-        state.is_none() || state.as_deref() == Some("cancelled"),
-        "{state:?}"
-    );
+    assert_cancelled_and_terminated(&inst.id, &request);
     let decisions = gate.decisions();
     // The first is the hold tag above.
     assert!(

@@ -135,6 +135,9 @@ pub struct Launched {
 }
 
 pub fn launch(kind: Kind) -> Launched {
+    if kind == Kind::PersistentSpot {
+        return launch_tagged_spot_request(&[]);
+    }
     let ec2 = ec2_client(moto().addr);
     rt().block_on(async {
         match kind {
@@ -163,30 +166,7 @@ pub fn launch(kind: Kind) -> Launched {
                     spot_request: None,
                 }
             }
-            Kind::PersistentSpot => {
-                let out = ec2
-                    .request_spot_instances()
-                    .spot_price("10.0")
-                    .instance_count(1)
-                    .r#type(SpotInstanceType::Persistent)
-                    .launch_specification(
-                        aws_sdk_ec2::types::RequestSpotLaunchSpecification::builder()
-                            .image_id("ami-12c6146b")
-                            .instance_type(InstanceType::P4d24xlarge)
-                            .build(),
-                    )
-                    .send()
-                    .await
-                    .unwrap();
-                let req = &out.spot_instance_requests()[0];
-                Launched {
-                    id: req
-                        .instance_id()
-                        .expect("moto fulfils spot requests")
-                        .to_string(),
-                    spot_request: Some(req.spot_instance_request_id().unwrap().to_string()),
-                }
-            }
+            Kind::PersistentSpot => unreachable!("launched above"),
         }
     })
 }
@@ -520,8 +500,8 @@ fn forward(conn: TcpStream, upstream: SocketAddr) {
 #[path = "iam.rs"]
 pub mod iam;
 
-/// Like `launch(Kind::PersistentSpot)`, with `tags` on the spot request (a tag specification of
-/// `RequestSpotInstances`, as an operator sets them).
+/// A persistent spot request and its instance (`launch(Kind::PersistentSpot)`), with `tags` on
+/// the spot request (a tag specification of `RequestSpotInstances`, as an operator sets them).
 pub fn launch_tagged_spot_request(tags: &[(&str, &str)]) -> Launched {
     use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
     let ec2 = ec2_client(moto().addr);
@@ -535,7 +515,7 @@ pub fn launch_tagged_spot_request(tags: &[(&str, &str)]) -> Launched {
             .spot_price("10.0")
             .instance_count(1)
             .r#type(SpotInstanceType::Persistent)
-            .tag_specifications(spec.build())
+            .set_tag_specifications((!tags.is_empty()).then(|| vec![spec.build()]))
             .launch_specification(
                 aws_sdk_ec2::types::RequestSpotLaunchSpecification::builder()
                     .image_id("ami-12c6146b")
