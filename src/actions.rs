@@ -5,14 +5,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-
 use crate::cloud::ec2::{CloudError, Ec2, ErrorKind};
 use crate::cloud::imds::Node;
 use crate::cloud::plan::{plan, Plan, Step};
 use crate::config::{ActionsConfig, Mode, SpotStop};
 use crate::rules::{Action, Lifecycle, Rule};
-use crate::state::AuditLog;
+use crate::state::{AuditLog, AuditRecord};
 
 /// The result of one action, as `gpuwatch_actions_total{result}` counts it.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,17 +81,9 @@ impl Executor {
 
     /// Writes one audit record; an audit log that cannot be written is logged loudly and
     /// counted. Returns whether the record is durable.
-    pub fn audit(&self, mut record: serde_json::Value) -> bool {
-        if let Some(obj) = record.as_object_mut() {
-            obj.insert(
-                "time".into(),
-                json!(crate::time::rfc3339(crate::time::now())),
-            );
-            obj.insert("mode".into(), json!(self.mode.as_str()));
-            if let Some(c) = &self.cloud {
-                obj.insert("instance_id".into(), json!(c.node.instance_id));
-            }
-        }
+    pub fn audit(&self, record: AuditRecord) -> bool {
+        let instance = self.cloud.as_ref().map(|c| c.node.instance_id.as_str());
+        let record = record.stamped(crate::time::now(), self.mode.as_str(), instance);
         // Each record is fsynced.
         match crate::state::off_async(|| self.audit.append(&record)) {
             Ok(()) => true,
@@ -120,9 +110,12 @@ impl Executor {
         evidence: &serde_json::Value,
         at: f64,
     ) -> Outcome {
-        let recorded = self.audit(json!({
-            "event": "action_attempt", "rule": rule.name, "at": at, "action": action, "evidence": evidence,
-        }));
+        let recorded = self.audit(AuditRecord::ActionAttempt {
+            rule: rule.name.clone(),
+            at,
+            action,
+            evidence: evidence.clone(),
+        });
         // No record, no action: a restart could not tell that it ran. Dry-run withholds it
         // the same way, so that a rehearsal shows what enforcement would do.
         if action != Action::Alert && !recorded {
@@ -158,9 +151,12 @@ impl Executor {
             | Outcome::Refused(d)
             | Outcome::NotRecorded(d) => (outcome.label(), d.clone()),
         };
-        self.audit(json!({
-            "event": "action_result", "rule": rule.name, "action": action, "result": result, "detail": detail,
-        }));
+        self.audit(AuditRecord::ActionResult {
+            rule: rule.name.clone(),
+            action,
+            result: result.to_string(),
+            detail,
+        });
         let text = match &outcome {
             Outcome::Done => format!("gpuwatch: {action} done (rule \"{}\")", rule.name),
             Outcome::DryRun(d) => format!("gpuwatch (dry-run): {d} (rule \"{}\")", rule.name),
@@ -236,7 +232,11 @@ impl Executor {
             .await
         {
             Ok(id) => {
-                self.audit(json!({"event": "api_call", "rule": rule.name, "operation": "CreateTags", "request_id": id}));
+                self.audit(AuditRecord::ApiCall {
+                    rule: rule.name.clone(),
+                    operation: "CreateTags".into(),
+                    request_id: id,
+                });
             }
             Err(e) => return self.failed(rule, e),
         }
@@ -248,9 +248,11 @@ impl Executor {
             };
             match result {
                 Ok(id) => {
-                    self.audit(json!({
-                        "event": "api_call", "rule": rule.name, "operation": describe(step), "request_id": id,
-                    }));
+                    self.audit(AuditRecord::ApiCall {
+                        rule: rule.name.clone(),
+                        operation: describe(step).to_string(),
+                        request_id: id,
+                    });
                 }
                 Err(e) => return self.failed(rule, e),
             }
@@ -259,10 +261,12 @@ impl Executor {
     }
 
     fn failed(&self, rule: &Rule, e: CloudError) -> Outcome {
-        self.audit(json!({
-            "event": "api_error", "rule": rule.name, "operation": e.operation, "error": e.message,
-            "request_id": e.request_id,
-        }));
+        self.audit(AuditRecord::ApiError {
+            rule: rule.name.clone(),
+            operation: e.operation.to_string(),
+            error: e.message.clone(),
+            request_id: e.request_id.clone(),
+        });
         Outcome::Failed(e.to_string())
     }
 

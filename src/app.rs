@@ -14,12 +14,13 @@ use crate::cloud::ec2::Ec2;
 use crate::cloud::imds::Imds;
 use crate::cloudwatch::metrics::CloudWatchCollector;
 use crate::config::{Config, Provider};
-use crate::gpu::metrics::{BuildInfo, SamplerMetrics, SnapshotCollector};
+use crate::exposition::{BuildInfo, SnapshotCollector};
 use crate::gpu::nvml::NvmlSource;
+use crate::gpu::sampler::SamplerMetrics;
 use crate::gpu::sampler::{self, Snapshots};
+use crate::http::metrics::HttpCollector;
+use crate::http::{router, ServerState};
 use crate::kubernetes::metrics::{KubernetesCollector, KubernetesMetrics};
-use crate::serve::metrics::HttpCollector;
-use crate::server::{router, ServerState};
 use crate::spend::metrics::{CostCollector, CostMetrics};
 use crate::state::metrics::StateCollector;
 use crate::state::{AuditLog, DirError, StateDir};
@@ -31,8 +32,8 @@ use crate::watch::{NodeSignals, Watch};
 pub struct App {
     listener: tokio::net::TcpListener,
     router: axum::Router,
-    limits: crate::serve::Limits,
-    http: Arc<crate::serve::Stats>,
+    limits: crate::http::listener::Limits,
+    http: Arc<crate::http::listener::Stats>,
     tls: Option<tokio_rustls::TlsAcceptor>,
     /// Tells the cost watch to stop deciding.
     stop: tokio::sync::watch::Sender<bool>,
@@ -41,8 +42,8 @@ pub struct App {
     /// Every other task: the sampler's driver, pollers, notification delivery, CloudWatch.
     tasks: JoinSet<()>,
     /// What systemd's readiness, status and watchdog report on.
-    watched: crate::progress::Watched,
-    liveness: Arc<crate::progress::Liveness>,
+    watched: crate::watch::progress::Watched,
+    liveness: Arc<crate::watch::progress::Liveness>,
     stall_timeout: std::time::Duration,
     interval: std::time::Duration,
     timeout: std::time::Duration,
@@ -50,7 +51,11 @@ pub struct App {
 
 impl App {
     /// Starts the sampler and the cost watch, builds the registry and binds the listener.
-    pub async fn build(config: Config) -> anyhow::Result<App> {
+    /// `tls` is the web config's TLS, loaded by the caller (`web::tls::load`).
+    pub async fn build(
+        config: Config,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> anyhow::Result<App> {
         raise_fd_limit();
         let mut tasks = JoinSet::new();
         let metrics = Arc::new(SamplerMetrics::default());
@@ -141,7 +146,7 @@ impl App {
                 &series.cloudwatch,
             ))));
         }
-        let http = Arc::new(crate::serve::Stats::default());
+        let http = Arc::new(crate::http::listener::Stats::default());
         registry.register_collector(Box::new(HttpCollector(Arc::clone(&http))));
         // Bound first: a daemon that cannot serve never starts deciding.
         let listener = tokio::net::TcpListener::bind(config.server.listen)
@@ -149,14 +154,7 @@ impl App {
             .with_context(|| format!("cannot listen on {}", config.server.listen))?;
         let addr = listener.local_addr()?;
         let web = config.server.web.as_ref();
-        let tls = match web.and_then(|w| w.tls.as_ref()) {
-            None => None,
-            Some(t) => Some(tokio_rustls::TlsAcceptor::from(
-                crate::web::tls::server_config(t).map_err(|e| {
-                    anyhow::anyhow!("server.web_config_file: tls_server_config: {e}")
-                })?,
-            )),
-        };
+        let tls = tls.map(tokio_rustls::TlsAcceptor::from);
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let watch = start_watch(
             &config,
@@ -181,8 +179,8 @@ impl App {
             status.progress = Some(Arc::clone(&progress));
             status.audit = Some(StateDir::new(&config.actions.state_dir).audit_path());
         }
-        let liveness = Arc::new(crate::progress::Liveness::default());
-        let watched = crate::progress::Watched {
+        let liveness = Arc::new(crate::watch::progress::Liveness::default());
+        let watched = crate::watch::progress::Watched {
             snapshots: snapshots.clone(),
             progress: watch.as_ref().map(|_| progress),
             pending: Box::new(move || {
@@ -203,14 +201,14 @@ impl App {
         });
         if let Some(w) = web {
             router = router.layer(axum::middleware::from_fn_with_state(
-                crate::web::auth::Guard::new(w),
-                crate::web::auth::layer,
+                crate::http::auth::Guard::new(w),
+                crate::http::auth::layer,
             ));
         }
-        let limits = crate::serve::Limits {
+        let limits = crate::http::listener::Limits {
             max_connections: config.server.max_connections,
             header_read_timeout: config.server.header_read_timeout,
-            ..crate::serve::Limits::default()
+            ..crate::http::listener::Limits::default()
         };
         Ok(App {
             listener,
@@ -276,7 +274,8 @@ impl App {
         let first = watched.snapshots.clone();
         tasks.spawn(async move {
             crate::systemd::ready(&first, interval + timeout).await;
-            crate::progress::monitor(watched, liveness, stall_timeout, interval, timeout).await;
+            crate::watch::progress::monitor(watched, liveness, stall_timeout, interval, timeout)
+                .await;
         });
         let grace = limits.shutdown_grace;
         let shutdown = async move {
@@ -298,7 +297,7 @@ impl App {
                 }
             }
         };
-        crate::serve::serve(listener, router, limits, http, tls, shutdown).await;
+        crate::http::listener::serve(listener, router, limits, http, tls, shutdown).await;
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
         tracing::info!("stopped");
@@ -361,7 +360,7 @@ struct WatchSeries {
     /// Who holds which GPU, on Kubernetes: read by pod-scoped rules.
     pods: Option<Arc<KubernetesMetrics>>,
     /// How far the decision loop has come, for the systemd watchdog.
-    progress: Arc<crate::progress::Progress>,
+    progress: Arc<crate::watch::progress::Progress>,
 }
 
 /// Starts the cost watch: rules, actions, and (with `provider = "aws"`) instance metadata and the

@@ -167,7 +167,7 @@ pub fn run(cli: Cli) -> ExitCode {
             rules,
             listen,
         } => cmd::run::run(move || {
-            let mut c = load_config(&config, rules.as_deref())?;
+            let (mut c, tls) = load_config(&config, rules.as_deref())?;
             if let Some(listen) = listen {
                 match listen.parse() {
                     Ok(addr) => c.server.listen = addr,
@@ -177,7 +177,7 @@ pub fn run(cli: Cli) -> ExitCode {
                     }
                 }
             }
-            Ok(c)
+            Ok((c, tls))
         }),
         Command::Simulate {
             config,
@@ -269,7 +269,7 @@ pub fn run(cli: Cli) -> ExitCode {
 /// exist.
 fn with_config(path: &Path, rules: Option<&Path>, f: impl FnOnce(Config) -> ExitCode) -> ExitCode {
     match load_config(path, rules) {
-        Ok(c) => f(c),
+        Ok((c, _)) => f(c),
         Err(code) => code,
     }
 }
@@ -283,10 +283,19 @@ fn with_state_config(path: &Path, f: impl FnOnce(Config) -> ExitCode) -> ExitCod
     }
 }
 
-/// Loads the config as `with_config` does; `Err` is the exit status, the errors reported.
-fn load_config(path: &Path, rules: Option<&Path>) -> Result<Config, ExitCode> {
-    load_with(path, rules, Config::load)
+/// Loads the config as `with_config` does, with the TLS configuration of its web config built
+/// (so a certificate or key that cannot be loaded is a config error for every command that
+/// reads the whole config); `Err` is the exit status, the errors reported.
+fn load_config(path: &Path, rules: Option<&Path>) -> Result<(Config, Option<Tls>), ExitCode> {
+    let config = load_with(path, rules, Config::load)?;
+    match crate::http::tls::load(config.server.web.as_ref()) {
+        Ok(tls) => Ok((config, tls)),
+        Err(e) => Err(config_failure(&e)),
+    }
 }
+
+/// The TLS configuration the daemon serves with.
+type Tls = std::sync::Arc<rustls::ServerConfig>;
 
 fn load_with(
     path: &Path,

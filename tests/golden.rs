@@ -9,8 +9,9 @@ use std::process::Command;
 use std::sync::Arc;
 
 use gpuwatch::config::Names;
+use gpuwatch::exposition::{BuildInfo, SnapshotCollector};
 use gpuwatch::gpu::gpm::GpmReadings;
-use gpuwatch::gpu::metrics::{BuildInfo, SampleError, SamplerMetrics, SnapshotCollector};
+use gpuwatch::gpu::sampler::{SampleError, SamplerMetrics};
 use gpuwatch::gpu::{GpuSample, MigSample, NvmlStatus, ProcessSample, Snapshot, ThrottleReason};
 use gpuwatch::metrics::encode;
 use prometheus_client::registry::Registry;

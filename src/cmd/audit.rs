@@ -2,13 +2,12 @@
 //! Malformed lines are reported with their file and line number and skipped, never fatal.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
-
-use serde_json::Value;
 
 use super::exit;
 use crate::config::Config;
+use crate::state::audit::{files, read_line, Entry, MAX_RECORD_BYTES};
 
 /// Which records to show.
 #[derive(Debug, Clone, Default)]
@@ -51,35 +50,6 @@ impl Kind {
         }
     }
 }
-
-/// The audit log and its rotated files, oldest first.
-pub fn files(state_dir: &Path) -> Vec<PathBuf> {
-    let current = state_dir.join("audit.jsonl");
-    let mut rotated: Vec<(u32, PathBuf)> = std::fs::read_dir(state_dir)
-        .into_iter()
-        .flatten()
-        .filter_map(|e| {
-            let path = e.ok()?.path();
-            let n = path
-                .file_name()?
-                .to_str()?
-                .strip_prefix("audit.jsonl.")?
-                .parse()
-                .ok()?;
-            Some((n, path))
-        })
-        .collect();
-    rotated.sort_by_key(|r| std::cmp::Reverse(r.0));
-    let mut out: Vec<PathBuf> = rotated.into_iter().map(|(_, p)| p).collect();
-    if current.exists() {
-        out.push(current);
-    }
-    out
-}
-
-/// The longest record `gpuwatch audit` reads; a longer line is reported and skipped, read in
-/// pieces and never held whole.
-pub const MAX_RECORD_BYTES: usize = 64 * 1024;
 
 pub fn run(config: &Config, filter: &Filter, json: bool) -> ExitCode {
     let dir = &config.actions.state_dir;
@@ -144,9 +114,9 @@ fn list(
         if text.trim().is_empty() {
             continue;
         }
-        let record: Value = match serde_json::from_str(text) {
-            Ok(v @ Value::Object(_)) => v,
-            _ => {
+        let record = match Entry::parse(text) {
+            Some(e) => e,
+            None => {
                 eprintln!("audit: {}:{n}: not a JSON record, skipped", file.display());
                 continue;
             }
@@ -164,179 +134,34 @@ fn list(
                 .collect();
             writeln!(out, "{line}")?;
         } else {
-            writeln!(out, "{}", crate::status::text::plain(&sentence(&record)))?;
+            writeln!(out, "{}", crate::status::text::plain(&record.sentence()))?;
         }
     }
 }
 
-/// Reads the next line (without its `\n`) into `line`, keeping at most `max` bytes:
-/// `Some(true)` for a whole line, `Some(false)` for one that was longer (the rest of it is read
-/// and dropped), `None` at the end of the input.
-fn read_line(
-    reader: &mut impl std::io::BufRead,
-    line: &mut Vec<u8>,
-    max: usize,
-) -> std::io::Result<Option<bool>> {
-    line.clear();
-    let mut whole = true;
-    let mut any = false;
-    loop {
-        let buf = match reader.fill_buf() {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        if buf.is_empty() {
-            return Ok(any.then_some(whole));
-        }
-        any = true;
-        let (piece, end) = match buf.iter().position(|&b| b == b'\n') {
-            Some(i) => (&buf[..i], Some(i + 1)),
-            None => (buf, None),
-        };
-        if whole && line.len() + piece.len() <= max {
-            line.extend_from_slice(piece);
-        } else {
-            whole = false;
-            line.clear();
-        }
-        let used = end.unwrap_or(buf.len());
-        reader.consume(used);
-        if end.is_some() {
-            return Ok(Some(whole));
-        }
-    }
-}
-
-fn str_of<'a>(r: &'a Value, key: &str) -> &'a str {
-    r.get(key).and_then(Value::as_str).unwrap_or("")
-}
-
-pub fn time_of(r: &Value) -> Option<f64> {
-    crate::time::parse_rfc3339(str_of(r, "time"))
-}
-
-fn keep(r: &Value, f: &Filter) -> bool {
+fn keep(e: &Entry, f: &Filter) -> bool {
     if let Some(since) = f.since {
-        if time_of(r).is_none_or(|t| t < since) {
+        if e.time().is_none_or(|t| t < since) {
             return false;
         }
     }
     if let Some(rule) = &f.rule {
-        if str_of(r, "rule") != rule {
+        if e.rule() != rule {
             return false;
         }
     }
     if let Some(kind) = f.kind {
-        if !kind.matches(str_of(r, "event")) {
+        if !kind.matches(e.event()) {
             return false;
         }
     }
     true
 }
 
-/// Unix seconds as local time, `YYYY-MM-DD HH:MM`.
-fn local(t: f64) -> String {
-    let secs = t as libc::time_t;
-    // SAFETY: localtime_r writes the struct we pass; it reads the time zone (TZ, or
-    // /etc/localtime) and nothing of ours.
-    let tm = unsafe {
-        let mut tm: libc::tm = std::mem::zeroed();
-        if libc::localtime_r(&secs, &mut tm).is_null() {
-            return crate::time::rfc3339(t);
-        }
-        tm
-    };
-    format!(
-        "{:04}-{:02}-{:02} {:02}:{:02}",
-        tm.tm_year + 1900,
-        tm.tm_mon + 1,
-        tm.tm_mday,
-        tm.tm_hour,
-        tm.tm_min
-    )
-}
-
-/// The hour and minute of an RFC 3339 value, in local time.
-fn local_clock(text: &str) -> String {
-    crate::time::parse_rfc3339(text)
-        .map(|t| local(t).split_off(11))
-        .unwrap_or_else(|| text.to_string())
-}
-
-/// One record, in words.
-pub fn sentence(r: &Value) -> String {
-    let when = time_of(r).map_or_else(|| "?".to_string(), local);
-    let rule = str_of(r, "rule");
-    let action = str_of(r, "action");
-    let what = match str_of(r, "event") {
-        "breach" => {
-            let e = &r["evidence"];
-            let periods = e["periods"].as_array().map_or(0, Vec::len);
-            format!(
-                "rule {rule} breached ({} of {periods} periods past the threshold {})",
-                e["breaching_periods"], e["threshold"]
-            )
-        }
-        "recovered" => format!("rule {rule} no longer breaches"),
-        "warning" => format!(
-            "rule {rule} warns: {action} at {} unless the GPUs are used again",
-            local_clock(str_of(r, "due_at"))
-        ),
-        "cancelled" => format!("rule {rule}: {action} cancelled, {}", str_of(r, "reason")),
-        "postponed" => format!("rule {rule}: {action} postponed, {}", str_of(r, "reason")),
-        "action_attempt" => format!("rule {rule}: {action} begins ({} mode)", str_of(r, "mode")),
-        "action_result" => {
-            let detail = str_of(r, "detail");
-            let result = str_of(r, "result");
-            if detail.is_empty() {
-                format!("rule {rule}: {action} {result}")
-            } else {
-                format!("rule {rule}: {action} {result}: {detail}")
-            }
-        }
-        "api_call" => format!(
-            "rule {rule}: {} (request {})",
-            str_of(r, "operation"),
-            str_of(r, "request_id")
-        ),
-        "api_error" => format!(
-            "rule {rule}: {} failed: {}",
-            str_of(r, "operation"),
-            str_of(r, "error")
-        ),
-        "budget_alert" => format!(
-            "budget {} {} spend at {:.0}% of ${} (threshold {:.0}%)",
-            str_of(r, "budget"),
-            str_of(r, "basis"),
-            r["ratio"].as_f64().unwrap_or(0.0) * 100.0,
-            r["limit"],
-            r["threshold"].as_f64().unwrap_or(0.0) * 100.0
-        ),
-        "period_closed" => format!("budget period closed: ${} spent", r["spent_usd"]),
-        "started" => format!(
-            "gpuwatch started ({} mode, boot grace until {})",
-            str_of(r, "mode"),
-            local_clock(str_of(r, "grace_until"))
-        ),
-        "stopped" => "gpuwatch stopped".to_string(),
-        "in_flight_at_restart" => format!(
-            "rule {rule}: the {action} sent before a restart is not repeated (instance {})",
-            r["instance_state"]
-        ),
-        "spot_interruption" => "spot interruption notice".to_string(),
-        "spot_rebalance" => "spot rebalance recommendation".to_string(),
-        "interruption_hook" => format!("interruption hook: {}", str_of(r, "result")),
-        "sns_publish" => format!("budget {} alert published to SNS", str_of(r, "budget")),
-        "state_reset" => format!("state reset: {}", str_of(r, "reason")),
-        other => format!("{other}: {r}"),
-    };
-    format!("{when}  {what}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn a_long_line_is_skipped_and_control_characters_are_replaced() {

@@ -8,12 +8,15 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::gpu::metrics::SamplerMetrics;
 use crate::gpu::nvml::NvmlSource;
+use crate::gpu::sampler::SamplerMetrics;
 use crate::gpu::GpuSource;
 
 pub fn run(path: &Path) -> ExitCode {
-    match Config::load(path) {
+    // The certificates and keys are loaded as the daemon loads them at start.
+    let loaded = Config::load(path)
+        .and_then(|config| crate::http::tls::load(config.server.web.as_ref()).map(|_| config));
+    match loaded {
         Ok(config) => {
             for warning in gpm_warnings(&config) {
                 eprintln!("config: {}: warning: {warning}", path.display());

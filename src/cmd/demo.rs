@@ -118,7 +118,8 @@ pub fn run(listen: &str) -> ExitCode {
         crate::app::display_addr(listen),
         crate::app::display_addr(listen)
     );
-    super::run::run(move || Ok(config))
+    // The demo serves plain HTTP on loopback: no web config, so no TLS.
+    super::run::run(move || Ok((config, None)))
 }
 
 /// Finds the fake NVML library: `GPUWATCH_FAKE_NVML_LIB`, else where cargo builds it beside the

@@ -26,7 +26,7 @@ pub fn hold(config: &Config, duration: &str, reason: &str) -> ExitCode {
     }
     let until = crate::time::now() + d.as_secs_f64();
     let dir = crate::state::StateDir::new(&config.actions.state_dir);
-    let hold = crate::state::Hold {
+    let hold = crate::state::HoldFile {
         until: crate::time::rfc3339(until),
         reason: reason.to_string(),
     };

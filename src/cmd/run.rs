@@ -12,9 +12,12 @@ use std::process::ExitCode;
 
 use crate::config::Config;
 
+/// A validated config, and the TLS configuration its web config asks for (built once).
+pub type Loaded = (Config, Option<std::sync::Arc<rustls::ServerConfig>>);
+
 /// Runs the daemon with the config that `load` reads (on the startup thread); `load`'s `Err` is
 /// the exit status of a config that cannot be used.
-pub fn run(load: impl FnOnce() -> Result<Config, ExitCode> + Send + 'static) -> ExitCode {
+pub fn run(load: impl FnOnce() -> Result<Loaded, ExitCode> + Send + 'static) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         // An idle pool thread goes soon: the pool hands work to its idle threads in turn, so a
@@ -34,9 +37,9 @@ pub fn run(load: impl FnOnce() -> Result<Config, ExitCode> + Send + 'static) -> 
     let startup = std::thread::Builder::new()
         .name("gpuwatch-start".into())
         .spawn(move || {
-            let config = load()?;
+            let (config, tls) = load()?;
             handle
-                .block_on(Box::pin(crate::app::App::build(config)))
+                .block_on(Box::pin(crate::app::App::build(config, tls)))
                 .map_err(|e| {
                     eprintln!("gpuwatch: {e:#}");
                     ExitCode::FAILURE

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use super::exit;
 use crate::config::Config;
-use crate::gpu::metrics::SamplerMetrics;
 use crate::gpu::nvml::NvmlSource;
+use crate::gpu::sampler::SamplerMetrics;
 use crate::gpu::GpuSource;
 
 pub fn run(config: &Config, json: bool) -> ExitCode {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::state::{HoldStatus, StateDir};
-use crate::status::{Health, Hold, Pending, Rule, Status};
+use crate::status::{Health, Pending, Rule, Status};
 
 /// The exit status when the status cannot be read at all (as monitoring checks say UNKNOWN).
 pub const UNKNOWN: u8 = 3;
@@ -78,7 +78,7 @@ fn ask_daemon(
 ) -> Result<Status, String> {
     let base = base_url(config, url);
     let web = config.server.web.as_ref();
-    let mut client = crate::web::tls::http_client()
+    let mut client = crate::crypto::http_client()
         .timeout(Duration::from_secs(10))
         .connect_timeout(Duration::from_secs(3))
         .no_proxy()
@@ -87,8 +87,8 @@ fn ask_daemon(
     let cert = match (&cacert, web.and_then(|w| w.tls.as_ref())) {
         (Some(path), _) => Some(read_pem(path)?),
         (None, Some(tls)) => match &tls.cert {
-            crate::web::Pem::File(path) => read_pem(path).ok(),
-            crate::web::Pem::Inline(text) => Some(text.as_bytes().to_vec()),
+            crate::config::web::Pem::File(path) => read_pem(path).ok(),
+            crate::config::web::Pem::Inline(text) => Some(text.as_bytes().to_vec()),
         },
         (None, None) => None,
     };
@@ -213,7 +213,7 @@ fn loopback(url: &str) -> bool {
 fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, String> {
     crate::files::read_capped(
         path,
-        crate::web::tls::MAX_PEM_BYTES,
+        crate::http::tls::MAX_PEM_BYTES,
         crate::files::Links::Follow,
     )
     .map_err(|e| format!("cannot read {}: {e}", path.display()))
@@ -252,19 +252,7 @@ fn read_state(config: &Config, dir: &StateDir) -> Result<Status, String> {
         })
         .collect();
     let now = crate::time::now();
-    status.holds = match dir.hold() {
-        HoldStatus::Until(t, reason) if t > now => vec![Hold {
-            source: "local".into(),
-            until: Some(t),
-            reason,
-        }],
-        HoldStatus::Unreadable(why) => vec![Hold {
-            source: "local".into(),
-            until: None,
-            reason: why,
-        }],
-        _ => Vec::new(),
-    };
+    status.holds = crate::state::holds_in_force(now, &dir.hold(), &HoldStatus::None);
     status.cost.idle_dollars = persisted.idle_dollars;
     status.events = crate::status::recent_events(&dir.audit_path(), crate::status::EVENTS);
     // With the daemon down nothing says all is well: unknown, unless an action is pending.

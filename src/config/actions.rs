@@ -33,7 +33,7 @@ pub struct ActionsConfig {
     pub retry_for: Duration,
     pub state_dir: PathBuf,
     /// When `audit.jsonl` is rotated, and how many rotated files are kept.
-    pub audit_rotation: crate::state::Rotation,
+    pub audit_rotation: Rotation,
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -123,7 +123,7 @@ impl RawActions {
             exec_timeout: exec_timeout?,
             retry_for: retry_for?,
             state_dir: PathBuf::from(&self.state_dir),
-            audit_rotation: crate::state::Rotation {
+            audit_rotation: Rotation {
                 max_bytes: self.audit_max_mib << 20,
                 keep: self.audit_keep,
             },
@@ -157,5 +157,21 @@ impl RawSpot {
             interruption_hook: self.interruption_hook.clone(),
             hook_timeout: hook_timeout?,
         })
+    }
+}
+
+/// How large `audit.jsonl` grows before it is rotated, and how many rotated files are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rotation {
+    pub max_bytes: u64,
+    pub keep: u32,
+}
+
+impl Default for Rotation {
+    fn default() -> Self {
+        Rotation {
+            max_bytes: 16 << 20,
+            keep: 5,
+        }
     }
 }

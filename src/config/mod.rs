@@ -18,8 +18,9 @@ mod node;
 mod raw;
 mod rules;
 mod server;
+pub mod web;
 
-pub use actions::{ActionsConfig, Mode, SpotConfig, SpotStop, VetoesConfig};
+pub use actions::{ActionsConfig, Mode, Rotation, SpotConfig, SpotStop, VetoesConfig};
 pub use budgets::{BudgetConfig, BudgetSource, RawBudget};
 use check::*;
 pub use check::{file_path, read_capped, MAX_FILE_BYTES};
@@ -101,10 +102,7 @@ impl Config {
         let mut config = raw.validate()?;
         if !web_file.is_empty() {
             let file = check::file_path(base, &web_file);
-            config.server.web = Some(crate::web::WebConfig::load(
-                &file,
-                "server.web_config_file",
-            )?);
+            config.server.web = Some(web::WebConfig::load(&file, "server.web_config_file")?);
         }
         if !webhook_file.is_empty() {
             const KEY: &str = "actions.webhook_url_file";

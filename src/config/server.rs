@@ -17,7 +17,7 @@ pub struct ServerConfig {
     /// that is longer.
     pub stall_timeout: Duration,
     /// TLS and basic auth, from `web_config_file` (the exporter toolkit's format).
-    pub web: Option<crate::web::WebConfig>,
+    pub web: Option<super::web::WebConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

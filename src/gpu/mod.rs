@@ -3,9 +3,7 @@
 //! `Snapshot` is immutable once published. A reading that failed, is not supported, or is out of
 //! range is `None`: unknown is never 0.
 
-mod dcgm;
 pub mod gpm;
-pub mod metrics;
 pub mod nvml;
 pub mod sampler;
 mod xid;

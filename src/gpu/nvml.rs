@@ -15,7 +15,7 @@ use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{cuda_driver_version_major, cuda_driver_version_minor, Device, Nvml};
 
-use super::metrics::{SampleError, SamplerMetrics};
+use super::sampler::{SampleError, SamplerMetrics};
 use super::xid::{self, XidCounts};
 use super::{GpuSample, GpuSource, NvmlStatus, ProcessSample, Sample, ThrottleReason};
 

@@ -21,6 +21,17 @@ pub struct PodRef {
     pub container: String,
 }
 
+impl PodRef {
+    /// The labels a series of a GPU this pod holds carries.
+    pub(crate) fn labels(&self) -> crate::metrics::encode::PodLabels<'_> {
+        crate::metrics::encode::PodLabels {
+            pod: &self.pod,
+            namespace: &self.namespace,
+            container: &self.container,
+        }
+    }
+}
+
 /// How the NVIDIA device plugin names a device to the kubelet.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum DeviceId {

@@ -28,16 +28,6 @@ pub(crate) struct PodLabels<'a> {
     pub(crate) container: &'a str,
 }
 
-impl<'a> PodLabels<'a> {
-    pub(crate) fn of(p: &'a crate::kubernetes::PodRef) -> PodLabels<'a> {
-        PodLabels {
-            pod: &p.pod,
-            namespace: &p.namespace,
-            container: &p.container,
-        }
-    }
-}
-
 impl EncodeLabelSet for PodLabels<'_> {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), fmt::Error> {
         ("pod", Text(self.pod)).encode(encoder.encode_label())?;

@@ -7,8 +7,6 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::json;
-
 use crate::cloud::ec2::Ec2;
 use crate::cloud::services::Services;
 use crate::config::{BudgetConfig, BudgetSource, Config};
@@ -192,18 +190,23 @@ pub fn send_alert(
 ) {
     let text = format!("gpuwatch: {}", gpuwatch_core::step::alert_text(c));
     tracing::warn!("{text}");
-    executor.audit(
-        json!({"event": "budget_alert", "budget": c.budget, "threshold": c.threshold,
-        "basis": c.basis, "ratio": c.ratio, "limit": c.limit}),
-    );
+    executor.audit(crate::state::AuditRecord::BudgetAlert {
+        budget: c.budget.clone(),
+        threshold: c.threshold,
+        basis: c.basis,
+        ratio: c.ratio,
+        limit: c.limit,
+    });
     executor.notify(&text, false);
     if let (Some(topic), Some(s)) = (budget.and_then(|b| b.sns_topic_arn.clone()), services) {
         let (s, executor, name) = (s.clone(), std::sync::Arc::clone(executor), c.budget.clone());
         publishes.spawn(async move {
             match s.publish(&topic, "gpuwatch budget alert", &text).await {
                 Ok(id) => {
-                    executor
-                        .audit(json!({"event": "sns_publish", "budget": name, "message_id": id}));
+                    executor.audit(crate::state::AuditRecord::SnsPublish {
+                        budget: name,
+                        message_id: id,
+                    });
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, topic, "cannot publish the budget alert to SNS")

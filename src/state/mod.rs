@@ -7,21 +7,22 @@
 //! again. A state file that exists but cannot be read (an I/O error) is not replaced: the caller
 //! waits until it reads, and takes no action meanwhile.
 
+pub mod audit;
 mod io_thread;
 pub mod metrics;
 
+pub use audit::{AuditLog, AuditRecord};
 pub use io_thread::{drain, off_async, on_io_thread};
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 const STATE_FILE: &str = "state.json";
 const HOLD_FILE: &str = "hold.json";
-const AUDIT_FILE: &str = "audit.jsonl";
 
 /// The largest `state.json` or `hold.json` read: far beyond any real state, and a bound
 /// against a file that was replaced by something else.
@@ -31,9 +32,9 @@ const MAX_HOLD_BYTES: u64 = 64 << 10;
 /// Everything that must survive a restart: the decision step's state.
 pub type Persisted = gpuwatch_core::step::State;
 
-/// A hold written by `gpuwatch hold`.
+/// A hold as `gpuwatch hold` writes it to `hold.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Hold {
+pub struct HoldFile {
     /// RFC 3339.
     pub until: String,
     #[serde(default)]
@@ -59,6 +60,37 @@ impl HoldStatus {
             HoldStatus::Unreadable(_) => Some(f64::INFINITY),
         }
     }
+}
+
+/// A hold in force: where it comes from (`local`, from `gpuwatch hold`, or `tag`, the
+/// instance's hold tag), until when, and why.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Hold {
+    pub source: String,
+    /// Unix seconds; `None` when its expiry cannot be read (it then holds without end).
+    pub until: Option<f64>,
+    pub reason: String,
+}
+
+/// The holds in force at `now`, from the state directory's hold and the instance tag's: one
+/// that has expired is none, and one whose expiry cannot be read holds without end.
+pub fn holds_in_force(now: f64, local: &HoldStatus, tag: &HoldStatus) -> Vec<Hold> {
+    [("local", local), ("tag", tag)]
+        .into_iter()
+        .filter_map(|(source, h)| {
+            let (until, reason) = match h {
+                HoldStatus::None => return None,
+                HoldStatus::Until(t, _) if *t <= now => return None,
+                HoldStatus::Until(t, reason) => (Some(*t), reason.clone()),
+                HoldStatus::Unreadable(why) => (None, why.clone()),
+            };
+            Some(Hold {
+                source: source.to_string(),
+                until,
+                reason,
+            })
+        })
+        .collect()
 }
 
 /// Why no state was loaded; the text is the log line.
@@ -106,7 +138,7 @@ impl StateDir {
     }
 
     pub fn audit_path(&self) -> PathBuf {
-        self.dir.join(AUDIT_FILE)
+        self.dir.join(audit::AUDIT_FILE)
     }
 
     /// Creates the directory (0700), or checks the one that is there: it must belong to the
@@ -215,7 +247,7 @@ impl StateDir {
                 return HoldStatus::Unreadable(format!("cannot read {}: {e}", path.display()))
             }
         };
-        match serde_json::from_str::<Hold>(&text) {
+        match serde_json::from_str::<HoldFile>(&text) {
             Ok(h) => match crate::time::parse_rfc3339(&h.until) {
                 Some(t) => HoldStatus::Until(t, h.reason),
                 None => HoldStatus::Unreadable(format!(
@@ -231,7 +263,7 @@ impl StateDir {
     /// Writes `hold.json`. Root may hold for a daemon that runs as another user (systemd's
     /// `DynamicUser=yes`): the directory is then that user's, and the file is handed to them,
     /// since the daemon reads only a hold file of its own user or root.
-    pub fn set_hold(&self, hold: &Hold) -> io::Result<()> {
+    pub fn set_hold(&self, hold: &HoldFile) -> io::Result<()> {
         // SAFETY: geteuid has no preconditions and cannot fail.
         let root = unsafe { libc::geteuid() } == 0;
         let owner = match fs::metadata(&self.dir) {
@@ -377,122 +409,6 @@ impl DiskErrors {
     }
 }
 
-/// How large `audit.jsonl` grows before it is rotated, and how many rotated files are kept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rotation {
-    pub max_bytes: u64,
-    pub keep: u32,
-}
-
-impl Default for Rotation {
-    fn default() -> Self {
-        Rotation {
-            max_bytes: 16 << 20,
-            keep: 5,
-        }
-    }
-}
-
-/// The append-only audit log: one JSON object per line, fsynced per record, rotated by size
-/// (`audit.jsonl.1` is the newest rotated file). A record is never split across files, and a
-/// line torn by a full disk never merges with the next record: that starts on a line of its own.
-#[derive(Debug)]
-pub struct AuditLog {
-    path: PathBuf,
-    rotation: Rotation,
-    lock: std::sync::Mutex<()>,
-    /// Failures of the whole state directory, counted where they happen.
-    pub errors: DiskErrors,
-}
-
-impl AuditLog {
-    pub fn new(path: PathBuf) -> AuditLog {
-        AuditLog::with_rotation(path, Rotation::default())
-    }
-
-    pub fn with_rotation(path: PathBuf, rotation: Rotation) -> AuditLog {
-        AuditLog {
-            path,
-            rotation,
-            lock: std::sync::Mutex::new(()),
-            errors: DiskErrors::default(),
-        }
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Appends one record durably. `Err` means it may not be on disk.
-    pub fn append(&self, record: &serde_json::Value) -> io::Result<()> {
-        let mut line = serde_json::to_vec(record).map_err(io::Error::other)?;
-        line.push(b'\n');
-        let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        let mut f = self.open()?;
-        let len = f.metadata()?.len();
-        if len > 0 && len + line.len() as u64 > self.rotation.max_bytes {
-            drop(f);
-            self.rotate()?;
-            f = self.open()?;
-        } else if len > 0 {
-            use std::os::unix::fs::FileExt;
-            let mut last = [0u8];
-            f.read_exact_at(&mut last, len - 1)?;
-            if last[0] != b'\n' {
-                // A record torn by a failed write: end its line so this one stands alone.
-                line.insert(0, b'\n');
-            }
-        }
-        f.write_all(&line)?;
-        f.sync_data()
-    }
-
-    /// Opens the log to append, never blocking on what is planted in its place: anything but a
-    /// regular file is refused, and the record is then not written.
-    fn open(&self) -> io::Result<File> {
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .read(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(&self.path)?;
-        if !file.metadata()?.is_file() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{} is not a regular file", self.path.display()),
-            ));
-        }
-        Ok(file)
-    }
-
-    /// `audit.jsonl` becomes `audit.jsonl.1`, `.1` becomes `.2`, and so on; the oldest beyond
-    /// `keep` is dropped.
-    fn rotate(&self) -> io::Result<()> {
-        let numbered = |n: u32| {
-            let mut p = self.path.clone().into_os_string();
-            p.push(format!(".{n}"));
-            PathBuf::from(p)
-        };
-        let keep = self.rotation.keep.max(1);
-        match fs::remove_file(numbered(keep)) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-        for n in (1..keep).rev() {
-            match fs::rename(numbered(n), numbered(n + 1)) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-                _ => {}
-            }
-        }
-        fs::rename(&self.path, numbered(1))?;
-        if let Some(dir) = self.path.parent() {
-            File::open(dir)?.sync_all()?;
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -525,7 +441,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let sd = StateDir::new(dir.path());
         assert_eq!(sd.hold(), HoldStatus::None);
-        sd.set_hold(&Hold {
+        sd.set_hold(&HoldFile {
             until: "2026-11-30T00:53:20Z".into(),
             reason: "training".into(),
         })
@@ -554,7 +470,7 @@ mod tests {
         assert_eq!(mode(&dir), 0o700);
         sd.save(&Persisted::default(), true).unwrap();
         assert_eq!(mode(&dir.join(STATE_FILE)), 0o600);
-        sd.set_hold(&Hold {
+        sd.set_hold(&HoldFile {
             until: "2099-01-01T00:00:00Z".into(),
             reason: String::new(),
         })
@@ -631,49 +547,5 @@ mod tests {
         assert!(e.contains("no rule acts"), "{e}");
         assert!(dir.path().join(STATE_FILE).is_dir());
         assert!(!dir.path().join("state.json.corrupt").exists());
-    }
-
-    #[test]
-    fn the_audit_log_rotates_by_size_and_count_without_splitting_records() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(AUDIT_FILE);
-        let log = AuditLog::with_rotation(
-            path.clone(),
-            Rotation {
-                max_bytes: 200,
-                keep: 2,
-            },
-        );
-        for i in 0..20 {
-            log.append(&serde_json::json!({"event": "tick", "n": i, "pad": "x".repeat(40)}))
-                .unwrap();
-        }
-        let mut seen = Vec::new();
-        for name in ["audit.jsonl.2", "audit.jsonl.1", "audit.jsonl"] {
-            let text = fs::read_to_string(dir.path().join(name)).unwrap();
-            assert!(text.len() <= 200, "{name}: {}", text.len());
-            for line in text.lines() {
-                let v: serde_json::Value = serde_json::from_str(line).unwrap();
-                seen.push(v["n"].as_u64().unwrap());
-            }
-        }
-        assert!(!dir.path().join("audit.jsonl.3").exists());
-        // The newest records, in order, none split.
-        assert_eq!(seen.last(), Some(&19));
-        assert!(seen.windows(2).all(|w| w[1] == w[0] + 1), "{seen:?}");
-    }
-
-    #[test]
-    fn a_torn_line_never_merges_with_the_next_record() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(AUDIT_FILE);
-        fs::write(&path, "{\"event\":\"ok\"}\n{\"event\":\"tor").unwrap();
-        AuditLog::new(path.clone())
-            .append(&serde_json::json!({"event": "next"}))
-            .unwrap();
-        let text = fs::read_to_string(&path).unwrap();
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 3, "{text}");
-        assert_eq!(lines[2], "{\"event\":\"next\"}");
     }
 }

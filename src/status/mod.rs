@@ -41,7 +41,7 @@ pub struct Status {
     /// Whether the cost watch runs (rules, budgets or a cloud are configured).
     pub watching: bool,
     pub rules: Vec<Rule>,
-    pub holds: Vec<Hold>,
+    pub holds: Vec<crate::state::Hold>,
     /// When a spot interruption notice says the instance goes, Unix seconds.
     pub interruption: Option<f64>,
     pub cost: Cost,
@@ -163,15 +163,6 @@ pub struct Pending {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Hold {
-    /// `local` (`gpuwatch hold`) or `tag` (the instance's hold tag).
-    pub source: String,
-    /// Unix seconds; `None` when its expiry cannot be read (it then holds without end).
-    pub until: Option<f64>,
-    pub reason: String,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Cost {
     pub usd_per_hour: Option<f64>,
     pub price_source: Option<String>,
@@ -214,7 +205,7 @@ pub struct Sources {
     /// What `gpuwatch hold` needs to find this daemon's state directory.
     pub config_path: PathBuf,
     /// How far the decision loop has come: a status waits (briefly) for its view of a sample.
-    pub progress: Option<Arc<crate::progress::Progress>>,
+    pub progress: Option<Arc<crate::watch::progress::Progress>>,
     /// The last events read, and the audit file's identity and size when they were read.
     pub events: Arc<std::sync::Mutex<EventsCache>>,
 }
@@ -424,43 +415,15 @@ fn shell_quote(word: &str) -> String {
     }
 }
 
-/// The last `n` events of the audit log, in words: read from at most its last 256 KiB.
+/// The last `n` events of the audit log, in words.
 pub fn recent_events(path: &Path, n: usize) -> Vec<Event> {
-    use std::io::{Read, Seek, SeekFrom};
-    const TAIL: u64 = 256 * 1024;
-    // Not through a link: root reading the status must not follow one planted in the
-    // directory; and never a FIFO or a device.
-    let Ok(mut file) = crate::files::open_regular(path, crate::files::Links::Refuse) else {
-        return Vec::new();
-    };
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let start = len.saturating_sub(TAIL);
-    if file.seek(SeekFrom::Start(start)).is_err() {
-        return Vec::new();
-    }
-    let mut bytes = Vec::new();
-    if file.take(TAIL).read_to_end(&mut bytes).is_err() {
-        return Vec::new();
-    }
-    let text = String::from_utf8_lossy(&bytes);
-    let mut lines: Vec<&str> = text.lines().collect();
-    // A read that starts mid-file starts mid-line: that first piece is not a record.
-    if start > 0 && !lines.is_empty() {
-        lines.remove(0);
-    }
-    let mut events: Vec<Event> = lines
+    crate::state::audit::recent(path, n)
         .iter()
-        .rev()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|r| r.is_object())
-        .take(n)
-        .map(|r| Event {
-            at: crate::cmd::audit::time_of(&r),
-            text: crate::cmd::audit::sentence(&r),
+        .map(|e| Event {
+            at: e.time(),
+            text: e.sentence(),
         })
-        .collect();
-    events.reverse();
-    events
+        .collect()
 }
 
 #[cfg(test)]

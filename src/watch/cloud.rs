@@ -5,13 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::json;
-
 use super::metrics::{NodeLabel, WatchMetrics};
 use super::NodeSignals;
 use crate::actions::Executor;
 use crate::config::{TagLabel, MAX_LABEL_VALUE};
-use crate::state::HoldStatus;
+use crate::state::{AuditRecord, HoldStatus};
 
 /// The spot and tag poller: instance metadata notices, and `gpuwatch:hold` tags.
 pub struct CloudPoller {
@@ -67,10 +65,9 @@ pub async fn poll_cloud(p: CloudPoller) {
                         ?notice,
                         "spot interruption notice: gpuwatch takes no action of its own"
                     );
-                    executor.audit(
-                        json!({"event": "spot_interruption", "notice": format!("{notice:?}"),
-                        "time": crate::time::rfc3339(time)}),
-                    );
+                    executor.audit(AuditRecord::SpotInterruption {
+                        notice: format!("{notice:?}"),
+                    });
                     executor.notify(
                         &format!("gpuwatch: spot interruption notice ({notice:?})"),
                         true,
@@ -98,9 +95,7 @@ pub async fn poll_cloud(p: CloudPoller) {
                         at = %crate::time::rfc3339(time),
                         "spot rebalance recommendation: the instance is at elevated risk of interruption; actions are not blocked"
                     );
-                    executor.audit(
-                        json!({"event": "spot_rebalance", "time": crate::time::rfc3339(time)}),
-                    );
+                    executor.audit(AuditRecord::SpotRebalance);
                     metrics.update(|v| v.rebalance = Some(time));
                 }
             }
@@ -208,5 +203,8 @@ async fn run_hook(hook: &[String], timeout: Duration, executor: &Executor) {
         Err(e) => e.to_string(),
     };
     tracing::warn!(hook = ?hook, result = %result, "pre-interruption hook");
-    executor.audit(json!({"event": "interruption_hook", "command": hook, "result": result}));
+    executor.audit(AuditRecord::InterruptionHook {
+        command: hook.to_vec(),
+        result,
+    });
 }

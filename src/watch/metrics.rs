@@ -20,7 +20,7 @@ pub struct WatchView {
     pub gpu_idle: Vec<IdleGpu>,
     pub actions: BTreeMap<ActionResult, u64>,
     /// The holds in place: `gpuwatch hold` and the instance tag, with their reasons.
-    pub holds: Vec<crate::status::Hold>,
+    pub holds: Vec<crate::state::Hold>,
     pub interruption: Option<f64>,
     /// When the current spot rebalance recommendation was issued.
     pub rebalance: Option<f64>,
@@ -109,7 +109,7 @@ impl Collector for WatchCollector {
                         gpu: g.gpu,
                         uuid: &g.uuid,
                         pod: None,
-                        extra: crate::gpu::metrics::MigLabels(g.mig.as_ref()),
+                        extra: crate::exposition::MigLabels(g.mig.as_ref()),
                     },
                     g.seconds,
                 )

@@ -5,12 +5,11 @@
 
 mod cloud;
 pub mod metrics;
+pub mod progress;
 
 pub use cloud::{poll_cloud, CloudPoller};
 
 use std::sync::{Arc, Mutex};
-
-use serde_json::json;
 
 use self::metrics::{ActionResult, IdleGpu, WatchMetrics};
 use crate::actions::{Executor, Outcome};
@@ -24,7 +23,7 @@ use gpuwatch_core::step::{rule_views, step, Decision, Inputs, RuleView, Settings
 
 use crate::rules::engine::{self, Event};
 use crate::rules::{GpuReading, Lifecycle, Metric, MigDevice, Observation, Rule, Scope};
-use crate::state::{HoldStatus, LoadError, Persisted, StateDir};
+use crate::state::{AuditRecord, HoldStatus, LoadError, Persisted, StateDir};
 
 /// What the node is told from outside its GPUs (its lifecycle, a hold tag, a spot interruption
 /// notice), as the watch loop reads it each cycle.
@@ -161,7 +160,7 @@ pub struct Watch {
     /// Who holds which GPU, on Kubernetes (for pod-scoped rules).
     pub pods: Option<Arc<crate::kubernetes::metrics::KubernetesMetrics>>,
     /// How far the loop has come, for the systemd watchdog.
-    pub progress: Arc<crate::progress::Progress>,
+    pub progress: Arc<crate::watch::progress::Progress>,
     /// What this step changed of the view, published with the rest of it at the step's end, so
     /// that a scrape never sees an action counted while the rule still shows it pending.
     pub unpublished: std::sync::Mutex<Unpublished>,
@@ -171,7 +170,7 @@ pub struct Watch {
 #[derive(Debug, Default)]
 pub struct Unpublished {
     actions: Vec<ActionResult>,
-    holds: Vec<crate::status::Hold>,
+    holds: Vec<crate::state::Hold>,
 }
 
 impl Watch {
@@ -271,7 +270,7 @@ impl Watch {
         }
         self.save(&persisted, true).await;
         tracing::info!("cost watch stopped");
-        self.executor.audit(json!({"event": "stopped"}));
+        self.executor.audit(AuditRecord::Stopped);
     }
 
     /// What the step needs to know of this sample and of the world beside it: the observation
@@ -326,22 +325,7 @@ impl Watch {
             );
         }
         *warned_hold = unreadable;
-        let holds = [("local", &local), ("tag", &tag)]
-            .into_iter()
-            .filter_map(|(source, h)| {
-                let (until, reason) = match h {
-                    HoldStatus::None => return None,
-                    HoldStatus::Until(t, _) if *t <= snap.timestamp => return None,
-                    HoldStatus::Until(t, reason) => (Some(*t), reason.clone()),
-                    HoldStatus::Unreadable(why) => (None, why.clone()),
-                };
-                Some(crate::status::Hold {
-                    source: source.to_string(),
-                    until,
-                    reason,
-                })
-            })
-            .collect();
+        let holds = crate::state::holds_in_force(snap.timestamp, &local, &tag);
         if let Ok(mut u) = self.unpublished.lock() {
             u.holds = holds;
         }
@@ -363,8 +347,11 @@ impl Watch {
     fn record_closed(&self, closed: &[Closed]) {
         for c in closed {
             tracing::info!(total = c.total, "budget period closed");
-            self.executor.audit(json!({"event": "period_closed", "period_start": crate::time::rfc3339(c.period_start),
-                "period_end": crate::time::rfc3339(c.period_end), "spent_usd": c.total}));
+            self.executor.audit(AuditRecord::PeriodClosed {
+                period_start: crate::time::rfc3339(c.period_start),
+                period_end: crate::time::rfc3339(c.period_end),
+                spent_usd: c.total,
+            });
         }
     }
 
@@ -477,8 +464,10 @@ impl Watch {
             grace_until = %grace_until,
             "cost watch started"
         );
-        self.executor.audit(json!({"event": "started",
-            "rules": rules.iter().map(|r| &r.name).collect::<Vec<_>>(), "grace_until": grace_until}));
+        self.executor.audit(AuditRecord::Started {
+            rules: rules.iter().map(|r| r.name.clone()).collect(),
+            grace_until,
+        });
         persisted
     }
 
@@ -497,10 +486,13 @@ impl Watch {
                 rule = %name, action = %f.action, instance_state = state.as_deref().unwrap_or("unknown"),
                 "an action was sent before the restart; it is not repeated"
             );
-            self.executor.audit(json!({
-                "event": "in_flight_at_restart", "rule": name, "action": f.action,
-                "sent_at": crate::time::rfc3339(f.at), "instance_state": state, "repeated": false,
-            }));
+            self.executor.audit(AuditRecord::InFlightAtRestart {
+                rule: name.clone(),
+                action: f.action,
+                sent_at: crate::time::rfc3339(f.at),
+                instance_state: state,
+                repeated: false,
+            });
         }
         self.save(persisted, true).await;
     }
@@ -520,7 +512,7 @@ impl Watch {
                 Err(LoadError::Corrupt(line)) => {
                     tracing::warn!("{line}");
                     self.executor
-                        .audit(json!({"event": "state_reset", "reason": line}));
+                        .audit(AuditRecord::StateReset { reason: line });
                     return Persisted::default();
                 }
                 Err(LoadError::Unreadable(line)) => {
@@ -592,14 +584,18 @@ impl Watch {
         match &event {
             Event::Breach { evidence: e, .. } => {
                 tracing::info!(rule = %rule.name, periods = e.breaching_periods, "rule breaching");
-                self.executor.audit(
-                    json!({"event": "breach", "rule": rule.name, "at": at, "evidence": evidence}),
-                );
+                self.executor.audit(AuditRecord::Breach {
+                    rule: rule.name.clone(),
+                    at,
+                    evidence,
+                });
             }
             Event::Recovered { .. } => {
                 tracing::info!(rule = %rule.name, "rule no longer breaching");
-                self.executor
-                    .audit(json!({"event": "recovered", "rule": rule.name, "at": at}));
+                self.executor.audit(AuditRecord::Recovered {
+                    rule: rule.name.clone(),
+                    at,
+                });
             }
             Event::Warning { action, due_at, .. } => {
                 let text = format!(
@@ -609,10 +605,13 @@ impl Watch {
                     self.executor.mode.as_str()
                 );
                 tracing::warn!("{text}");
-                self.executor.audit(
-                    json!({"event": "warning", "rule": rule.name, "at": at, "action": action,
-                    "due_at": crate::time::rfc3339(*due_at), "evidence": evidence}),
-                );
+                self.executor.audit(AuditRecord::Warning {
+                    rule: rule.name.clone(),
+                    at,
+                    action: *action,
+                    due_at: crate::time::rfc3339(*due_at),
+                    evidence: evidence.clone(),
+                });
                 self.executor.notify(&text, true);
             }
             Event::Cancelled { action, reason, .. } => {
@@ -621,13 +620,23 @@ impl Watch {
                     rule.name
                 );
                 tracing::info!("{text}");
-                self.executor.audit(json!({"event": "cancelled", "rule": rule.name, "at": at, "action": action, "reason": reason}));
+                self.executor.audit(AuditRecord::Cancelled {
+                    rule: rule.name.clone(),
+                    at,
+                    action: *action,
+                    reason: reason.clone(),
+                });
                 self.count(*action, "cancelled");
                 self.executor.notify(&text, true);
             }
             Event::Postponed { action, reason, .. } => {
                 tracing::info!(rule = %rule.name, action = %action, "action postponed: {reason}");
-                self.executor.audit(json!({"event": "postponed", "rule": rule.name, "at": at, "action": action, "reason": reason}));
+                self.executor.audit(AuditRecord::Postponed {
+                    rule: rule.name.clone(),
+                    at,
+                    action: *action,
+                    reason: reason.clone(),
+                });
             }
             Event::Action { action, .. } => {
                 // The state already says "in flight" durably: a restart from here on never
@@ -635,7 +644,7 @@ impl Watch {
                 let outcome = {
                     let _acting = self
                         .progress
-                        .acting(self.action_limit(), crate::progress::ACTED_GRACE);
+                        .acting(self.action_limit(), crate::watch::progress::ACTED_GRACE);
                     self.executor.execute(rule, *action, &evidence, at).await
                 };
                 if let Outcome::NotRecorded(_) = outcome {

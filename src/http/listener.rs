@@ -13,8 +13,6 @@
 //! - On shutdown the listener stops accepting, every connection is asked to finish, and those
 //!   still open after `shutdown_grace` are closed.
 
-pub mod metrics;
-
 use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -16,9 +16,9 @@ use prometheus_client::encoding::{
     DescriptorEncoder, EncodeLabel, EncodeLabelSet, LabelSetEncoder,
 };
 
-use super::gpm::GpmReadings;
-use super::metrics::{GpuView, MigView};
-use super::{GpuSample, MigSample, Snapshot};
+use super::table::{self, Value};
+use super::{GpuView, MigView, Scrape};
+use crate::gpu::{GpuSample, MigSample, Snapshot};
 use crate::kubernetes::PodRef;
 use crate::metrics::encode::*;
 use crate::metrics::Text;
@@ -92,12 +92,12 @@ impl<'a> Gpus<'a> {
 
 /// One DCGM family: every GPU that is up and has the reading, converted to DCGM's unit; for a
 /// GPU in MIG mode, each of its GPU instances (read with the instance's first MIG device).
-fn family<V: prometheus_client::encoding::EncodeGaugeValue>(
+fn family(
     e: &mut DescriptorEncoder,
     name: &'static str,
     help: &'static str,
     gpus: &Gpus<'_>,
-    read: impl Fn(&GpuSample, Option<&MigSample>) -> Option<V>,
+    read: impl Fn(&GpuSample, Option<&MigSample>) -> Option<Value>,
 ) -> Result<(), fmt::Error> {
     let whole = gpus
         .views
@@ -113,15 +113,13 @@ fn family<V: prometheus_client::encoding::EncodeGaugeValue>(
     let instances = gpus.instances.iter().filter_map(|&(gpu, mig, pod)| {
         let l = DcgmLabels {
             mig: Some(mig),
-            pod: pod.map(PodLabels::of),
+            pod: pod.map(PodRef::labels),
             ..gpus.labels(gpu)
         };
         read(gpu, Some(mig)).map(|x| (l, x))
     });
     gauges(e, desc(name, help, None), whole.chain(instances))
 }
-
-const MIB: f64 = 1024.0 * 1024.0;
 
 /// The GPU instances of the MIG views, each with every pod holding one of its MIG devices.
 fn instances<'a>(
@@ -153,193 +151,31 @@ fn instances<'a>(
     out
 }
 
-/// A ratio from NVML's whole percent back to the percent it was.
-fn percent(ratio: f64) -> i64 {
-    (ratio * 100.0).round() as i64
-}
-
+/// Every DCGM family of the table, in its order.
 pub(super) fn encode(
     e: &mut DescriptorEncoder,
     snap: &Snapshot,
-    views: &[GpuView<'_>],
-    migs: &[MigView<'_>],
+    s: &Scrape<'_>,
     hostname: &str,
 ) -> Result<(), fmt::Error> {
     if !snap.nvml.up {
         return Ok(());
     }
     let gpus = &Gpus {
-        views,
-        instances: instances(migs),
+        views: s.gpus,
+        instances: instances(s.migs),
         driver: snap.nvml.driver_version.as_deref().unwrap_or(""),
         hostname,
     };
-    family(
-        e,
-        "DCGM_FI_DEV_GPU_UTIL",
-        "GPU utilization (in %).",
-        gpus,
-        |g, _| g.utilization_ratio.map(percent),
-    )?;
-    family(
-        e,
-        "DCGM_FI_DEV_MEM_COPY_UTIL",
-        "Memory utilization (in %).",
-        gpus,
-        |g, _| g.memory_utilization_ratio.map(percent),
-    )?;
-    family(
-        e,
-        "DCGM_FI_DEV_FB_USED",
-        "Framebuffer memory used (in MiB).",
-        gpus,
-        |g, m| {
-            m.map_or(g.memory_used_bytes, |m| m.memory_used_bytes)
-                .map(|b| (b as f64 / MIB).floor() as i64)
-        },
-    )?;
-    family(
-        e,
-        "DCGM_FI_DEV_FB_FREE",
-        "Framebuffer memory free (in MiB).",
-        gpus,
-        |g, m| {
-            m.map_or(g.memory_free_bytes, |m| m.memory_free_bytes())
-                .map(|b| (b as f64 / MIB).floor() as i64)
-        },
-    )?;
-    family(
-        e,
-        "DCGM_FI_DEV_GPU_TEMP",
-        "GPU temperature (in C).",
-        gpus,
-        |g, _| g.temperature_celsius.map(|c| c.round() as i64),
-    )?;
-    family(
-        e,
-        "DCGM_FI_DEV_POWER_USAGE",
-        "Power draw (in W).",
-        gpus,
-        |g, _| g.power_watts,
-    )?;
-    family(
-        e,
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-        "Total energy consumption since boot (in mJ).",
-        gpus,
-        |g, _| g.energy_joules.map(|j| (j * 1000.0).round() as i64),
-    )?;
-    family(
-        e,
-        "DCGM_FI_DEV_SM_CLOCK",
-        "SM clock frequency (in MHz).",
-        gpus,
-        |g, _| g.sm_clock_hertz.map(|h| (h / 1e6).round() as i64),
-    )?;
-    family(
-        e,
-        "DCGM_FI_DEV_MEM_CLOCK",
-        "Memory clock frequency (in MHz).",
-        gpus,
-        |g, _| g.memory_clock_hertz.map(|h| (h / 1e6).round() as i64),
-    )?;
-    family(
-        e,
-        "DCGM_FI_DEV_XID_ERRORS",
-        "Value of the last XID error encountered.",
-        gpus,
-        |g, _| Some(g.last_xid.unwrap_or(0) as i64),
-    )?;
-    family(
-        e,
-        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-        "Total number of single-bit volatile ECC errors.",
-        gpus,
-        |g, _| g.ecc_corrected.map(|v| v as i64),
-    )?;
-    family(
-        e,
-        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-        "Total number of double-bit volatile ECC errors.",
-        gpus,
-        |g, _| g.ecc_uncorrected.map(|v| v as i64),
-    )?;
-    encode_prof(e, gpus)
-}
-
-/// The profiling families, from GPM, in dcgm-exporter's units: activities as ratios from 0 to
-/// 1, PCIe and NVLink traffic in bytes per second.
-fn encode_prof(e: &mut DescriptorEncoder, gpus: &Gpus<'_>) -> Result<(), fmt::Error> {
-    type Read = fn(&GpmReadings) -> Option<f64>;
-    let families: [(&'static str, &'static str, Read); 11] = [
-        (
-            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-            "Ratio of time the graphics engine is active.",
-            |m| m.graphics_active,
-        ),
-        (
-            "DCGM_FI_PROF_SM_ACTIVE",
-            "The ratio of cycles an SM has at least 1 warp assigned.",
-            |m| m.sm_active,
-        ),
-        (
-            "DCGM_FI_PROF_SM_OCCUPANCY",
-            "The ratio of number of warps resident on an SM.",
-            |m| m.sm_occupancy,
-        ),
-        (
-            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-            "Ratio of cycles the tensor (HMMA) pipe is active.",
-            |m| m.tensor_active,
-        ),
-        (
-            "DCGM_FI_PROF_DRAM_ACTIVE",
-            "Ratio of cycles the device memory interface is active sending or receiving data.",
-            |m| m.dram_active,
-        ),
-        (
-            "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
-            "Ratio of cycles the fp64 pipes are active.",
-            |m| m.fp64_active,
-        ),
-        (
-            "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
-            "Ratio of cycles the fp32 pipes are active.",
-            |m| m.fp32_active,
-        ),
-        (
-            "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
-            "Ratio of cycles the fp16 pipes are active.",
-            |m| m.fp16_active,
-        ),
-        (
-            "DCGM_FI_PROF_PCIE_TX_BYTES",
-            "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
-            |m| m.pcie_tx_bytes_per_second,
-        ),
-        (
-            "DCGM_FI_PROF_PCIE_RX_BYTES",
-            "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
-            |m| m.pcie_rx_bytes_per_second,
-        ),
-        (
-            "DCGM_FI_PROF_NVLINK_TX_BYTES",
-            "The rate of data transmitted over NVLink, not including protocol headers, in bytes per second.",
-            |m| m.nvlink_tx_bytes_per_second,
-        ),
-    ];
-    // A GPU instance's own activity, in MIG mode.
-    fn gpm<'a>(g: &'a GpuSample, m: Option<&'a MigSample>) -> Option<&'a GpmReadings> {
-        m.map_or(g.gpm.as_ref(), |m| m.gpm.as_ref())
+    for (reading, twin) in table::twins() {
+        family(e, twin.name, twin.help, gpus, |g, m| {
+            // A GPU instance reads through its first MIG device where the row has a MIG read.
+            let value = match (m, reading.mig) {
+                (Some(m), Some(read)) => read(m),
+                _ => (reading.gpu)(g),
+            };
+            value.map(twin.convert)
+        })?;
     }
-    for (name, help, read) in families {
-        family(e, name, help, gpus, |g, m| gpm(g, m).and_then(read))?;
-    }
-    family(
-        e,
-        "DCGM_FI_PROF_NVLINK_RX_BYTES",
-        "The rate of data received over NVLink, not including protocol headers, in bytes per second.",
-        gpus,
-        |g, m| gpm(g, m).and_then(|m| m.nvlink_rx_bytes_per_second),
-    )
+    Ok(())
 }

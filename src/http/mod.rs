@@ -1,5 +1,10 @@
 //! The HTTP endpoints. Every handler reads the latest snapshot; none calls NVML.
 
+pub mod auth;
+pub mod listener;
+pub mod metrics;
+pub mod tls;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,7 +30,7 @@ pub struct ServerState {
     /// What the status page and `/api/v1/status` show.
     pub status: crate::status::Sources,
     /// Whether the sampler and the decision loop make progress, for `/-/healthy`.
-    pub liveness: Arc<crate::progress::Liveness>,
+    pub liveness: Arc<crate::watch::progress::Liveness>,
 }
 
 pub fn router(state: ServerState) -> Router {

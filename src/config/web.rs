@@ -1,4 +1,4 @@
-//! TLS and basic auth, configured by the web configuration file of the Prometheus exporter
+//! The web configuration: TLS and basic auth, configured by the web configuration file of the Prometheus exporter
 //! toolkit (`web-config.yml`), so that a file that already protects a node_exporter protects
 //! gpuwatch too. `[server] web_config_file` names it.
 //!
@@ -10,20 +10,20 @@
 //! with a message, never silently ignored. Relative paths are read from the file's directory,
 //! and a leading `${CREDENTIALS_DIRECTORY}` is systemd's credentials directory.
 
-pub mod auth;
-pub mod tls;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::{read_capped, ConfigError, ConfigErrors};
+use super::{read_capped, ConfigError, ConfigErrors};
 
 /// A validated web configuration.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct WebConfig {
+    /// The file, and the config key that named it, for messages.
+    pub path: PathBuf,
+    pub key: String,
     pub tls: Option<TlsSettings>,
     /// User name to bcrypt hash. Empty: no basic auth.
     pub users: BTreeMap<String, String>,
@@ -131,14 +131,17 @@ const HEADERS: [&str; 5] = [
 
 impl WebConfig {
     /// Reads and validates the file; `key` is the config key that named it, for messages.
-    /// Certificates and keys are loaded once here too, so a bad one stops the daemon at start.
+    /// Certificates and keys are not read here: the HTTP layer loads them once, when it builds
+    /// the TLS configuration (`check-config` does the same, so a bad one is reported there too).
     pub fn load(path: &Path, key: &str) -> Result<WebConfig, ConfigErrors> {
         let text = read_capped(path)?;
-        let web = WebConfig::parse(&text, path, key)?;
-        if let Some(tls) = &web.tls {
-            tls::server_config(tls).map_err(|e| invalid(key, path, "tls_server_config", e))?;
-        }
-        Ok(web)
+        WebConfig::parse(&text, path, key)
+    }
+
+    /// The error for a TLS setting that cannot be loaded (a certificate or key that does not
+    /// read or parse), naming the web config file as every other error of it does.
+    pub fn tls_error(&self, message: impl ToString) -> ConfigError {
+        invalid(&self.key, &self.path, "tls_server_config", message)
     }
 
     /// Parses and validates the text; relative paths are resolved against `path`'s directory.
@@ -243,6 +246,8 @@ impl WebConfig {
         };
         if errors.is_empty() {
             Ok(WebConfig {
+                path: path.to_path_buf(),
+                key: key.to_string(),
                 tls,
                 users,
                 headers,
@@ -276,7 +281,7 @@ fn tls_settings(t: RawTls, dir: &Path, bad: &mut impl FnMut(&str, String)) -> Op
                 None
             }
             (Some(i), None) => Some(Pem::Inline(i)),
-            (None, Some(f)) if !f.is_empty() => Some(Pem::File(crate::config::file_path(dir, &f))),
+            (None, Some(f)) if !f.is_empty() => Some(Pem::File(super::file_path(dir, &f))),
             _ => None,
         }
     };

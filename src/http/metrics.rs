@@ -9,7 +9,7 @@ use crate::metrics::encode::*;
 
 /// The HTTP listener's connection counts.
 #[derive(Debug)]
-pub struct HttpCollector(pub std::sync::Arc<super::Stats>);
+pub struct HttpCollector(pub std::sync::Arc<super::listener::Stats>);
 
 impl Collector for HttpCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {

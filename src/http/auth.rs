@@ -30,7 +30,7 @@ use base64::Engine as _;
 use subtle::ConstantTimeEq;
 use tokio::sync::Semaphore;
 
-use super::{RateLimit, WebConfig};
+use crate::config::web::{RateLimit, WebConfig};
 
 /// How many client addresses the rate limit tracks at once; past that, the ones whose buckets
 /// are full again (as good as new) are forgotten first, then the quietest eighth, in one pass.
@@ -341,8 +341,8 @@ pub async fn layer(State(guard): State<Arc<Guard>>, request: Request, next: Next
         Err(refused) => {
             let _idle = request
                 .extensions()
-                .get::<crate::serve::Activity>()
-                .map(crate::serve::Activity::idle);
+                .get::<crate::http::listener::Activity>()
+                .map(crate::http::listener::Activity::idle);
             // The clock's fraction of a second is spread enough.
             let spread = crate::time::now().fract() * f64::from(REFUSAL_SPREAD_MS);
             tokio::time::sleep(REFUSAL_DELAY + Duration::from_millis(spread as u64)).await;
@@ -389,6 +389,7 @@ mod tests {
             users: BTreeMap::from([("alice".to_string(), hash)]),
             headers: vec![],
             rate_limit: None,
+            ..WebConfig::default()
         };
         let guard = Guard::new(&web);
         let basic = |u: &str, p: &str| {
@@ -417,6 +418,7 @@ mod tests {
             users: BTreeMap::from([("alice".to_string(), bcrypt::hash("s3cret", 8).unwrap())]),
             headers: vec![],
             rate_limit: None,
+            ..WebConfig::default()
         };
         let guard = Guard::new(&web);
         let a: IpAddr = "192.0.2.1".parse().unwrap();
@@ -452,6 +454,7 @@ mod tests {
                 interval: Duration::from_secs(3600),
                 burst: 3,
             }),
+            ..WebConfig::default()
         };
         let guard = Guard::new(&web);
         let a: IpAddr = "192.0.2.1".parse().unwrap();

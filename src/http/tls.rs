@@ -19,23 +19,21 @@ use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::{ClientAuth, Pem, TlsSettings, Version};
+use crate::config::web::{ClientAuth, Pem, TlsSettings, Version, WebConfig};
+use crate::config::ConfigErrors;
+use crate::crypto::provider;
 
-/// The one crypto provider gpuwatch uses (the AWS SDK already builds it).
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
-}
-
-/// A reqwest client builder (IMDS, webhooks, `gpuwatch status`). reqwest is built without a
-/// crypto provider of its own, which would link a second one (ring), so it takes the process's
-/// default: this provider, installed on first use.
-pub fn http_client() -> reqwest::ClientBuilder {
-    static INSTALLED: std::sync::Once = std::sync::Once::new();
-    INSTALLED.call_once(|| {
-        // An error means a default is installed already; reqwest takes that one.
-        let _ = Arc::unwrap_or_clone(provider()).install_default();
-    });
-    reqwest::Client::builder()
+/// The TLS configuration the web config asks for, built once (the daemon at start, and
+/// `check-config`); `None` serves plain HTTP. A certificate, key or CA that cannot be loaded is a
+/// config error that names the web config file.
+pub fn load(web: Option<&WebConfig>) -> Result<Option<Arc<ServerConfig>>, ConfigErrors> {
+    let Some(web) = web else { return Ok(None) };
+    match &web.tls {
+        None => Ok(None),
+        Some(t) => server_config(t)
+            .map(Some)
+            .map_err(|e| ConfigErrors(vec![web.tls_error(e)])),
+    }
 }
 
 /// Builds the server configuration. Errors are sentences for a person.

@@ -1,0 +1,23 @@
+//! The one crypto provider gpuwatch uses, for its TLS server and its HTTP clients: aws-lc-rs,
+//! which the AWS SDK already builds. A second provider (ring) would double the crypto code.
+
+use std::sync::Arc;
+
+use rustls::crypto::CryptoProvider;
+
+/// The provider, for a rustls configuration built here.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+/// A reqwest client builder (IMDS, webhooks, `gpuwatch status`). reqwest is built without a
+/// crypto provider of its own, which would link a second one (ring), so it takes the process's
+/// default: this provider, installed on first use.
+pub fn http_client() -> reqwest::ClientBuilder {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        // An error means a default is installed already; reqwest takes that one.
+        let _ = Arc::unwrap_or_clone(provider()).install_default();
+    });
+    reqwest::Client::builder()
+}

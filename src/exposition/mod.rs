@@ -1,0 +1,316 @@
+//! Exposition of the device families: every `gpu_*` family, its dcgm-exporter twin, and the
+//! snapshot-derived `gpuwatch_*` ones, encoded at scrape time from the latest snapshot (so a
+//! GPU that disappears also disappears from the output) and the kubelet's pod view. Nothing
+//! here calls NVML or waits on the sampler.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+
+mod dcgm;
+mod table;
+
+use crate::config::Names;
+use crate::gpu::sampler::Snapshots;
+use crate::gpu::{GpuSample, MigSample, Snapshot};
+use crate::kubernetes::metrics::KubernetesMetrics;
+use crate::kubernetes::PodRef;
+use crate::metrics::encode::*;
+use crate::metrics::Text;
+use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
+
+/// Version and source revision of this build, for `gpuwatch_build_info`.
+#[derive(Debug, Clone)]
+pub struct BuildInfo {
+    pub version: String,
+    pub revision: String,
+}
+
+impl BuildInfo {
+    pub fn current() -> Self {
+        BuildInfo {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            revision: env!("GPUWATCH_REVISION").to_string(),
+        }
+    }
+}
+
+/// Encodes the snapshot-derived `gpuwatch_*` series and every GPU series, under gpuwatch's
+/// names, dcgm-exporter's, or both.
+pub struct SnapshotCollector {
+    snapshots: Snapshots,
+    build: BuildInfo,
+    names: Names,
+    /// The `Hostname` label of the DCGM names.
+    hostname: String,
+    /// Who holds which GPU, on Kubernetes.
+    pods: Option<Arc<KubernetesMetrics>>,
+}
+
+impl fmt::Debug for SnapshotCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SnapshotCollector")
+            .field("build", &self.build)
+            .finish()
+    }
+}
+
+impl SnapshotCollector {
+    /// A collector under gpuwatch's own names.
+    pub fn new(snapshots: Snapshots, build: BuildInfo) -> Self {
+        SnapshotCollector::with_names(snapshots, build, Names::Gpuwatch, String::new())
+    }
+
+    /// A collector under the names chosen by `[exposition] names`; `hostname` is the DCGM
+    /// names' `Hostname` label.
+    pub fn with_names(
+        snapshots: Snapshots,
+        build: BuildInfo,
+        names: Names,
+        hostname: String,
+    ) -> Self {
+        SnapshotCollector {
+            snapshots,
+            build,
+            names,
+            hostname,
+            pods: None,
+        }
+    }
+
+    /// Labels each GPU's series with the pod that holds it, from the kubelet's assignments.
+    pub fn with_pods(mut self, pods: Arc<KubernetesMetrics>) -> Self {
+        self.pods = Some(pods);
+        self
+    }
+
+    fn snapshot(&self) -> std::sync::Arc<Snapshot> {
+        self.snapshots.latest()
+    }
+}
+
+impl Collector for SnapshotCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let snap = self.snapshot();
+        // On Kubernetes, who holds each GPU: its series carry the pod, one series per pod.
+        let held = self
+            .pods
+            .as_ref()
+            .map(|p| p.view().held(&snap.gpus))
+            .unwrap_or_default();
+        let views = views(&snap.gpus, &held.gpus);
+        let gpus = &views[..];
+        // A MIG device's series carry the pods holding that device.
+        let migs = mig_views(&snap.gpus, &held.mig);
+        // The series that identify or count GPUs, and per-process ones (a process is in one
+        // pod, and NVML does not say which), stay one per GPU: no pod labels.
+        let no_pods = BTreeMap::new();
+        let unshared = self::views(&snap.gpus, &no_pods);
+        let e = &mut enc;
+
+        gauges(
+            e,
+            desc(
+                "gpuwatch_build_info",
+                "gpuwatch version and source revision",
+                None,
+            ),
+            [(
+                [
+                    ("version", self.build.version.as_str()),
+                    ("revision", self.build.revision.as_str()),
+                ],
+                1i64,
+            )],
+        )?;
+        gauge(
+            e,
+            desc(
+                "gpuwatch_nvml_up",
+                "1 when the NVML library is loaded and answering",
+                None,
+            ),
+            i64::from(snap.nvml.up),
+        )?;
+        if snap.nvml.up {
+            let unknown = "unknown";
+            gauges(
+                e,
+                desc(
+                    "gpuwatch_nvml_info",
+                    "NVIDIA driver, NVML and CUDA driver versions",
+                    None,
+                ),
+                [(
+                    [
+                        (
+                            "driver_version",
+                            Text(snap.nvml.driver_version.as_deref().unwrap_or(unknown)),
+                        ),
+                        (
+                            "nvml_version",
+                            Text(snap.nvml.nvml_version.as_deref().unwrap_or(unknown)),
+                        ),
+                        (
+                            "cuda_driver_version",
+                            Text(snap.nvml.cuda_driver_version.as_deref().unwrap_or(unknown)),
+                        ),
+                    ],
+                    1i64,
+                )],
+            )?;
+        }
+        if snap.is_ready() {
+            gauge(
+                e,
+                desc(
+                    "gpuwatch_gpus",
+                    "GPUs NVML reports on this node, lost ones included",
+                    None,
+                ),
+                snap.gpus.len() as i64,
+            )?;
+            gauge(
+                e,
+                desc(
+                    "gpuwatch_last_sample_timestamp",
+                    "When the latest sample was taken",
+                    Some("seconds"),
+                ),
+                snap.timestamp,
+            )?;
+            gauge(
+                e,
+                desc(
+                    "gpuwatch_sample_duration",
+                    "How long the latest sampling cycle took",
+                    Some("seconds"),
+                ),
+                snap.duration_seconds,
+            )?;
+        }
+
+        let scrape = Scrape {
+            gpus,
+            unshared: &unshared,
+            migs: &migs,
+        };
+        if self.names.dcgm() {
+            dcgm::encode(e, &snap, &scrape, &self.hostname)?;
+        }
+        if self.names.gpuwatch() {
+            table::encode(e, &scrape)?;
+        }
+        Ok(())
+    }
+}
+
+/// What one scrape's device families read: the GPUs (one view per pod holding one), the same
+/// without pods (for identity and per-process series), and the MIG devices.
+pub(crate) struct Scrape<'a> {
+    pub(crate) gpus: &'a [GpuView<'a>],
+    pub(crate) unshared: &'a [GpuView<'a>],
+    pub(crate) migs: &'a [MigView<'a>],
+}
+
+/// One GPU as its series show it: the sample, and the pod holding it, if any. A GPU shared by
+/// several pods (time-slicing) is one view per pod, so it has one series per pod.
+pub(crate) struct GpuView<'a> {
+    pub(crate) sample: &'a GpuSample,
+    pub(crate) pod: Option<&'a PodRef>,
+}
+
+impl std::ops::Deref for GpuView<'_> {
+    type Target = GpuSample;
+
+    fn deref(&self) -> &GpuSample {
+        self.sample
+    }
+}
+
+impl<'a> GpuView<'a> {
+    pub(crate) fn pod_labels(&self) -> Option<PodLabels<'a>> {
+        self.pod.map(PodRef::labels)
+    }
+}
+
+/// One MIG device as its series show it: its GPU, the device, and the pod holding it, if any
+/// (one view per pod, as for a GPU).
+pub(crate) struct MigView<'a> {
+    pub(crate) gpu: &'a GpuSample,
+    pub(crate) mig: &'a MigSample,
+    pub(crate) pod: Option<&'a PodRef>,
+}
+
+/// The views of the MIG devices of a snapshot's GPUs that are up, given who holds each (by MIG
+/// device UUID).
+pub(crate) fn mig_views<'a>(
+    gpus: &'a [GpuSample],
+    pods: &'a BTreeMap<String, Vec<PodRef>>,
+) -> Vec<MigView<'a>> {
+    let mut out = Vec::new();
+    for gpu in gpus.iter().filter(|g| g.up) {
+        for mig in &gpu.mig {
+            match pods.get(&mig.uuid).filter(|p| !p.is_empty()) {
+                Some(held) => out.extend(held.iter().map(|p| MigView {
+                    gpu,
+                    mig,
+                    pod: Some(p),
+                })),
+                None => out.push(MigView {
+                    gpu,
+                    mig,
+                    pod: None,
+                }),
+            }
+        }
+    }
+    out
+}
+
+/// The views of a snapshot's GPUs, given who holds each (by GPU index).
+pub(crate) fn views<'a>(
+    gpus: &'a [GpuSample],
+    pods: &'a BTreeMap<u32, Vec<PodRef>>,
+) -> Vec<GpuView<'a>> {
+    let mut out = Vec::with_capacity(gpus.len());
+    for g in gpus {
+        match pods.get(&g.index).filter(|p| !p.is_empty()) {
+            Some(held) => out.extend(held.iter().map(|p| GpuView {
+                sample: g,
+                pod: Some(p),
+            })),
+            None => out.push(GpuView {
+                sample: g,
+                pod: None,
+            }),
+        }
+    }
+    out
+}
+
+/// A MIG device's own labels (`gpu_instance`, `compute_instance`, `mig_profile`); none for a
+/// GPU.
+#[derive(Debug, Clone, Copy)]
+pub struct MigLabels<'a>(pub Option<&'a MigSample>);
+
+impl EncodeLabelSet for MigLabels<'_> {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), fmt::Error> {
+        let Some(m) = self.0 else {
+            return Ok(());
+        };
+        if let Some(gi) = m.gpu_instance {
+            ("gpu_instance", gi).encode(encoder.encode_label())?;
+        }
+        if let Some(ci) = m.compute_instance {
+            ("compute_instance", ci).encode(encoder.encode_label())?;
+        }
+        if let Some(p) = &m.profile {
+            ("mig_profile", Text(p)).encode(encoder.encode_label())?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,839 @@
+//! The one table of device readings. Each row is one reading of a GPU sample: how to read it
+//! (from the GPU, and from a MIG device where it has its own), its gpuwatch family (name, unit,
+//! type, and the row's own label in a family of several readings), its scope under gpuwatch's
+//! names, and its dcgm-exporter twin with the unit conversion. Both naming modes are generated
+//! from it: `encode` here for gpuwatch's, `dcgm::encode` for dcgm-exporter's. Adding a field is
+//! one row, plus its NVML read.
+//!
+//! A few families are not one reading per device: identity, per-reason, per-XID and
+//! per-process series. They are rows too (`Row::Series`), at their place in the output.
+
+use std::fmt;
+
+use prometheus_client::encoding::{
+    CounterValueEncoder, DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeLabel,
+    EncodeLabelSet, GaugeValueEncoder, LabelSetEncoder,
+};
+
+use super::{GpuView, MigLabels, Scrape};
+use crate::gpu::gpm::GpmReadings;
+use crate::gpu::{GpuSample, MigSample};
+use crate::kubernetes::PodRef;
+use crate::metrics::encode::*;
+use crate::metrics::Text;
+
+/// A reading's value. Integers stay integers on the wire (`7`, not `7.0`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Value {
+    Int(i64),
+    Float(f64),
+}
+
+impl Value {
+    fn f64(self) -> f64 {
+        match self {
+            Value::Int(v) => v as f64,
+            Value::Float(v) => v,
+        }
+    }
+}
+
+impl EncodeGaugeValue for Value {
+    fn encode(&self, e: &mut GaugeValueEncoder) -> Result<(), fmt::Error> {
+        match *self {
+            Value::Int(v) => EncodeGaugeValue::encode(&v, e),
+            Value::Float(v) => EncodeGaugeValue::encode(&v, e),
+        }
+    }
+}
+
+impl EncodeCounterValue for Value {
+    fn encode(&self, e: &mut CounterValueEncoder) -> Result<(), fmt::Error> {
+        match *self {
+            Value::Int(v) => EncodeCounterValue::encode(&v.max(0).unsigned_abs(), e),
+            Value::Float(v) => EncodeCounterValue::encode(&v, e),
+        }
+    }
+}
+
+fn int<T: Into<u64>>(v: Option<T>) -> Option<Value> {
+    v.map(|v| Value::Int(v.into() as i64))
+}
+
+fn float(v: Option<f64>) -> Option<Value> {
+    v.map(Value::Float)
+}
+
+/// A gpuwatch family: the rows that name it, next to each other in the table, are its series.
+#[derive(Debug)]
+pub struct Family {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub unit: Option<&'static str>,
+    pub counter: bool,
+}
+
+/// A reading's dcgm-exporter name, help and unit. Every DCGM family is typed gauge: in
+/// OpenMetrics a counter's samples would end in `_total`, and queries ask for the bare name.
+#[derive(Debug)]
+pub struct Twin {
+    pub name: &'static str,
+    pub help: &'static str,
+    /// From the reading's base unit to DCGM's (percent, MiB, MHz, mJ).
+    pub convert: fn(Value) -> Value,
+    /// Its place among the DCGM families, which keep the order they have always had; a new
+    /// twin takes the next number.
+    pub order: u8,
+}
+
+/// Which devices a reading has series for under gpuwatch's names. Under DCGM's, a GPU in MIG
+/// mode is its GPU instances: each reads the row's MIG read on its first MIG device where
+/// there is one, else its GPU's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Each GPU that is up.
+    Gpu,
+    /// Each GPU that is up, then each MIG device, read on its own.
+    Device,
+}
+
+/// How a reading is read from a GPU's sample, and from a MIG device's.
+pub type ReadGpu = fn(&GpuSample) -> Option<Value>;
+pub type ReadMig = fn(&MigSample) -> Option<Value>;
+
+pub struct Reading {
+    /// `None` for a reading only dcgm-exporter's names show.
+    pub family: Option<&'static Family>,
+    /// The row's own label in its family (`clock="sm"`).
+    pub label: Option<(&'static str, &'static str)>,
+    pub scope: Scope,
+    pub gpu: ReadGpu,
+    pub mig: Option<ReadMig>,
+    pub dcgm: Option<Twin>,
+}
+
+/// Encodes a family whose series are not one reading per device.
+pub type Series = fn(&mut DescriptorEncoder, &Scrape<'_>) -> Result<(), fmt::Error>;
+
+pub enum Row {
+    Reading(Reading),
+    Series(Series),
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+fn same(v: Value) -> Value {
+    v
+}
+
+/// A ratio from NVML's whole percent back to the percent it was.
+fn percent(v: Value) -> Value {
+    Value::Int((v.f64() * 100.0).round() as i64)
+}
+
+fn mib(v: Value) -> Value {
+    Value::Int((v.f64() / MIB).floor() as i64)
+}
+
+fn rounded(v: Value) -> Value {
+    Value::Int(v.f64().round() as i64)
+}
+
+fn milli(v: Value) -> Value {
+    Value::Int((v.f64() * 1000.0).round() as i64)
+}
+
+fn mega(v: Value) -> Value {
+    Value::Int((v.f64() / 1e6).round() as i64)
+}
+
+const fn gauge_family(
+    name: &'static str,
+    help: &'static str,
+    unit: Option<&'static str>,
+) -> Family {
+    Family {
+        name,
+        help,
+        unit,
+        counter: false,
+    }
+}
+
+static UTILIZATION: Family = gauge_family(
+    "gpu_utilization",
+    "Fraction of the last sample period a kernel was running",
+    Some("ratio"),
+);
+static MEMORY_UTILIZATION: Family = gauge_family(
+    "gpu_memory_utilization",
+    "Fraction of the last sample period device memory was read or written",
+    Some("ratio"),
+);
+static MEMORY_USED: Family = gauge_family("gpu_memory_used", "Device memory in use", Some("bytes"));
+static MEMORY_FREE: Family = gauge_family("gpu_memory_free", "Device memory free", Some("bytes"));
+static MEMORY_TOTAL: Family =
+    gauge_family("gpu_memory_total", "Device memory in all", Some("bytes"));
+static TEMPERATURE: Family =
+    gauge_family("gpu_temperature", "GPU core temperature", Some("celsius"));
+static POWER: Family = gauge_family("gpu_power", "Power draw", Some("watts"));
+static POWER_LIMIT: Family = gauge_family("gpu_power_limit", "Enforced power limit", Some("watts"));
+static ENERGY: Family = Family {
+    name: "gpu_energy",
+    help: "Energy consumed since the driver loaded",
+    unit: Some("joules"),
+    counter: true,
+};
+static CLOCK: Family = gauge_family("gpu_clock", "Current clock frequency", Some("hertz"));
+static SM_ACTIVE: Family = gauge_family(
+    "gpu_sm_active",
+    "Fraction of the last cycle the SMs had at least one warp resident (GPM SM_UTIL)",
+    Some("ratio"),
+);
+static SM_OCCUPANCY: Family = gauge_family(
+    "gpu_sm_occupancy",
+    "Warps resident on the SMs as a fraction of the most they hold (GPM SM_OCCUPANCY)",
+    Some("ratio"),
+);
+static GRAPHICS_ACTIVE: Family = gauge_family(
+    "gpu_graphics_engine_active",
+    "Fraction of the last cycle the graphics or compute engine was busy (GPM GRAPHICS_UTIL)",
+    Some("ratio"),
+);
+static TENSOR_ACTIVE: Family = gauge_family(
+    "gpu_tensor_active",
+    "Fraction of the last cycle any tensor pipe was busy (GPM ANY_TENSOR_UTIL)",
+    Some("ratio"),
+);
+static DRAM_ACTIVE: Family = gauge_family(
+    "gpu_dram_active",
+    "Fraction of the last cycle the memory interface was busy (GPM DRAM_BW_UTIL)",
+    Some("ratio"),
+);
+static PIPE_ACTIVE: Family = gauge_family(
+    "gpu_pipe_active",
+    "Fraction of the last cycle each arithmetic pipe was busy (GPM FP64/FP32/FP16/INTEGER_UTIL)",
+    Some("ratio"),
+);
+static PCIE: Family = gauge_family(
+    "gpu_pcie",
+    "PCIe traffic over the last cycle (GPM PCIE_TX/RX_PER_SEC)",
+    Some("bytes_per_second"),
+);
+static NVLINK: Family = gauge_family(
+    "gpu_nvlink",
+    "NVLink traffic over the last cycle, all links (GPM NVLINK_TOTAL_TX/RX_PER_SEC)",
+    Some("bytes_per_second"),
+);
+static ECC_ERRORS: Family = Family {
+    name: "gpu_ecc_errors",
+    help: "ECC errors since the driver loaded (volatile counters)",
+    unit: None,
+    counter: true,
+};
+static PROCESSES: Family = gauge_family("gpu_processes", "Running compute processes", None);
+
+/// A GPM reading of a GPU, and of a MIG device (its GPU instance's), in Prometheus units.
+macro_rules! gpm {
+    ($field:ident) => {
+        (
+            |g: &GpuSample| float(g.gpm.as_ref().and_then(|m: &GpmReadings| m.$field)),
+            |m: &MigSample| float(m.gpm.as_ref().and_then(|m: &GpmReadings| m.$field)),
+        )
+    };
+}
+
+/// One row of a GPM reading: per device under gpuwatch's names, unless `scope` says the GPU.
+const fn gpm_row(
+    family: &'static Family,
+    label: Option<(&'static str, &'static str)>,
+    scope: Scope,
+    read: (ReadGpu, ReadMig),
+    dcgm: Option<Twin>,
+) -> Row {
+    Row::Reading(Reading {
+        family: Some(family),
+        label,
+        scope,
+        gpu: read.0,
+        mig: Some(read.1),
+        dcgm,
+    })
+}
+
+const fn twin(
+    name: &'static str,
+    help: &'static str,
+    convert: fn(Value) -> Value,
+    order: u8,
+) -> Option<Twin> {
+    Some(Twin {
+        name,
+        help,
+        convert,
+        order,
+    })
+}
+
+/// Every device family, in the order gpuwatch's names show them.
+pub static TABLE: &[Row] = &[
+    Row::Series(info),
+    Row::Series(up),
+    Row::Reading(Reading {
+        family: Some(&UTILIZATION),
+        label: None,
+        scope: Scope::Gpu,
+        gpu: |g| float(g.utilization_ratio),
+        mig: None,
+        dcgm: twin("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", percent, 1),
+    }),
+    Row::Reading(Reading {
+        family: Some(&MEMORY_UTILIZATION),
+        label: None,
+        scope: Scope::Gpu,
+        gpu: |g| float(g.memory_utilization_ratio),
+        mig: None,
+        dcgm: twin("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", percent, 2),
+    }),
+    Row::Reading(Reading {
+        family: Some(&MEMORY_USED),
+        label: None,
+        scope: Scope::Device,
+        gpu: |g| int(g.memory_used_bytes),
+        mig: Some(|m| int(m.memory_used_bytes)),
+        dcgm: twin("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", mib, 3),
+    }),
+    Row::Reading(Reading {
+        family: Some(&MEMORY_FREE),
+        label: None,
+        scope: Scope::Device,
+        gpu: |g| int(g.memory_free_bytes),
+        mig: Some(|m| int(m.memory_free_bytes())),
+        dcgm: twin("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", mib, 4),
+    }),
+    Row::Reading(Reading {
+        family: Some(&MEMORY_TOTAL),
+        label: None,
+        scope: Scope::Device,
+        gpu: |g| int(g.memory_total_bytes),
+        mig: Some(|m| int(m.memory_total_bytes)),
+        dcgm: None,
+    }),
+    Row::Reading(Reading {
+        family: Some(&TEMPERATURE),
+        label: None,
+        scope: Scope::Gpu,
+        gpu: |g| float(g.temperature_celsius),
+        mig: None,
+        dcgm: twin("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", rounded, 5),
+    }),
+    Row::Reading(Reading {
+        family: Some(&POWER),
+        label: None,
+        scope: Scope::Gpu,
+        gpu: |g| float(g.power_watts),
+        mig: None,
+        dcgm: twin("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", same, 6),
+    }),
+    Row::Reading(Reading {
+        family: Some(&POWER_LIMIT),
+        label: None,
+        scope: Scope::Gpu,
+        gpu: |g| float(g.power_limit_watts),
+        mig: None,
+        dcgm: None,
+    }),
+    Row::Reading(Reading {
+        family: Some(&ENERGY),
+        label: None,
+        scope: Scope::Gpu,
+        gpu: |g| float(g.energy_joules),
+        mig: None,
+        dcgm: twin(
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+            "Total energy consumption since boot (in mJ).",
+            milli,
+            7,
+        ),
+    }),
+    Row::Reading(Reading {
+        family: Some(&CLOCK),
+        label: Some(("clock", "sm")),
+        scope: Scope::Gpu,
+        gpu: |g| float(g.sm_clock_hertz),
+        mig: None,
+        dcgm: twin("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", mega, 8),
+    }),
+    Row::Reading(Reading {
+        family: Some(&CLOCK),
+        label: Some(("clock", "memory")),
+        scope: Scope::Gpu,
+        gpu: |g| float(g.memory_clock_hertz),
+        mig: None,
+        dcgm: twin("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", mega, 9),
+    }),
+    Row::Series(throttle),
+    Row::Series(gpm_supported),
+    gpm_row(
+        &SM_ACTIVE,
+        None,
+        Scope::Device,
+        gpm!(sm_active),
+        twin(
+            "DCGM_FI_PROF_SM_ACTIVE",
+            "The ratio of cycles an SM has at least 1 warp assigned.",
+            same,
+            14,
+        ),
+    ),
+    gpm_row(
+        &SM_OCCUPANCY,
+        None,
+        Scope::Device,
+        gpm!(sm_occupancy),
+        twin(
+            "DCGM_FI_PROF_SM_OCCUPANCY",
+            "The ratio of number of warps resident on an SM.",
+            same,
+            15,
+        ),
+    ),
+    gpm_row(
+        &GRAPHICS_ACTIVE,
+        None,
+        Scope::Device,
+        gpm!(graphics_active),
+        twin(
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+            "Ratio of time the graphics engine is active.",
+            same,
+            13,
+        ),
+    ),
+    gpm_row(
+        &TENSOR_ACTIVE,
+        None,
+        Scope::Device,
+        gpm!(tensor_active),
+        twin(
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+            "Ratio of cycles the tensor (HMMA) pipe is active.",
+            same,
+            16,
+        ),
+    ),
+    gpm_row(
+        &DRAM_ACTIVE,
+        None,
+        Scope::Device,
+        gpm!(dram_active),
+        twin(
+            "DCGM_FI_PROF_DRAM_ACTIVE",
+            "Ratio of cycles the device memory interface is active sending or receiving data.",
+            same,
+            17,
+        ),
+    ),
+    gpm_row(
+        &PIPE_ACTIVE,
+        Some(("pipe", "fp64")),
+        Scope::Device,
+        gpm!(fp64_active),
+        twin(
+            "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+            "Ratio of cycles the fp64 pipes are active.",
+            same,
+            18,
+        ),
+    ),
+    gpm_row(
+        &PIPE_ACTIVE,
+        Some(("pipe", "fp32")),
+        Scope::Device,
+        gpm!(fp32_active),
+        twin(
+            "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+            "Ratio of cycles the fp32 pipes are active.",
+            same,
+            19,
+        ),
+    ),
+    gpm_row(
+        &PIPE_ACTIVE,
+        Some(("pipe", "fp16")),
+        Scope::Device,
+        gpm!(fp16_active),
+        twin(
+            "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+            "Ratio of cycles the fp16 pipes are active.",
+            same,
+            20,
+        ),
+    ),
+    gpm_row(
+        &PIPE_ACTIVE,
+        Some(("pipe", "integer")),
+        Scope::Device,
+        gpm!(integer_active),
+        None,
+    ),
+    gpm_row(
+        &PCIE,
+        Some(("direction", "tx")),
+        Scope::Gpu,
+        gpm!(pcie_tx_bytes_per_second),
+        twin(
+            "DCGM_FI_PROF_PCIE_TX_BYTES",
+            "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
+            same,
+            21,
+        ),
+    ),
+    gpm_row(
+        &PCIE,
+        Some(("direction", "rx")),
+        Scope::Gpu,
+        gpm!(pcie_rx_bytes_per_second),
+        twin(
+            "DCGM_FI_PROF_PCIE_RX_BYTES",
+            "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
+            same,
+            22,
+        ),
+    ),
+    gpm_row(
+        &NVLINK,
+        Some(("direction", "tx")),
+        Scope::Gpu,
+        gpm!(nvlink_tx_bytes_per_second),
+        twin(
+            "DCGM_FI_PROF_NVLINK_TX_BYTES",
+            "The rate of data transmitted over NVLink, not including protocol headers, in bytes per second.",
+            same,
+            23,
+        ),
+    ),
+    gpm_row(
+        &NVLINK,
+        Some(("direction", "rx")),
+        Scope::Gpu,
+        gpm!(nvlink_rx_bytes_per_second),
+        twin(
+            "DCGM_FI_PROF_NVLINK_RX_BYTES",
+            "The rate of data received over NVLink, not including protocol headers, in bytes per second.",
+            same,
+            24,
+        ),
+    ),
+    Row::Reading(Reading {
+        family: Some(&ECC_ERRORS),
+        label: Some(("kind", "corrected")),
+        scope: Scope::Gpu,
+        gpu: |g| int(g.ecc_corrected),
+        mig: None,
+        dcgm: twin(
+            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+            "Total number of single-bit volatile ECC errors.",
+            same,
+            11,
+        ),
+    }),
+    Row::Reading(Reading {
+        family: Some(&ECC_ERRORS),
+        label: Some(("kind", "uncorrected")),
+        scope: Scope::Gpu,
+        gpu: |g| int(g.ecc_uncorrected),
+        mig: None,
+        dcgm: twin(
+            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+            "Total number of double-bit volatile ECC errors.",
+            same,
+            12,
+        ),
+    }),
+    Row::Series(xid_errors),
+    // dcgm-exporter's XID gauge is the last XID seen (0 for none); gpuwatch counts them by code.
+    Row::Reading(Reading {
+        family: None,
+        label: None,
+        scope: Scope::Gpu,
+        gpu: |g| Some(Value::Int(g.last_xid.unwrap_or(0) as i64)),
+        mig: None,
+        dcgm: twin(
+            "DCGM_FI_DEV_XID_ERRORS",
+            "Value of the last XID error encountered.",
+            same,
+            10,
+        ),
+    }),
+    Row::Reading(Reading {
+        family: Some(&PROCESSES),
+        label: None,
+        scope: Scope::Device,
+        gpu: |g| int(g.processes),
+        mig: Some(|m| int(m.processes)),
+        dcgm: None,
+    }),
+    Row::Series(process_memory),
+];
+
+/// The readings with a DCGM twin, in the DCGM families' order.
+pub fn twins() -> Vec<(&'static Reading, &'static Twin)> {
+    let mut out: Vec<_> = TABLE
+        .iter()
+        .filter_map(|row| match row {
+            Row::Reading(r) => Some((r, r.dcgm.as_ref()?)),
+            Row::Series(_) => None,
+        })
+        .collect();
+    out.sort_by_key(|(_, t)| t.order);
+    out
+}
+
+/// The row's own label, if any.
+struct Own(Option<(&'static str, &'static str)>);
+
+impl EncodeLabelSet for Own {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), fmt::Error> {
+        match self.0 {
+            Some(label) => label.encode(encoder.encode_label()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Encodes every device family under gpuwatch's names.
+pub(super) fn encode(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {
+    let same_family = |a: &Row, b: &Row| match (a, b) {
+        (Row::Reading(a), Row::Reading(b)) => match (a.family, b.family) {
+            (Some(x), Some(y)) => std::ptr::eq(x, y),
+            _ => false,
+        },
+        _ => false,
+    };
+    for rows in TABLE.chunk_by(same_family) {
+        let readings: Vec<&'static Reading> = rows
+            .iter()
+            .filter_map(|r| match r {
+                Row::Reading(r) => Some(r),
+                Row::Series(_) => None,
+            })
+            .collect();
+        let family = match (rows, readings.first()) {
+            // A family of series: one row of its own.
+            ([Row::Series(series)], _) => {
+                series(e, s)?;
+                continue;
+            }
+            (
+                _,
+                Some(Reading {
+                    family: Some(f), ..
+                }),
+            ) => *f,
+            // A reading only dcgm-exporter's names show.
+            _ => continue,
+        };
+        let series = family_series(&readings, s);
+        let d = desc(family.name, family.help, family.unit);
+        if family.counter {
+            counters(e, d, series)?;
+        } else {
+            gauges(e, d, series)?;
+        }
+    }
+    Ok(())
+}
+
+/// The series of one family's readings: device by device, each device's readings in row order.
+fn family_series<'a>(
+    readings: &[&'static Reading],
+    s: &Scrape<'a>,
+) -> Vec<(GpuLabels<'a, (MigLabels<'a>, Own)>, Value)> {
+    let mut out = Vec::new();
+    for g in s.gpus.iter().filter(|g| g.up) {
+        for r in readings {
+            if let Some(v) = (r.gpu)(g.sample) {
+                let labels = GpuLabels {
+                    gpu: g.sample.index,
+                    uuid: &g.sample.uuid,
+                    pod: g.pod.map(PodRef::labels),
+                    extra: (MigLabels(None), Own(r.label)),
+                };
+                out.push((labels, v));
+            }
+        }
+    }
+    if readings.first().is_some_and(|r| r.scope == Scope::Device) {
+        for v in s.migs {
+            for r in readings {
+                if let Some(x) = r.mig.and_then(|read| read(v.mig)) {
+                    let labels = GpuLabels {
+                        gpu: v.gpu.index,
+                        uuid: &v.mig.uuid,
+                        pod: v.pod.map(PodRef::labels),
+                        extra: (MigLabels(Some(v.mig)), Own(r.label)),
+                    };
+                    out.push((labels, x));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn labels<'a>(g: &GpuView<'a>) -> GpuLabels<'a, NoLabels> {
+    with(g, NO_LABELS)
+}
+
+fn with<'a, X>(g: &GpuView<'a>, extra: X) -> GpuLabels<'a, X> {
+    GpuLabels {
+        gpu: g.sample.index,
+        uuid: &g.sample.uuid,
+        pod: g.pod.map(PodRef::labels),
+        extra,
+    }
+}
+
+fn info(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {
+    gauges(
+        e,
+        desc("gpu_info", "GPU identity; value 1", None),
+        // A lost GPU keeps its identity, as far as it was ever read.
+        s.unshared
+            .iter()
+            .filter(|g| g.up || g.name.is_some() || g.pci_bus_id.is_some())
+            .map(|g| {
+                let extra = [
+                    ("name", Text(g.name.as_deref().unwrap_or(""))),
+                    ("pci_bus_id", Text(g.pci_bus_id.as_deref().unwrap_or(""))),
+                ];
+                (with(g, extra), 1i64)
+            }),
+    )
+}
+
+fn up(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {
+    gauges(
+        e,
+        desc(
+            "gpu_up",
+            "1 when the GPU answers NVML, 0 when it is lost",
+            None,
+        ),
+        s.unshared.iter().map(|g| (labels(g), i64::from(g.up))),
+    )
+}
+
+fn throttle(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {
+    gauges(
+        e,
+        desc(
+            "gpu_clock_throttle_active",
+            "1 while the reason is holding clocks down; one series per reason the GPU supports",
+            None,
+        ),
+        s.gpus.iter().filter(|g| g.up).flat_map(|g| {
+            g.throttle_reasons
+                .iter()
+                .map(move |t| (with(g, [("reason", t.reason)]), i64::from(t.active)))
+        }),
+    )
+}
+
+fn gpm_supported(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {
+    gauges(
+        e,
+        desc(
+            "gpu_gpm_supported",
+            "1 when the GPU supports GPM profiling metrics (Hopper and later), else 0",
+            None,
+        ),
+        s.unshared
+            .iter()
+            .filter(|g| g.up)
+            .filter_map(|g| g.gpm_supported.map(|v| (labels(g), i64::from(v)))),
+    )
+}
+
+/// XID counts stay visible for lost GPUs: an XID is often what explains the loss, and a
+/// counter that vanished and came back would read as a reset.
+fn xid_errors(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {
+    counters(
+        e,
+        desc(
+            "gpu_xid_errors",
+            "Critical XID errors seen since gpuwatch started, by XID code",
+            None,
+        ),
+        s.gpus.iter().flat_map(|g| {
+            g.xid_errors
+                .iter()
+                .map(move |(xid, n)| (with(g, [("xid", *xid)]), *n))
+        }),
+    )
+}
+
+fn process_memory(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {
+    gauges(
+        e,
+        desc(
+            "gpu_process_memory_used",
+            "Device memory used by one compute process",
+            Some("bytes"),
+        ),
+        s.unshared.iter().filter(|g| g.up).flat_map(|g| {
+            g.process_memory.iter().flatten().filter_map(move |p| {
+                let extra = (
+                    [("pid", p.pid)],
+                    [("process", Text(p.name.as_deref().unwrap_or("")))],
+                );
+                p.used_memory_bytes.map(|b| (with(g, extra), b as i64))
+            })
+        }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dcgm_twins_are_numbered_once_each_in_order() {
+        let orders: Vec<u8> = twins().iter().map(|(_, t)| t.order).collect();
+        let want: Vec<u8> = (1..=orders.len() as u8).collect();
+        assert_eq!(orders, want);
+        let mut names: Vec<&str> = twins().iter().map(|(_, t)| t.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), orders.len(), "a DCGM name twice");
+    }
+
+    #[test]
+    fn the_rows_of_a_family_are_next_to_each_other_and_agree_on_their_scope() {
+        let mut seen: Vec<&str> = Vec::new();
+        let mut last: Option<&Family> = None;
+        for row in TABLE {
+            let Row::Reading(r) = row else {
+                last = None;
+                continue;
+            };
+            let Some(f) = r.family else { continue };
+            if !last.is_some_and(|l| std::ptr::eq(l, f)) {
+                assert!(!seen.contains(&f.name), "{} is split in the table", f.name);
+                seen.push(f.name);
+            }
+            last = Some(f);
+        }
+        for row in TABLE {
+            let Row::Reading(r) = row else { continue };
+            if r.scope == Scope::Device {
+                assert!(
+                    r.mig.is_some(),
+                    "{:?}: a per-device row reads MIG devices",
+                    r.family
+                );
+            }
+        }
+    }
+}
