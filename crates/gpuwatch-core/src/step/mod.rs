@@ -3,8 +3,9 @@
 //! so the slack between samples, spend accrual, budget crossings and alert text cannot differ.
 //!
 //! `step` takes the persisted state, one observation and the world at that moment (`Inputs`),
-//! and returns everything the edge has to log, record, send, carry out and export (`Decision`).
-//! It does no I/O and reads no clock.
+//! and returns everything the edge has to log, record, send, carry out and export (`Decision`),
+//! with the order it must do so in around the save of the state (`order`). It does no I/O and
+//! reads no clock.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -15,10 +16,12 @@ use crate::cost::budget::{Alerted, Crossing, Reading};
 use crate::cost::calendar::Period;
 use crate::cost::ledger::{Closed, Ledger};
 use crate::cost::price::{Price, Source};
-use crate::rules::engine::{self, Context, Event};
+use crate::rules::engine::{self, Context};
 use crate::rules::{Comparison, DeviceKey, Lifecycle, Metric, MigDevice, Observation, Rule};
 
+pub mod order;
 mod pods;
+use order::Unsaved;
 use pods::pod_observation;
 pub use pods::rules_for;
 
@@ -181,18 +184,18 @@ pub struct Inputs {
 }
 
 /// What one step produced.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub struct Decision {
     /// The rules this step judged: every configured node rule, and each pod-scoped rule once
     /// per pod that held a GPU. Events name one of these.
     pub rules: Vec<Rule>,
-    /// Rule events, in rule order. An `Event::Action` is in flight in the state: the edge must
-    /// make that durable, then `complete` or `withdraw` it.
-    pub events: Vec<Event>,
+    /// The rule events (in rule order) and the budget thresholds crossed for the first time
+    /// this period (recorded in the state), to handle around the save of the state: some
+    /// before it, the rest once `on_saved` has been told how it went. An `Event::Action` is in
+    /// flight in the state until `order::on_executed` settles it.
+    pub order: Unsaved,
     /// Budget periods that ended, with their totals.
     pub closed: Vec<Closed>,
-    /// Budget thresholds crossed for the first time this period (recorded in the state).
-    pub crossings: Vec<Crossing>,
     pub view: View,
 }
 
@@ -262,6 +265,8 @@ pub fn step(
     inputs: &Inputs,
 ) -> Decision {
     let now = inputs.now;
+    // Kept so that a failed save can take this step's budget alerts back.
+    let alerted_before = state.alerted.clone();
     let rules = rules_for(&settings.rules, obs);
     for rule in &rules {
         let one = std::slice::from_ref(rule);
@@ -363,9 +368,8 @@ pub fn step(
 
     Decision {
         rules,
-        events,
+        order: Unsaved::new(events, crossings, alerted_before),
         closed,
-        crossings,
         view: View {
             price: inputs.price,
             spent,

@@ -1,7 +1,9 @@
 use super::*;
 use crate::rules::{Action, Aggregation, Condition, GpuReading, Scope, Statistic, Trigger};
 
-fn settings(budgets: Vec<Budget>) -> Settings {
+/// One rule, "idle": stop once GPU 0's utilization is below 5% for one 10 s period, after a
+/// 5 s warning; samples every second.
+pub(super) fn settings(budgets: Vec<Budget>) -> Settings {
     let idle = Rule {
         name: "idle".into(),
         scope: Scope::Node,
@@ -33,7 +35,8 @@ fn settings(budgets: Vec<Budget>) -> Settings {
     )
 }
 
-fn obs(t: f64, u: f64) -> Observation {
+/// GPU 0 at utilization `u`, at `t`.
+pub(super) fn obs(t: f64, u: f64) -> Observation {
     let mut g = GpuReading {
         index: 0,
         ..GpuReading::default()
@@ -70,7 +73,13 @@ fn one_step_warns_acts_and_shows_its_view() {
                 ..Inputs::default()
             },
         );
-        kinds.extend(out.events.iter().map(|e| (t, e.kind())));
+        kinds.extend(
+            out.order
+                .on_saved(&mut state, true)
+                .events()
+                .iter()
+                .map(|e| (t, e.kind())),
+        );
         if t == 12 {
             assert_eq!(
                 out.view.gpu_idle,
@@ -137,7 +146,9 @@ fn budgets_cross_once_with_one_text_and_external_limits_apply() {
             },
         );
         texts.extend(
-            out.crossings
+            out.order
+                .on_saved(&mut state, true)
+                .crossings()
                 .iter()
                 .filter(|c| c.basis == crate::cost::budget::Basis::Actual)
                 .map(alert_text),
@@ -242,7 +253,9 @@ fn a_pod_rule_judges_each_pod_on_its_own_gpus_and_forgets_pods_that_go() {
         let names: Vec<&str> = out.rules.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(names, ["idle ml/busy", "idle ml/idle"]);
         events.extend(
-            out.events
+            out.order
+                .on_saved(&mut state, true)
+                .events()
                 .iter()
                 .map(|e| (t, e.rule().to_string(), e.kind())),
         );
@@ -318,7 +331,13 @@ fn a_mig_node_is_idle_only_when_every_mig_device_is() {
                 ..Inputs::default()
             };
             let out = step(settings, &mut state, &node(now), &inputs);
-            kinds.extend(out.events.iter().map(|e| (t, e.kind())));
+            kinds.extend(
+                out.order
+                    .on_saved(&mut state, true)
+                    .events()
+                    .iter()
+                    .map(|e| (t, e.kind())),
+            );
         }
         kinds
     };
@@ -492,7 +511,13 @@ fn a_mig_layout_that_changes_within_a_period_is_unknown_never_mixed() {
             ..Inputs::default()
         };
         let out = step(&settings, &mut state, &node(now, devices), &inputs);
-        events.extend(out.events.iter().map(|e| (t, e.kind())));
+        events.extend(
+            out.order
+                .on_saved(&mut state, true)
+                .events()
+                .iter()
+                .map(|e| (t, e.kind())),
+        );
     }
     assert!(events.is_empty(), "{events:?}");
 }
