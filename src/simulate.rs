@@ -13,11 +13,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use gpuwatch_core::cost::price::Price;
+use gpuwatch_core::step::order::{on_executed, Executed};
 use gpuwatch_core::step::{crossing_text, step, Inputs, State};
 
 use crate::cloud::plan::{plan, Plan, Step};
 use crate::config::Config;
-use crate::rules::engine::{self, Event};
+use crate::rules::engine::Event;
 use crate::rules::{GpuReading, Lifecycle, Metric, Observation};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -240,7 +241,9 @@ pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Repo
         let at = grouped.get(&i).map(Vec::as_slice).unwrap_or(&[]);
         let obs = observation(*t, &gpus, at, memory_total_bytes, power_limit_watts);
         let outcome = step(&settings, &mut state, &obs, &inputs(*t, down.is_some()));
-        for c in &outcome.crossings {
+        // The daemon's order, with a save that always works: a replay writes nothing.
+        let saved = outcome.order.on_saved(&mut state, true);
+        for c in saved.crossings() {
             out.push(Report {
                 time: crate::time::rfc3339(*t),
                 at: *t,
@@ -251,10 +254,11 @@ pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Repo
                 evidence: None,
             });
         }
-        for event in &outcome.events {
+        for event in saved.events() {
             if let Event::Action { rule, .. } = event {
-                // The daemon completes an action once it has run; a replay runs none.
-                engine::complete(&mut state.engine, rule);
+                // The daemon completes an action once it has run (and recorded it); a replay
+                // runs none, and settles it the same way.
+                let _ = on_executed(&mut state, rule, Executed::Recorded);
             }
             let rule = outcome.rules.iter().find(|r| r.name == event.rule());
             if down.is_some() && rule.is_some_and(|r| r.action.is_instance_action()) {

@@ -19,9 +19,10 @@ use crate::gpu::{GpuSample, MigSample, Snapshot};
 use crate::spend::metrics::{AlertKey, CostMetrics};
 use gpuwatch_core::cost::budget::Crossing;
 use gpuwatch_core::cost::ledger::Closed;
-use gpuwatch_core::step::{rule_views, step, Decision, Inputs, RuleView, Settings};
+use gpuwatch_core::step::order::{on_executed, settle_in_flight, Executed};
+use gpuwatch_core::step::{rule_views, step, Decision, Inputs, RuleView, Settings, View};
 
-use crate::rules::engine::{self, Event};
+use crate::rules::engine::Event;
 use crate::rules::{GpuReading, Lifecycle, Metric, MigDevice, Observation, Rule, Scope};
 use crate::state::{AuditRecord, HoldStatus, LoadError, Persisted, StateDir};
 
@@ -213,59 +214,55 @@ impl Watch {
             // Read.
             let (obs, mut inputs, interruption) = self.read(&snap, &mut warned_hold).await;
             self.tracker.fill(&persisted, &mut inputs);
-            // Kept to take back this step's budget alerts if their record is not durable.
-            let alerted = persisted.alerted.clone();
 
-            // Step.
-            let mut outcome = step(&settings, &mut persisted, &obs, &inputs);
-            // The rules judged this time: the configured ones, pod-scoped ones once per pod.
-            let judged = std::mem::take(&mut outcome.rules);
-            self.record_closed(&outcome.closed);
-
-            // Warnings (and the breaches, recoveries and postponements beside them) are on record
-            // and sent before the state that makes their action possible is saved: a crash in
+            // Step. The core orders what it decided around the save (`step::order`): warnings
+            // (and the breaches, recoveries and postponements beside them) are on record and
+            // sent before the state that makes their action possible is saved, so a crash in
             // between means a repeated warning after the restart, never an action without one.
-            // Cancellations and actions follow the save: a cancellation must not be announced
-            // while the state still holds the pending action, nor an action run unrecorded.
-            let decided = !outcome.events.is_empty();
-            let (before, after): (Vec<Event>, Vec<Event>) = std::mem::take(&mut outcome.events)
-                .into_iter()
-                .partition(|e| !matches!(e, Event::Cancelled { .. } | Event::Action { .. }));
-            for event in before {
-                self.handle(&judged, &mut persisted, event, now).await;
+            // Cancellations, actions and budget alerts follow a good save; after a failed one
+            // the actions are withdrawn and the alerts withheld.
+            let Decision {
+                rules: judged,
+                order,
+                closed,
+                view,
+            } = step(&settings, &mut persisted, &obs, &inputs);
+            self.record_closed(&closed);
+            for event in order.before_save() {
+                self.handle(&judged, &mut persisted, event.clone(), now)
+                    .await;
             }
 
             // Persist: durably when anything was decided or alerted, and once a minute.
-            let durable = decided || !outcome.crossings.is_empty() || now - last_durable > 60.0;
+            let durable = order.save().durable || now - last_durable > 60.0;
             let saved = self.save(&persisted, durable).await;
             if saved && durable {
                 last_durable = now;
             }
-            if !saved && !outcome.crossings.is_empty() {
-                // No record, no alert: a restart could not know it had been sent. The
-                // thresholds are taken back, so they cross again once the disk recovers.
+            let after = order.on_saved(&mut persisted, saved);
+            if after.withheld_alerts() > 0 {
+                // No record, no alert: a restart could not know it had been sent. They are
+                // sent once the disk recovers, as the thresholds cross again.
                 tracing::error!(
-                    alerts = outcome.crossings.len(),
+                    alerts = after.withheld_alerts(),
                     "budget alerts withheld: state.json could not be made durable; they are sent once it can"
                 );
-                persisted.alerted = alerted;
-                outcome.crossings.clear();
+            }
+            for w in after.withdrawn() {
+                // No record, no action: a restart could not know it had run.
+                self.not_recorded(&w.rule, w.action, "state.json");
             }
 
             // Execute.
-            self.send_alerts(&outcome.crossings);
-            for event in after {
-                if let (Event::Action { rule, action, .. }, false) = (&event, saved) {
-                    // No record, no action: a restart could not know it had run.
-                    self.not_recorded(&mut persisted, rule, *action, "state.json");
-                    continue;
-                }
-                self.handle(&judged, &mut persisted, event, now).await;
+            self.send_alerts(after.crossings());
+            for event in after.after_save() {
+                self.handle(&judged, &mut persisted, event.clone(), now)
+                    .await;
             }
 
             // Publish: an action withdrawn or completed above shows in this cycle's metrics.
             let rules = rule_views(&judged, &persisted, &settings, now);
-            self.publish(&snap, outcome, rules, interruption);
+            self.publish(&snap, view, after.crossings(), rules, interruption);
             self.progress.stepped(seq);
         }
         self.save(&persisted, true).await;
@@ -375,12 +372,12 @@ impl Watch {
     fn publish(
         &self,
         snap: &Snapshot,
-        outcome: Decision,
+        view: View,
+        crossings: &[Crossing],
         rules: Vec<RuleView>,
         interruption: Option<f64>,
     ) {
-        let gpu_idle = outcome
-            .view
+        let gpu_idle = view
             .gpu_idle
             .iter()
             .filter_map(|i| {
@@ -403,9 +400,8 @@ impl Watch {
                 })
             })
             .collect();
-        let view = outcome.view;
         self.cost.update(|v| {
-            for c in &outcome.crossings {
+            for c in crossings {
                 let key = AlertKey {
                     budget: c.budget.clone(),
                     threshold: c.threshold.to_string(),
@@ -474,10 +470,7 @@ impl Watch {
     /// An action that was handed out before a restart is never sent again. Its outcome is
     /// recorded from the instance's state where that can be read.
     async fn resume_in_flight(&self, persisted: &mut Persisted) {
-        for (name, rs) in persisted.engine.rules.iter_mut() {
-            let Some(f) = rs.in_flight.take() else {
-                continue;
-            };
+        for (name, f) in settle_in_flight(persisted) {
             let state = match &self.executor.cloud {
                 Some(c) => c.ec2.state().await.ok().flatten(),
                 None => None,
@@ -550,22 +543,15 @@ impl Watch {
         }
     }
 
-    /// An action whose in-flight mark or audit record could not be made durable did not run.
-    /// It is withdrawn, so that it is tried again once the disk recovers (and the rule still
-    /// breaches).
-    fn not_recorded(
-        &self,
-        persisted: &mut Persisted,
-        rule: &str,
-        action: crate::rules::Action,
-        what: &str,
-    ) {
+    /// Logs and counts an action whose in-flight mark or audit record could not be made
+    /// durable: it did not run, and the core withdrew it, so that it is tried again once the
+    /// disk recovers (and the rule still breaches).
+    fn not_recorded(&self, rule: &str, action: crate::rules::Action, what: &str) {
         tracing::error!(
             rule = %rule, action = %action,
             "the {action} did not run: its record in {what} could not be made durable; it is retried when the disk recovers"
         );
         self.count(action, "not_recorded");
-        engine::withdraw(&mut persisted.engine, rule);
     }
 
     /// Logs, records and carries out one event of the step taken at `at` (the sample's time,
@@ -647,14 +633,15 @@ impl Watch {
                         .acting(self.action_limit(), crate::watch::progress::ACTED_GRACE);
                     self.executor.execute(rule, *action, &evidence, at).await
                 };
-                if let Outcome::NotRecorded(_) = outcome {
-                    self.not_recorded(persisted, &rule.name, *action, "audit.jsonl");
-                    self.save(persisted, true).await;
-                    return;
-                }
-                self.count(*action, outcome.label());
-                engine::complete(&mut persisted.engine, &rule.name);
-                self.save(persisted, true).await;
+                let executed = if let Outcome::NotRecorded(_) = outcome {
+                    self.not_recorded(&rule.name, *action, "audit.jsonl");
+                    Executed::NotRecorded
+                } else {
+                    self.count(*action, outcome.label());
+                    Executed::Recorded
+                };
+                let save = on_executed(persisted, &rule.name, executed);
+                self.save(persisted, save.durable).await;
                 if let Outcome::Failed(_) = outcome {
                     tracing::error!(rule = %rule.name, "the action failed; the rule re-arms on fresh data");
                 }
