@@ -11,7 +11,7 @@ use std::sync::Arc;
 use gpuwatch::config::Names;
 use gpuwatch::exposition::{BuildInfo, SnapshotCollector};
 use gpuwatch::gpu::gpm::GpmReadings;
-use gpuwatch::gpu::sampler::{SampleError, SamplerMetrics};
+use gpuwatch::gpu::sampler::{SampleError, SamplerCounters};
 use gpuwatch::gpu::{GpuSample, MigSample, NvmlStatus, ProcessSample, Snapshot, ThrottleReason};
 use gpuwatch::metrics::encode;
 use prometheus_client::registry::Registry;
@@ -140,7 +140,7 @@ fn exposition() -> String {
 }
 
 fn exposition_with(names: Names) -> String {
-    let metrics = Arc::new(SamplerMetrics::default());
+    let metrics = Arc::new(SamplerCounters::default());
     let mut registry = Registry::default();
     metrics.register(&mut registry);
     metrics.error(SampleError::GpuLost);

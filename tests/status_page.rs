@@ -85,7 +85,11 @@ fn the_status_page_shows_the_demo_live_in_a_real_browser() {
             &format!("/api/v1/status?after={seq}&timeout=10s"),
         );
         let s = r.json();
-        if !s["rules"].as_array().unwrap().is_empty() && s["cost"]["spent"].is_number() {
+        // GPM's first reading needs two samples: wait for GPU 1's SM activity too.
+        if !s["rules"].as_array().unwrap().is_empty()
+            && s["cost"]["spent"].is_number()
+            && s["gpus"][1]["sm_active"].is_number()
+        {
             break;
         }
         seq = s["seq"].as_u64().unwrap();
@@ -110,9 +114,18 @@ fn the_status_page_shows_the_demo_live_in_a_real_browser() {
         "Price <b class=\"price\">$49.16</b>",
         "demo-monthly",
         "GPU 2 is underutilized",
+        // GPU 1's SMs beside its utilization, and the flag: busy by utilization, idle SMs.
+        "100% <span class=\"sm spinning\">SM 2%</span>",
+        "GPU 1 reads 100% busy, 2% SM active: a process spins on a tiny kernel",
     ] {
         assert!(page.body.contains(fact), "{fact} not in\n{}", page.body);
     }
+    // The live part comes rendered by the server too: the same markup as the first paint.
+    let live = common::get(demo.addr, "/api/v1/status/live").json();
+    let html = live["html"].as_str().unwrap();
+    assert!(html.starts_with("<section id=\"summary\">"), "{html}");
+    assert!(html.contains("GPU 1 reads 100% busy"), "{html}");
+    assert!(live["title"].as_str().unwrap().starts_with("gpuwatch on "));
 
     let mut b = Browser::open(&origin, 1280, 1600);
     // A marker that a reload would lose.
@@ -127,6 +140,23 @@ fn the_status_page_shows_the_demo_live_in_a_real_browser() {
         |v| v.as_u64().is_some_and(|n| n > 0),
     );
     assert_eq!(rows, 4, "GPU rows");
+    // After an update from the fragment: SM activity beside utilization, and GPU 1 flagged.
+    let sm = b.eval(
+        "document.querySelector('tr.gpu[data-index=\"1\"] td.util .sm.spinning').textContent",
+    );
+    assert_eq!(sm, "SM 2%", "GPU 1's SM activity");
+    let flag = b.eval("document.querySelector('p.hint.spinning[data-index=\"1\"]').textContent");
+    assert!(
+        flag.as_str()
+            .unwrap()
+            .contains("a process spins on a tiny kernel"),
+        "{flag}"
+    );
+    assert_eq!(
+        b.eval("document.querySelectorAll('p.hint.spinning').length"),
+        1,
+        "only GPU 1 spins"
+    );
 
     // GPU 3 goes idle, and its idle time grows on the page as samples come.
     let idle = "Number(document.querySelector('tr.gpu[data-index=\"3\"] td.idle').dataset.idle)";
@@ -176,6 +206,13 @@ fn the_status_page_shows_the_demo_live_in_a_real_browser() {
     // Nothing but gpuwatch was asked for anything, and nothing threw.
     b.eval("1");
     assert!(b.requests.len() >= 4, "{:?}", b.requests);
+    assert!(
+        b.requests
+            .iter()
+            .any(|u| u.contains("api/v1/status/live?after=")),
+        "the script long-polls the rendered fragment: {:?}",
+        b.requests
+    );
     for url in &b.requests {
         assert!(url.starts_with(&origin), "a request elsewhere: {url}");
     }

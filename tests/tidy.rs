@@ -204,3 +204,23 @@ fn the_import_reader_sees_grouped_and_inline_paths() {
     let names: Vec<String> = imports(text).into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["config", "gpu", "time", "state"]);
 }
+#[test]
+fn no_source_file_outgrows_a_reading() {
+    let mut files = Vec::new();
+    sources(&root().join("src"), &mut files);
+    sources(&root().join("crates"), &mut files);
+    let mut long = Vec::new();
+    for file in files {
+        let lines = std::fs::read_to_string(&file).unwrap().lines().count();
+        let rel = file.strip_prefix(root()).unwrap().display().to_string();
+        let most = match rel.as_str() {
+            "src/main.rs" => 150,
+            "src/app.rs" => 300,
+            _ => 700,
+        };
+        if lines > most {
+            long.push(format!("{rel}: {lines} lines, more than {most}"));
+        }
+    }
+    assert!(long.is_empty(), "{}", long.join("\n"));
+}

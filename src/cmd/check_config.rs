@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::config::Config;
 use crate::gpu::nvml::NvmlSource;
-use crate::gpu::sampler::SamplerMetrics;
+use crate::gpu::sampler::SamplerCounters;
 use crate::gpu::GpuSource;
 
 pub fn run(path: &Path) -> ExitCode {
@@ -42,7 +42,7 @@ fn gpm_warnings(config: &Config) -> Vec<String> {
     let sample = NvmlSource::new(
         config.nvml.library.clone(),
         false,
-        Arc::new(SamplerMetrics::default()),
+        Arc::new(SamplerCounters::default()),
     )
     .without_xid()
     .sample();

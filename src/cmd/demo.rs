@@ -115,8 +115,8 @@ pub fn run(listen: &str) -> ExitCode {
          price $49.16/h, budget \"demo-monthly\" $5000; config in {}\n\
          open http://{}/ for the status page, or scrape http://{}/metrics; Ctrl-C stops",
         path.display(),
-        crate::app::display_addr(listen),
-        crate::app::display_addr(listen)
+        crate::http::display_addr(listen),
+        crate::http::display_addr(listen)
     );
     // The demo serves plain HTTP on loopback: no web config, so no TLS.
     super::run::run(move || Ok((config, None)))

@@ -18,6 +18,7 @@ pub type Loaded = (Config, Option<std::sync::Arc<rustls::ServerConfig>>);
 /// Runs the daemon with the config that `load` reads (on the startup thread); `load`'s `Err` is
 /// the exit status of a config that cannot be used.
 pub fn run(load: impl FnOnce() -> Result<Loaded, ExitCode> + Send + 'static) -> ExitCode {
+    raise_fd_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         // An idle pool thread goes soon: the pool hands work to its idle threads in turn, so a
@@ -59,7 +60,7 @@ pub fn run(load: impl FnOnce() -> Result<Loaded, ExitCode> + Send + 'static) -> 
     };
     // Boxed, the daemon's future is built on the heap; unboxed, spawning would copy it through
     // the main thread's stack.
-    let daemon = runtime.spawn(Box::pin(app.run(crate::app::shutdown_signal())));
+    let daemon = runtime.spawn(Box::pin(app.run(shutdown_signal())));
     let code = match runtime.block_on(daemon) {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(e)) => {
@@ -76,4 +77,52 @@ pub fn run(load: impl FnOnce() -> Result<Loaded, ExitCode> + Send + 'static) -> 
     // hung disk) must not keep the process from exiting.
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     code
+}
+
+/// Raises the soft limit on open files to the hard limit, as servers do: systemd's default
+/// soft limit of 1,024 is low for a daemon that serves connections and writes state. Also
+/// ignores SIGXFSZ, so that a file size limit fails a write (which is counted, and stops
+/// actions) instead of killing the daemon.
+fn raise_fd_limit() {
+    // SAFETY: setting a signal to be ignored has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write the struct we pass, and nothing else.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 || lim.rlim_cur >= lim.rlim_max {
+            return;
+        }
+        let soft = lim.rlim_cur;
+        lim.rlim_cur = lim.rlim_max;
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+            tracing::debug!(from = soft, to = lim.rlim_max, "raised the open-file limit");
+        }
+    }
+}
+
+/// Completes at SIGINT or SIGTERM: what `gpuwatch run` stops on.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
 }

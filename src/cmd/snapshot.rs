@@ -6,14 +6,14 @@ use std::sync::Arc;
 use super::exit;
 use crate::config::Config;
 use crate::gpu::nvml::NvmlSource;
-use crate::gpu::sampler::SamplerMetrics;
+use crate::gpu::sampler::SamplerCounters;
 use crate::gpu::GpuSource;
 
 pub fn run(config: &Config, json: bool) -> ExitCode {
     let mut source = NvmlSource::new(
         config.nvml.library.clone(),
         config.sampling.per_process_memory,
-        Arc::new(SamplerMetrics::default()),
+        Arc::new(SamplerCounters::default()),
     )
     .without_xid();
     let sample = source.sample();

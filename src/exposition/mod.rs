@@ -11,12 +11,14 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 
 mod dcgm;
+mod series;
 mod table;
+mod value;
 
 use crate::config::Names;
 use crate::gpu::sampler::Snapshots;
 use crate::gpu::{GpuSample, MigSample, Snapshot};
-use crate::kubernetes::metrics::KubernetesMetrics;
+use crate::kubernetes::metrics::SharedKubernetesView;
 use crate::kubernetes::PodRef;
 use crate::metrics::encode::*;
 use crate::metrics::Text;
@@ -38,6 +40,42 @@ impl BuildInfo {
     }
 }
 
+/// Registers the device families, under the names `[exposition] names` chooses, each GPU's
+/// series labelled with the pods holding it where `pods` says.
+pub fn register(
+    config: &crate::config::Config,
+    snapshots: &Snapshots,
+    pods: Option<&Arc<SharedKubernetesView>>,
+    registry: &mut prometheus_client::registry::Registry,
+) {
+    let mut collector = SnapshotCollector::with_names(
+        snapshots.clone(),
+        BuildInfo::current(),
+        config.exposition.names,
+        hostname(config),
+    );
+    if let Some(view) = pods {
+        collector = collector.with_pods(Arc::clone(view));
+    }
+    registry.register_collector(Box::new(collector));
+}
+
+/// The `Hostname` label of the DCGM names: the configured one, else `NODE_NAME` (which a
+/// DaemonSet sets to the node's name, as dcgm-exporter's does), else the machine's hostname.
+pub fn hostname(config: &crate::config::Config) -> String {
+    config
+        .exposition
+        .hostname
+        .clone()
+        .or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()))
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
 /// Encodes the snapshot-derived `gpuwatch_*` series and every GPU series, under gpuwatch's
 /// names, dcgm-exporter's, or both.
 pub struct SnapshotCollector {
@@ -47,7 +85,7 @@ pub struct SnapshotCollector {
     /// The `Hostname` label of the DCGM names.
     hostname: String,
     /// Who holds which GPU, on Kubernetes.
-    pods: Option<Arc<KubernetesMetrics>>,
+    pods: Option<Arc<SharedKubernetesView>>,
 }
 
 impl fmt::Debug for SnapshotCollector {
@@ -82,7 +120,7 @@ impl SnapshotCollector {
     }
 
     /// Labels each GPU's series with the pod that holds it, from the kubelet's assignments.
-    pub fn with_pods(mut self, pods: Arc<KubernetesMetrics>) -> Self {
+    pub fn with_pods(mut self, pods: Arc<SharedKubernetesView>) -> Self {
         self.pods = Some(pods);
         self
     }

@@ -11,58 +11,17 @@
 use std::fmt;
 
 use prometheus_client::encoding::{
-    CounterValueEncoder, DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeLabel,
-    EncodeLabelSet, GaugeValueEncoder, LabelSetEncoder,
+    DescriptorEncoder, EncodeLabel, EncodeLabelSet, LabelSetEncoder,
 };
 
-use super::{GpuView, MigLabels, Scrape};
+use super::series::{gpm_supported, info, process_memory, throttle, up, xid_errors};
+pub use super::value::Value;
+use super::value::{float, int, mega, mib, milli, percent, rounded, same};
+use super::{MigLabels, Scrape};
 use crate::gpu::gpm::GpmReadings;
 use crate::gpu::{GpuSample, MigSample};
 use crate::kubernetes::PodRef;
 use crate::metrics::encode::*;
-use crate::metrics::Text;
-
-/// A reading's value. Integers stay integers on the wire (`7`, not `7.0`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Value {
-    Int(i64),
-    Float(f64),
-}
-
-impl Value {
-    fn f64(self) -> f64 {
-        match self {
-            Value::Int(v) => v as f64,
-            Value::Float(v) => v,
-        }
-    }
-}
-
-impl EncodeGaugeValue for Value {
-    fn encode(&self, e: &mut GaugeValueEncoder) -> Result<(), fmt::Error> {
-        match *self {
-            Value::Int(v) => EncodeGaugeValue::encode(&v, e),
-            Value::Float(v) => EncodeGaugeValue::encode(&v, e),
-        }
-    }
-}
-
-impl EncodeCounterValue for Value {
-    fn encode(&self, e: &mut CounterValueEncoder) -> Result<(), fmt::Error> {
-        match *self {
-            Value::Int(v) => EncodeCounterValue::encode(&v.max(0).unsigned_abs(), e),
-            Value::Float(v) => EncodeCounterValue::encode(&v, e),
-        }
-    }
-}
-
-fn int<T: Into<u64>>(v: Option<T>) -> Option<Value> {
-    v.map(|v| Value::Int(v.into() as i64))
-}
-
-fn float(v: Option<f64>) -> Option<Value> {
-    v.map(Value::Float)
-}
 
 /// A gpuwatch family: the rows that name it, next to each other in the table, are its series.
 #[derive(Debug)]
@@ -118,33 +77,6 @@ pub type Series = fn(&mut DescriptorEncoder, &Scrape<'_>) -> Result<(), fmt::Err
 pub enum Row {
     Reading(Reading),
     Series(Series),
-}
-
-const MIB: f64 = 1024.0 * 1024.0;
-
-fn same(v: Value) -> Value {
-    v
-}
-
-/// A ratio from NVML's whole percent back to the percent it was.
-fn percent(v: Value) -> Value {
-    Value::Int((v.f64() * 100.0).round() as i64)
-}
-
-fn mib(v: Value) -> Value {
-    Value::Int((v.f64() / MIB).floor() as i64)
-}
-
-fn rounded(v: Value) -> Value {
-    Value::Int(v.f64().round() as i64)
-}
-
-fn milli(v: Value) -> Value {
-    Value::Int((v.f64() * 1000.0).round() as i64)
-}
-
-fn mega(v: Value) -> Value {
-    Value::Int((v.f64() / 1e6).round() as i64)
 }
 
 const fn gauge_family(
@@ -680,118 +612,6 @@ fn family_series<'a>(
         }
     }
     out
-}
-
-fn labels<'a>(g: &GpuView<'a>) -> GpuLabels<'a, NoLabels> {
-    with(g, NO_LABELS)
-}
-
-fn with<'a, X>(g: &GpuView<'a>, extra: X) -> GpuLabels<'a, X> {
-    GpuLabels {
-        gpu: g.sample.index,
-        uuid: &g.sample.uuid,
-        pod: g.pod.map(PodRef::labels),
-        extra,
-    }
-}
-
-fn info(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {
-    gauges(
-        e,
-        desc("gpu_info", "GPU identity; value 1", None),
-        // A lost GPU keeps its identity, as far as it was ever read.
-        s.unshared
-            .iter()
-            .filter(|g| g.up || g.name.is_some() || g.pci_bus_id.is_some())
-            .map(|g| {
-                let extra = [
-                    ("name", Text(g.name.as_deref().unwrap_or(""))),
-                    ("pci_bus_id", Text(g.pci_bus_id.as_deref().unwrap_or(""))),
-                ];
-                (with(g, extra), 1i64)
-            }),
-    )
-}
-
-fn up(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {
-    gauges(
-        e,
-        desc(
-            "gpu_up",
-            "1 when the GPU answers NVML, 0 when it is lost",
-            None,
-        ),
-        s.unshared.iter().map(|g| (labels(g), i64::from(g.up))),
-    )
-}
-
-fn throttle(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {
-    gauges(
-        e,
-        desc(
-            "gpu_clock_throttle_active",
-            "1 while the reason is holding clocks down; one series per reason the GPU supports",
-            None,
-        ),
-        s.gpus.iter().filter(|g| g.up).flat_map(|g| {
-            g.throttle_reasons
-                .iter()
-                .map(move |t| (with(g, [("reason", t.reason)]), i64::from(t.active)))
-        }),
-    )
-}
-
-fn gpm_supported(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {
-    gauges(
-        e,
-        desc(
-            "gpu_gpm_supported",
-            "1 when the GPU supports GPM profiling metrics (Hopper and later), else 0",
-            None,
-        ),
-        s.unshared
-            .iter()
-            .filter(|g| g.up)
-            .filter_map(|g| g.gpm_supported.map(|v| (labels(g), i64::from(v)))),
-    )
-}
-
-/// XID counts stay visible for lost GPUs: an XID is often what explains the loss, and a
-/// counter that vanished and came back would read as a reset.
-fn xid_errors(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {
-    counters(
-        e,
-        desc(
-            "gpu_xid_errors",
-            "Critical XID errors seen since gpuwatch started, by XID code",
-            None,
-        ),
-        s.gpus.iter().flat_map(|g| {
-            g.xid_errors
-                .iter()
-                .map(move |(xid, n)| (with(g, [("xid", *xid)]), *n))
-        }),
-    )
-}
-
-fn process_memory(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {
-    gauges(
-        e,
-        desc(
-            "gpu_process_memory_used",
-            "Device memory used by one compute process",
-            Some("bytes"),
-        ),
-        s.unshared.iter().filter(|g| g.up).flat_map(|g| {
-            g.process_memory.iter().flatten().filter_map(move |p| {
-                let extra = (
-                    [("pid", p.pid)],
-                    [("process", Text(p.name.as_deref().unwrap_or("")))],
-                );
-                p.used_memory_bytes.map(|b| (with(g, extra), b as i64))
-            })
-        }),
-    )
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{cuda_driver_version_major, cuda_driver_version_minor, Device, Nvml};
 
-use super::sampler::{SampleError, SamplerMetrics};
+use super::sampler::{SampleError, SamplerCounters};
 use super::xid::{self, XidCounts};
 use super::{GpuSample, GpuSource, NvmlStatus, ProcessSample, Sample, ThrottleReason};
 
@@ -57,7 +57,7 @@ pub struct NvmlSource {
     library: OsString,
     per_process: bool,
     watch_xid: bool,
-    metrics: Arc<SamplerMetrics>,
+    metrics: Arc<SamplerCounters>,
     nvml: Option<&'static Nvml>,
     versions: Versions,
     next_init: Instant,
@@ -92,7 +92,7 @@ impl NvmlSource {
     pub fn new(
         library: impl Into<OsString>,
         per_process: bool,
-        metrics: Arc<SamplerMetrics>,
+        metrics: Arc<SamplerCounters>,
     ) -> Self {
         NvmlSource {
             library: library.into(),

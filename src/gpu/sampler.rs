@@ -62,11 +62,35 @@ impl Snapshots {
 type Reply = oneshot::Sender<(Sample, Duration)>;
 
 /// Starts the sampler thread, and its driving task in `tasks`.
+/// Starts sampling as the config says: NVML (the library it names) on the `gpuwatch-nvml`
+/// thread, driven from `tasks`, with the sampler's counters registered.
+pub fn start(
+    config: &crate::config::Config,
+    registry: &mut Registry,
+    tasks: &mut tokio::task::JoinSet<()>,
+) -> std::io::Result<Snapshots> {
+    let counters = Arc::new(SamplerCounters::default());
+    counters.register(registry);
+    let source = super::nvml::NvmlSource::new(
+        config.nvml.library.clone(),
+        config.sampling.per_process_memory,
+        Arc::clone(&counters),
+    );
+    spawn(
+        source,
+        config.sampling.interval,
+        config.sampling.timeout,
+        counters,
+        tasks,
+    )
+}
+
+/// Runs `source` on a thread of its own, driven from `tasks` every `interval`.
 pub fn spawn(
     source: impl GpuSource,
     interval: Duration,
     timeout: Duration,
-    metrics: Arc<SamplerMetrics>,
+    metrics: Arc<SamplerCounters>,
     tasks: &mut tokio::task::JoinSet<()>,
 ) -> std::io::Result<Snapshots> {
     let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
@@ -95,7 +119,7 @@ async fn drive(
     tx: watch::Sender<Arc<Snapshot>>,
     interval: Duration,
     timeout: Duration,
-    metrics: Arc<SamplerMetrics>,
+    metrics: Arc<SamplerCounters>,
 ) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
@@ -212,13 +236,13 @@ impl EncodeLabelValue for SampleError {
 
 /// The daemon's own counters. Lock-free; cheap to update from any thread.
 #[derive(Debug, Default)]
-pub struct SamplerMetrics {
+pub struct SamplerCounters {
     errors: [AtomicU64; SampleError::ALL.len()],
     /// GPM sample buffers held now: two per GPU (and per GPU instance) with GPM.
     gpm_buffers: AtomicU64,
 }
 
-impl SamplerMetrics {
+impl SamplerCounters {
     /// Registers the counters; every kind is present from the start, at 0, in a fixed order.
     pub fn register(self: &Arc<Self>, registry: &mut Registry) {
         registry.register_collector(Box::new(Arc::clone(self)));
@@ -237,7 +261,7 @@ impl SamplerMetrics {
     }
 }
 
-impl Collector for SamplerMetrics {
+impl Collector for SamplerCounters {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
         counters(
             &mut enc,
@@ -299,7 +323,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn publishes_in_order_and_abandons_a_stuck_cycle() {
         let calls = Arc::new(AtomicU32::new(0));
-        let metrics = Arc::new(SamplerMetrics::default());
+        let metrics = Arc::new(SamplerCounters::default());
         let source = Counting {
             calls: Arc::clone(&calls),
             hang: Duration::from_millis(400),
@@ -351,7 +375,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dead_nvml_thread_is_published_and_then_nothing_is_awaited_in_a_loop() {
-        let metrics = Arc::new(SamplerMetrics::default());
+        let metrics = Arc::new(SamplerCounters::default());
         let mut tasks = tokio::task::JoinSet::new();
         let snaps = spawn(
             Dying(0),

@@ -8,7 +8,7 @@ use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 
-use super::sampler::{SampleError, SamplerMetrics};
+use super::sampler::{SampleError, SamplerCounters};
 
 /// XID counts per GPU index, then per XID code, and each GPU's last XID. Locked only to add one
 /// event or copy one GPU's counts.
@@ -46,7 +46,7 @@ const WAIT_MS: u32 = 1000;
 
 /// Starts the XID thread. GPUs that do not support XID events are skipped; with none, no thread
 /// is started.
-pub fn spawn(nvml: &'static Nvml, counts: Arc<XidCounts>, metrics: Arc<SamplerMetrics>) {
+pub fn spawn(nvml: &'static Nvml, counts: Arc<XidCounts>, metrics: Arc<SamplerCounters>) {
     let set = match register(nvml) {
         Ok(Some(set)) => set,
         Ok(None) => {

@@ -1,4 +1,6 @@
-//! The HTTP endpoints. Every handler reads the latest snapshot; none calls NVML.
+//! The HTTP layer: the listener (`listener`: limits, timeouts, TLS handshakes), the routes
+//! here (every handler reads the latest snapshot; none calls NVML), TLS (`tls`) and basic auth
+//! (`auth`) as the web config sets them, and the server's own counters (`metrics`).
 
 pub mod auth;
 pub mod listener;
@@ -17,6 +19,88 @@ use prometheus_client::registry::Registry;
 use serde::Deserialize;
 
 use crate::gpu::sampler::Snapshots;
+
+/// The daemon's HTTP server, built once everything it serves has started.
+pub struct Server {
+    listener: tokio::net::TcpListener,
+    router: Router,
+    limits: listener::Limits,
+    stats: Arc<listener::Stats>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl Server {
+    /// Serves `state` on `listener` (bound first, so that a daemon that cannot serve never
+    /// starts deciding), with the web config's basic auth and `tls`, under `[server]`'s limits.
+    /// Registers the server's own counters before the registry is shared.
+    pub fn new(
+        listener: tokio::net::TcpListener,
+        config: &crate::config::Config,
+        tls: Option<Arc<rustls::ServerConfig>>,
+        mut registry: Registry,
+        state: impl FnOnce(Arc<Registry>) -> ServerState,
+    ) -> Server {
+        let stats = Arc::new(listener::Stats::default());
+        registry.register_collector(Box::new(metrics::HttpCollector(Arc::clone(&stats))));
+        let mut router = router(state(Arc::new(registry)));
+        if let Some(w) = &config.server.web {
+            router = router.layer(axum::middleware::from_fn_with_state(
+                auth::Guard::new(w),
+                auth::layer,
+            ));
+        }
+        Server {
+            listener,
+            router,
+            limits: listener::Limits {
+                max_connections: config.server.max_connections,
+                header_read_timeout: config.server.header_read_timeout,
+                ..listener::Limits::default()
+            },
+            stats,
+            tls: tls.map(tokio_rustls::TlsAcceptor::from),
+        }
+    }
+
+    /// `https` or `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// How long connections get to finish at shutdown.
+    pub fn shutdown_grace(&self) -> Duration {
+        self.limits.shutdown_grace
+    }
+
+    /// Serves until `shutdown` completes, then drains the connections.
+    pub async fn serve(self, shutdown: impl std::future::Future<Output = ()>) {
+        let Server {
+            listener,
+            router,
+            limits,
+            stats,
+            tls,
+        } = self;
+        listener::serve(listener, router, limits, stats, tls, shutdown).await;
+    }
+}
+
+/// An address a browser can open: the wildcard address is shown as localhost.
+pub fn display_addr(addr: std::net::SocketAddr) -> String {
+    if addr.ip().is_unspecified() {
+        format!("localhost:{}", addr.port())
+    } else {
+        addr.to_string()
+    }
+}
 
 /// The longest `/api/v1/snapshot?after=` waits for a new sample.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
@@ -41,6 +125,7 @@ pub fn router(state: ServerState) -> Router {
         .route("/-/ready", get(ready))
         .route("/api/v1/snapshot", get(snapshot))
         .route("/api/v1/status", get(status))
+        .route("/api/v1/status/live", get(live))
         .route("/static/status.js", get(script))
         .route("/static/status.css", get(style))
         .with_state(state)
@@ -149,22 +234,51 @@ async fn snapshot(State(state): State<ServerState>, Query(q): Query<WaitQuery>) 
 /// The node's status (what the page at `/` shows) as JSON; `?after=SEQ` long-polls for the
 /// status of a newer sample.
 async fn status(State(state): State<ServerState>, Query(q): Query<WaitQuery>) -> Response {
-    let snap = match await_sample(&state, &q).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+    match await_status(&state, &q).await {
+        Ok(s) => json(&s),
+        Err(r) => r,
+    }
+}
+
+/// What the status page's script swaps in: the live part of the page, rendered as the first
+/// paint is, with the sample it shows and the page's title. Long-polls as `/api/v1/status`.
+async fn live(State(state): State<ServerState>, Query(q): Query<WaitQuery>) -> Response {
+    #[derive(serde::Serialize)]
+    struct Live {
+        seq: u64,
+        now: f64,
+        title: String,
+        html: String,
+    }
+    match await_status(&state, &q).await {
+        Ok(s) => json(&Live {
+            seq: s.seq,
+            now: s.now,
+            title: crate::status::page::title(&s),
+            html: crate::status::page::fragment(&s, s.now),
+        }),
+        Err(r) => r,
+    }
+}
+
+/// The status of the latest sample, or with `?after=SEQ` of the first newer one, once the
+/// decision loop has stepped on it. An error is the response to send.
+async fn await_status(
+    state: &ServerState,
+    q: &WaitQuery,
+) -> Result<crate::status::Status, Response> {
+    let snap = await_sample(state, q).await?;
     // The rules, holds and spend of this sample come a moment after it, from the decision loop.
     if let Some(p) = &state.status.progress {
         p.await_stepped(snap.seq, Duration::from_secs(2)).await;
     }
-    match gather(&state).await {
-        Some(s) => json(&s),
-        None => (
+    gather(state).await.ok_or_else(|| {
+        (
             StatusCode::INTERNAL_SERVER_ERROR,
             "cannot gather the status\n",
         )
-            .into_response(),
-    }
+            .into_response()
+    })
 }
 
 /// The status, gathered off the async workers (it reads the audit log's tail).

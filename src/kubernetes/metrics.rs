@@ -25,7 +25,7 @@ pub struct KubernetesView {
     pub errors: u64,
 }
 
-pub type KubernetesMetrics = Shared<KubernetesView>;
+pub type SharedKubernetesView = Shared<KubernetesView>;
 
 /// The most pods one GPU's series, or one MIG device's, are labelled with (time-slicing rarely
 /// passes a few dozen): a bound on the series one device can make.
@@ -79,7 +79,7 @@ impl KubernetesView {
 /// `gpuwatch_kubernetes_up`, `gpuwatch_kubernetes_errors_total` and
 /// `gpuwatch_pod_gpu_allocated`.
 pub struct KubernetesCollector {
-    pub view: Arc<KubernetesMetrics>,
+    pub view: Arc<SharedKubernetesView>,
     pub snapshots: Snapshots,
 }
 

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use self::metrics::{KubernetesMetrics, KubernetesView};
+use self::metrics::{KubernetesView, SharedKubernetesView};
 use self::proto::{ListPodResourcesRequest, ListPodResourcesResponse};
 
 /// The container a GPU is assigned to.
@@ -171,8 +171,27 @@ pub async fn list(socket: &Path) -> Result<Vec<Assignment>, KubeletError> {
     Ok(assignments(response.into_inner()))
 }
 
+/// On Kubernetes (`[kubernetes] pod_resources_socket` set): starts polling the kubelet for who
+/// holds which device, off the scrape path, and registers `gpuwatch_kubernetes_up` and
+/// `gpuwatch_pod_gpu_allocated`. Returns the view that the GPU series and pod-scoped rules read.
+pub fn spawn(
+    config: &crate::config::Config,
+    snapshots: &crate::gpu::sampler::Snapshots,
+    registry: &mut prometheus_client::registry::Registry,
+    tasks: &mut tokio::task::JoinSet<()>,
+) -> Option<Arc<SharedKubernetesView>> {
+    let socket = config.kubernetes.pod_resources_socket.clone()?;
+    let view = Arc::new(SharedKubernetesView::default());
+    tasks.spawn(poll(socket, config.kubernetes.refresh, Arc::clone(&view)));
+    registry.register_collector(Box::new(metrics::KubernetesCollector {
+        view: Arc::clone(&view),
+        snapshots: snapshots.clone(),
+    }));
+    Some(view)
+}
+
 /// Refreshes the assignments every `every` until the daemon stops.
-pub async fn poll(socket: PathBuf, every: Duration, view: Arc<KubernetesMetrics>) {
+pub async fn poll(socket: PathBuf, every: Duration, view: Arc<SharedKubernetesView>) {
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut last_error: Option<String> = None;

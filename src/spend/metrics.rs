@@ -35,11 +35,11 @@ pub struct AlertKey {
 }
 
 /// Shared between the watch, which writes it, and the collector.
-pub type CostMetrics = Shared<CostView>;
+pub type SharedCostView = Shared<CostView>;
 
 /// The cost and budget series.
 #[derive(Debug)]
-pub struct CostCollector(pub std::sync::Arc<CostMetrics>);
+pub struct CostCollector(pub std::sync::Arc<SharedCostView>);
 
 impl Collector for CostCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {

@@ -14,12 +14,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::gpu::sampler::Snapshots;
 use crate::gpu::Snapshot;
-use crate::spend::metrics::CostMetrics;
-use crate::watch::metrics::WatchMetrics;
+use crate::spend::metrics::SharedCostView;
+use crate::watch::metrics::SharedWatchView;
 
 /// Below this utilization, with a compute process running, a GPU is underfed rather than idle
 /// (the `GpuwatchGpuUnderutilized` alert uses the same line over 30 minutes).
 pub const UNDERUTILIZED_BELOW: f64 = 0.6;
+
+/// A GPU at or above this utilization whose SMs are active below `SPINNING_SM_BELOW` of the
+/// time reads busy while doing almost nothing: a process spins on a tiny kernel.
+pub const SPINNING_UTILIZATION: f64 = 0.9;
+pub const SPINNING_SM_BELOW: f64 = 0.1;
 
 /// The audit events the status shows.
 pub const EVENTS: usize = 20;
@@ -114,6 +119,10 @@ pub struct Gpu {
     pub idle_seconds: Option<f64>,
     /// Busy, but underfed: see [`UNDERUTILIZED_BELOW`].
     pub underutilized: bool,
+    /// The share of time its SMs had work (GPM, Hopper and later), 0 to 1.
+    pub sm_active: Option<f64>,
+    /// Busy by utilization while its SMs are nearly idle: see [`SPINNING_UTILIZATION`].
+    pub spinning: bool,
     /// Its MIG devices, while MIG mode is on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig: Vec<MigDevice>,
@@ -194,8 +203,8 @@ pub struct Event {
 #[derive(Clone)]
 pub struct Sources {
     pub snapshots: Snapshots,
-    pub watch: Arc<WatchMetrics>,
-    pub cost: Arc<CostMetrics>,
+    pub watch: Arc<SharedWatchView>,
+    pub cost: Arc<SharedCostView>,
     /// The audit log, when the cost watch runs.
     pub audit: Option<PathBuf>,
     pub watching: bool,
@@ -218,6 +227,32 @@ pub struct EventsCache {
 }
 
 impl Sources {
+    /// What the status page and `/api/v1/status` read, from the daemon's parts.
+    pub fn new(
+        config: &crate::config::Config,
+        snapshots: Snapshots,
+        watch: &crate::watch::Started,
+    ) -> Sources {
+        let running = watch.task.is_some();
+        Sources {
+            snapshots,
+            watch: Arc::clone(&watch.view),
+            cost: Arc::clone(&watch.cost),
+            audit: watch.audit.clone().filter(|_| running),
+            watching: running,
+            hostname: crate::exposition::hostname(config),
+            thresholds: config
+                .budgets
+                .iter()
+                .map(|b| (b.name.clone(), b.thresholds.clone()))
+                .collect(),
+            // Absolute, so that the `gpuwatch hold --config` it shows works from anywhere.
+            config_path: std::fs::canonicalize(&config.path).unwrap_or(config.path.clone()),
+            progress: running.then(|| Arc::clone(&watch.progress)),
+            events: Arc::default(),
+        }
+    }
+
     /// The status now. Reads the tail of the audit log (bounded), so call it off the async
     /// workers.
     pub fn gather(&self) -> Status {
@@ -344,6 +379,14 @@ pub fn from_snapshot(snap: &Snapshot) -> Status {
             underutilized: g.up
                 && g.processes.is_some_and(|n| n > 0)
                 && g.utilization_ratio.is_some_and(|u| u < UNDERUTILIZED_BELOW),
+            sm_active: g.gpm.as_ref().and_then(|m| m.sm_active),
+            spinning: g.up
+                && g.utilization_ratio
+                    .is_some_and(|u| u >= SPINNING_UTILIZATION)
+                && g.gpm
+                    .as_ref()
+                    .and_then(|m| m.sm_active)
+                    .is_some_and(|sm| sm < SPINNING_SM_BELOW),
             mig: g
                 .mig
                 .iter()

@@ -1,11 +1,15 @@
-//! The status page at `/`: rendered here, so that it reads without JavaScript and `curl` shows
-//! the facts as text; `status.js` then keeps it current from `/api/v1/status` (long-poll) and
-//! renders the same markup. Nothing is fetched from anywhere but gpuwatch, and the page's
+//! The status page at `/`: rendered here, and only here, so that it reads without JavaScript
+//! and `curl` shows the facts as text. `status.js` keeps it current: it long-polls
+//! `/api/v1/status/live`, which answers with the live part rendered by `fragment` (the same
+//! markup as the first paint), and swaps it in; the script only counts down pending actions
+//! between samples. Nothing is fetched from anywhere but gpuwatch, and the page's
 //! Content-Security-Policy says so to the browser.
 
 use std::fmt::Write as _;
 
-use super::text::{duration, gib, mig_name, percent, process_count, processes, underutilized_hint};
+use super::text::{
+    duration, gib, mig_name, percent, process_count, processes, spinning_hint, underutilized_hint,
+};
 use super::{Health, Status};
 
 /// The page's Content-Security-Policy: its own script, style and API, nothing else.
@@ -48,18 +52,35 @@ pub fn render(s: &Status, now: f64) -> String {
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
          <meta name=\"color-scheme\" content=\"light dark\">\
-         <title>gpuwatch on {host}</title>\
+         <title>{title}</title>\
          <link rel=\"stylesheet\" href=\"static/status.css\">\
          <script src=\"static/status.js\" defer></script></head>\n\
          <body data-seq=\"{seq}\" data-at=\"{now}\">\n<header><h1>gpuwatch <small>{version}</small> on {host}</h1>\
          <p class=\"links\"><a href=\"metrics\">metrics</a> · <a href=\"api/v1/status\">status JSON</a> · \
          <a href=\"api/v1/snapshot\">snapshot JSON</a></p></header>\n<main id=\"main\">\n",
         host = escape(&s.node.hostname),
+        title = escape(&title(s)),
         seq = s.seq,
         version = escape(&s.version),
     );
-    main(&mut o, s, now);
+    o.push_str(&fragment(s, now));
     o.push_str("</main>\n<footer id=\"live\">Updates live with JavaScript; without it, reload.</footer>\n</body></html>\n");
+    o
+}
+
+/// The page's title: the node, and its health unless it is ok.
+pub fn title(s: &Status) -> String {
+    match s.health {
+        Health::Ok => format!("gpuwatch on {}", s.node.hostname),
+        h => format!("gpuwatch on {} ({})", s.node.hostname, health_word(h)),
+    }
+}
+
+/// The live part of the page (inside `<main>`), for the first paint and for every update.
+/// `now` is the server's clock, for the countdowns.
+pub fn fragment(s: &Status, now: f64) -> String {
+    let mut o = String::with_capacity(8192);
+    main(&mut o, s, now);
     o
 }
 
@@ -129,7 +150,7 @@ fn main(o: &mut String, s: &Status, now: f64) {
             o,
             "<tr class=\"gpu{lost}\" data-index=\"{i}\"><td><b>{i}</b> <span class=\"name\">{name}</span></td>\
              <td class=\"state\">{state}</td>\
-             <td class=\"util\"><meter min=\"0\" max=\"1\" value=\"{u}\"></meter> {util}</td>\
+             <td class=\"util\"><meter min=\"0\" max=\"1\" value=\"{u}\"></meter> {util}{sm}</td>\
              <td class=\"memory\">{used} of {total}</td><td class=\"temp\">{temp}</td>\
              <td class=\"power\">{power}</td><td class=\"idle\" data-idle=\"{idle_s}\">{idle}</td>\
              <td class=\"procs\">{procs}</td></tr>",
@@ -139,6 +160,11 @@ fn main(o: &mut String, s: &Status, now: f64) {
             state = if g.up { "up" } else { "lost" },
             u = g.utilization.unwrap_or(0.0),
             util = percent(g.utilization),
+            sm = g.sm_active.map_or(String::new(), |sm| format!(
+                " <span class=\"sm{flag}\">SM {}</span>",
+                percent(Some(sm)),
+                flag = if g.spinning { " spinning" } else { "" }
+            )),
             used = gib(g.memory_used_bytes),
             total = gib(g.memory_total_bytes),
             temp = g
@@ -173,6 +199,14 @@ fn main(o: &mut String, s: &Status, now: f64) {
             o,
             "<p class=\"hint\">{}</p>",
             escape(&underutilized_hint(g))
+        );
+    }
+    for g in s.gpus.iter().filter(|g| g.spinning) {
+        let _ = write!(
+            o,
+            "<p class=\"hint spinning\" data-index=\"{}\">{}</p>",
+            g.index,
+            escape(&spinning_hint(g))
         );
     }
     o.push_str("</section>\n");
@@ -309,6 +343,29 @@ mod tests {
         assert!(!page.contains("<img"), "{page}");
         assert!(!page.contains("<b>GPU"), "{page}");
         assert!(page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    }
+
+    #[test]
+    fn the_page_is_its_live_fragment_inside_the_frame() {
+        let mut s = super::super::from_snapshot(&crate::gpu::Snapshot::default());
+        s.gpus.push(super::super::Gpu {
+            index: 1,
+            up: true,
+            utilization: Some(1.0),
+            sm_active: Some(0.02),
+            spinning: true,
+            ..Default::default()
+        });
+        let live = fragment(&s, 0.0);
+        assert!(render(&s, 0.0).contains(&format!("<main id=\"main\">\n{live}</main>")));
+        assert!(
+            live.contains("100% <span class=\"sm spinning\">SM 2%</span>"),
+            "{live}"
+        );
+        assert!(
+            live.contains("GPU 1 reads 100% busy, 2% SM active"),
+            "{live}"
+        );
     }
 
     #[test]

@@ -72,6 +72,16 @@ pub fn underutilized_hint(g: &super::Gpu) -> String {
     )
 }
 
+/// The hint for a GPU that reads busy while its SMs are nearly idle.
+pub fn spinning_hint(g: &super::Gpu) -> String {
+    format!(
+        "GPU {} reads {} busy, {} SM active: a process spins on a tiny kernel",
+        g.index,
+        percent(g.utilization),
+        percent(g.sm_active)
+    )
+}
+
 /// Text from outside (GPU and process names, tags, reasons, an error body) made safe for a
 /// terminal: control characters, escape sequences' start among them, become U+FFFD.
 pub fn plain(text: &str) -> String {
@@ -175,6 +185,9 @@ fn render_lines(s: &Status, now: f64) -> String {
     }
     for g in s.gpus.iter().filter(|g| g.underutilized) {
         let _ = writeln!(out, "hint: {}", underutilized_hint(g));
+    }
+    for g in s.gpus.iter().filter(|g| g.spinning) {
+        let _ = writeln!(out, "hint: {}", spinning_hint(g));
     }
     if s.watching {
         let _ = writeln!(out);

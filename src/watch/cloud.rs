@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::metrics::{NodeLabel, WatchMetrics};
+use super::metrics::{NodeLabel, SharedWatchView};
 use super::NodeSignals;
 use crate::actions::Executor;
 use crate::config::{TagLabel, MAX_LABEL_VALUE};
@@ -17,7 +17,7 @@ pub struct CloudPoller {
     pub ec2: Option<crate::cloud::ec2::Ec2>,
     pub signals: Arc<NodeSignals>,
     pub executor: Arc<Executor>,
-    pub metrics: Arc<WatchMetrics>,
+    pub metrics: Arc<SharedWatchView>,
     pub hook: Vec<String>,
     pub hook_timeout: Duration,
     /// Instance tags copied onto `gpuwatch_node_info`.
@@ -177,7 +177,7 @@ struct Failures {
 }
 
 impl Failures {
-    fn report(&mut self, what: &str, e: &crate::cloud::imds::ImdsError, metrics: &WatchMetrics) {
+    fn report(&mut self, what: &str, e: &crate::cloud::imds::ImdsError, metrics: &SharedWatchView) {
         metrics.update(|v| v.imds_errors += 1);
         if self
             .last_warned

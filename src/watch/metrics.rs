@@ -57,11 +57,11 @@ pub struct ActionResult {
 }
 
 /// Shared between the loops that write it and the collector that reads it.
-pub type WatchMetrics = Shared<WatchView>;
+pub type SharedWatchView = Shared<WatchView>;
 
 /// The cost watch's series, from its latest view.
 #[derive(Debug)]
-pub struct WatchCollector(pub std::sync::Arc<WatchMetrics>);
+pub struct WatchCollector(pub std::sync::Arc<SharedWatchView>);
 
 impl Collector for WatchCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {

@@ -6,17 +6,20 @@
 mod cloud;
 pub mod metrics;
 pub mod progress;
+mod start;
+
+pub use start::{spawn, Started, WatchTask};
 
 pub use cloud::{poll_cloud, CloudPoller};
 
 use std::sync::{Arc, Mutex};
 
-use self::metrics::{ActionResult, IdleGpu, WatchMetrics};
+use self::metrics::{ActionResult, IdleGpu, SharedWatchView};
 use crate::actions::{Executor, Outcome};
 use crate::config::Config;
 use crate::gpu::sampler::Snapshots;
 use crate::gpu::{GpuSample, MigSample, Snapshot};
-use crate::spend::metrics::{AlertKey, CostMetrics};
+use crate::spend::metrics::{AlertKey, SharedCostView};
 use gpuwatch_core::cost::budget::Crossing;
 use gpuwatch_core::cost::ledger::Closed;
 use gpuwatch_core::step::order::{on_executed, settle_in_flight, Executed};
@@ -150,16 +153,16 @@ pub struct Watch {
     pub config: Config,
     pub state_dir: StateDir,
     pub executor: Arc<Executor>,
-    pub metrics: Arc<WatchMetrics>,
+    pub metrics: Arc<SharedWatchView>,
     /// The cost and budget series, which each step updates.
-    pub cost: Arc<CostMetrics>,
+    pub cost: Arc<SharedCostView>,
     pub signals: Arc<NodeSignals>,
     pub tracker: crate::spend::Tracker,
     pub services: Option<crate::cloud::services::Services>,
     /// Budget alerts being published to SNS.
     pub publishes: tokio::task::JoinSet<()>,
     /// Who holds which GPU, on Kubernetes (for pod-scoped rules).
-    pub pods: Option<Arc<crate::kubernetes::metrics::KubernetesMetrics>>,
+    pub pods: Option<Arc<crate::kubernetes::metrics::SharedKubernetesView>>,
     /// How far the loop has come, for the systemd watchdog.
     pub progress: Arc<crate::watch::progress::Progress>,
     /// What this step changed of the view, published with the rest of it at the step's end, so

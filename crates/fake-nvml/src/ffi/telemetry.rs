@@ -1,0 +1,133 @@
+//! A GPU's readings: utilization, temperature, power, its limit and energy, clocks, throttle
+//! reasons and ECC error counts.
+
+use std::ffi::{c_uint, c_ulonglong};
+
+use nvml_wrapper_sys::bindings::*;
+
+use super::{index_of, query, state};
+use crate::scenario::Field;
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: nvmlDevice_t,
+    utilization: *mut nvmlUtilization_t,
+) -> nvmlReturn_t {
+    // In MIG mode NVML does not report the GPU's utilization.
+    if let Ok(st) = state() {
+        if let Ok(gpu) = index_of(st, device) {
+            if !st.scenario.gpus[gpu as usize].mig.is_empty() {
+                return nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
+            }
+        }
+    }
+    query(device, Field::Utilization, utilization, |g, t| {
+        nvmlUtilization_t {
+            gpu: crate::scenario::to_u32(g.utilization.at(t)),
+            memory: crate::scenario::to_u32(g.memory_utilization.at(t)),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTemperature(
+    device: nvmlDevice_t,
+    sensor: nvmlTemperatureSensors_t,
+    temp: *mut c_uint,
+) -> nvmlReturn_t {
+    if sensor != nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    query(device, Field::Temperature, temp, |g, t| {
+        crate::scenario::to_u32(g.temperature.at(t))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
+    device: nvmlDevice_t,
+    power: *mut c_uint,
+) -> nvmlReturn_t {
+    query(device, Field::Power, power, |g, t| g.power_milliwatts(t))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetEnforcedPowerLimit(
+    device: nvmlDevice_t,
+    limit: *mut c_uint,
+) -> nvmlReturn_t {
+    query(device, Field::PowerLimit, limit, |g, _| {
+        g.power_limit_milliwatts
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTotalEnergyConsumption(
+    device: nvmlDevice_t,
+    energy: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    query(device, Field::Energy, energy, |g, t| {
+        g.energy_millijoules(t)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
+    device: nvmlDevice_t,
+    clock_type: nvmlClockType_t,
+    clock: *mut c_uint,
+) -> nvmlReturn_t {
+    let pick = match clock_type {
+        nvmlClockType_enum_NVML_CLOCK_GRAPHICS | nvmlClockType_enum_NVML_CLOCK_SM => 0,
+        nvmlClockType_enum_NVML_CLOCK_MEM => 1,
+        nvmlClockType_enum_NVML_CLOCK_VIDEO => 2,
+        _ => return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+    };
+    query(device, Field::Clocks, clock, |g, t| match pick {
+        0 => crate::scenario::to_u32(g.sm_clock_mhz.at(t)),
+        1 => crate::scenario::to_u32(g.memory_clock_mhz.at(t)),
+        _ => crate::scenario::to_u32(g.sm_clock_mhz.at(t) * 0.9),
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
+    device: nvmlDevice_t,
+    reasons: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    query(device, Field::Throttle, reasons, |g, _| {
+        g.throttle_active & g.throttle_supported
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedClocksThrottleReasons(
+    device: nvmlDevice_t,
+    reasons: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    query(device, Field::Throttle, reasons, |g, _| {
+        g.throttle_supported
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
+    device: nvmlDevice_t,
+    error_type: nvmlMemoryErrorType_t,
+    _counter_type: nvmlEccCounterType_t,
+    count: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    let corrected = match error_type {
+        nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_CORRECTED => true,
+        nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_UNCORRECTED => false,
+        _ => return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+    };
+    query(device, Field::Ecc, count, |g, t| {
+        let s = if corrected {
+            &g.ecc_corrected
+        } else {
+            &g.ecc_uncorrected
+        };
+        s.at(t).max(0.0) as u64
+    })
+}

@@ -1,0 +1,140 @@
+//! The devices of a scenario: a GPU's identity and readings, its MIG devices, and its GPM
+//! metrics, each a function of simulated time.
+
+use super::{to_u32, Series};
+
+#[derive(Debug, Clone)]
+pub struct Gpu {
+    pub name: String,
+    pub uuid: String,
+    pub pci_bus_id: String,
+    pub memory_total_bytes: u64,
+    pub power_limit_milliwatts: u32,
+    /// Percent, as NVML reports it. Values above 100 are passed through unchanged.
+    pub utilization: Series,
+    pub memory_utilization: Series,
+    pub memory_used_mib: Series,
+    pub temperature: Series,
+    pub power_watts: Series,
+    pub sm_clock_mhz: Series,
+    pub memory_clock_mhz: Series,
+    pub processes: Series,
+    pub process_name: String,
+    pub ecc_corrected: Series,
+    pub ecc_uncorrected: Series,
+    /// NVML clock-throttle reason bits that this GPU supports.
+    pub throttle_supported: u64,
+    /// NVML clock-throttle reason bits that are active.
+    pub throttle_active: u64,
+    /// The GPU's MIG devices, over time; MIG mode is on when there are any.
+    pub mig: Vec<Mig>,
+    /// GPM metrics; `None`: the GPU does not support GPM.
+    pub gpm: Option<Gpm>,
+}
+
+impl Gpu {
+    pub fn memory_used_bytes(&self, t: f64) -> u64 {
+        let used = (self.memory_used_mib.at(t).max(0.0) * MIB) as u64;
+        used.min(self.memory_total_bytes)
+    }
+
+    pub fn power_milliwatts(&self, t: f64) -> u32 {
+        to_u32(self.power_watts.at(t) * 1000.0)
+    }
+
+    /// Energy since simulated time 0, in millijoules: the integral of power.
+    pub fn energy_millijoules(&self, t: f64) -> u64 {
+        (self.power_watts.integral(t) * 1000.0).max(0.0).round() as u64
+    }
+
+    pub fn process_count(&self, t: f64) -> u32 {
+        to_u32(self.processes.at(t).round())
+    }
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// NVML's clock-throttle reason bits, by the names scenarios use.
+pub const THROTTLE_REASONS: &[(&str, u64)] = &[
+    ("gpu_idle", 0x1),
+    ("applications_clocks_setting", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+    ("display_clock_setting", 0x100),
+];
+
+/// A GPM metric a scenario can give a series (NVML's `nvmlGpmMetricId_t`, by name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum GpmMetric {
+    SmActive,
+    SmOccupancy,
+    GraphicsActive,
+    TensorActive,
+    DramActive,
+    Fp64Active,
+    Fp32Active,
+    Fp16Active,
+    IntegerActive,
+    PcieTx,
+    PcieRx,
+    NvlinkTx,
+    NvlinkRx,
+}
+
+/// A GPU's GPM metrics over simulated time, in NVML's units: percent for activities, MiB/s for
+/// PCIe and NVLink. A GPU without a `gpm` table does not support GPM.
+#[derive(Debug, Clone)]
+pub struct Gpm {
+    pub series: Vec<(GpmMetric, Series)>,
+}
+
+impl Gpm {
+    /// The metric's mean over `[t1, t2]`, as NVML computes it from two samples; `None` for a
+    /// metric the scenario does not name, which the driver reports as not supported.
+    pub fn mean(&self, metric: GpmMetric, t1: f64, t2: f64) -> Option<f64> {
+        let (_, s) = self.series.iter().find(|(m, _)| *m == metric)?;
+        Some(if t2 > t1 {
+            (s.integral(t2) - s.integral(t1)) / (t2 - t1)
+        } else {
+            s.at(t2)
+        })
+    }
+}
+
+/// A MIG device of a GPU: a GPU instance (with one compute instance) of a profile, its memory
+/// and processes, its GPM metrics, and when it exists (a layout change ends one and starts
+/// others).
+#[derive(Debug, Clone)]
+pub struct Mig {
+    pub uuid: String,
+    /// Such as `3g.40gb`.
+    pub profile: String,
+    pub gpu_instance: u32,
+    pub compute_instance: u32,
+    pub memory_total_bytes: u64,
+    pub memory_used_mib: Series,
+    pub processes: Series,
+    pub gpm: Option<Gpm>,
+    /// Simulated seconds from which it exists.
+    pub from: f64,
+    /// Simulated seconds at which it is destroyed; `None` is never.
+    pub until: Option<f64>,
+}
+
+impl Mig {
+    pub fn exists(&self, t: f64) -> bool {
+        t >= self.from && self.until.is_none_or(|u| t < u)
+    }
+
+    pub fn memory_used_bytes(&self, t: f64) -> u64 {
+        ((self.memory_used_mib.at(t).max(0.0) * MIB) as u64).min(self.memory_total_bytes)
+    }
+
+    pub fn process_count(&self, t: f64) -> u32 {
+        to_u32(self.processes.at(t).round())
+    }
+}

@@ -1,0 +1,433 @@
+//! The scenario file's raw form, as TOML reads it, with its defaults, and its validation into a
+//! [`Scenario`]: every error names the key at fault.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::series::RawSeries;
+use super::{
+    to_u32, Fault, FaultKind, Field, Gpm, GpmMetric, Gpu, Mig, Scenario, Series, THROTTLE_REASONS,
+};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawScenario {
+    #[serde(default = "default_driver")]
+    driver_version: String,
+    nvml_version: Option<String>,
+    #[serde(default = "default_cuda")]
+    cuda_driver_version: i32,
+    #[serde(default)]
+    time: RawTime,
+    #[serde(default)]
+    gpu: Vec<RawGpu>,
+    #[serde(default)]
+    fault: Vec<RawFault>,
+}
+
+fn default_driver() -> String {
+    "550.54.15".to_string()
+}
+
+fn default_cuda() -> i32 {
+    12040
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTime {
+    #[serde(default = "one")]
+    speed: f64,
+    #[serde(default)]
+    start: Option<String>,
+}
+
+impl Default for RawTime {
+    fn default() -> Self {
+        RawTime {
+            speed: 1.0,
+            start: None,
+        }
+    }
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGpu {
+    #[serde(default = "default_name")]
+    name: String,
+    uuid: Option<String>,
+    pci_bus_id: Option<String>,
+    #[serde(default = "default_memory")]
+    memory_total_mib: u64,
+    #[serde(default = "default_power_limit")]
+    power_limit_watts: f64,
+    utilization: Option<RawSeries>,
+    memory_utilization: Option<RawSeries>,
+    memory_used_mib: Option<RawSeries>,
+    temperature: Option<RawSeries>,
+    power_watts: Option<RawSeries>,
+    sm_clock_mhz: Option<RawSeries>,
+    memory_clock_mhz: Option<RawSeries>,
+    processes: Option<RawSeries>,
+    #[serde(default = "default_process_name")]
+    process_name: String,
+    ecc_corrected: Option<RawSeries>,
+    ecc_uncorrected: Option<RawSeries>,
+    #[serde(default = "default_throttle_supported")]
+    throttle_supported: Vec<String>,
+    #[serde(default)]
+    throttle_active: Vec<String>,
+    /// MIG devices by UUID alone (1g.10gb each); `mig` describes them fully.
+    #[serde(default)]
+    mig_devices: Vec<String>,
+    #[serde(default)]
+    mig: Vec<RawMig>,
+    gpm: Option<RawGpm>,
+}
+
+fn default_name() -> String {
+    "NVIDIA H100 80GB HBM3".to_string()
+}
+
+fn default_memory() -> u64 {
+    81559
+}
+
+fn default_power_limit() -> f64 {
+    700.0
+}
+
+fn default_process_name() -> String {
+    "python3".to_string()
+}
+
+fn default_throttle_supported() -> Vec<String> {
+    THROTTLE_REASONS
+        .iter()
+        .map(|(n, _)| n.to_string())
+        .collect()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFault {
+    at: String,
+    until: Option<String>,
+    gpu: Option<u32>,
+    kind: String,
+    #[serde(default)]
+    fields: Vec<Field>,
+    delay: Option<String>,
+    xid: Option<u64>,
+}
+
+pub(super) fn secs(key: &str, text: &str) -> Result<f64, String> {
+    humantime::parse_duration(text)
+        .map(|d| d.as_secs_f64())
+        .map_err(|e| format!("{key}: \"{text}\" is not a duration: {e}"))
+}
+
+impl RawScenario {
+    pub(super) fn validate(self, base: &Path) -> Result<Scenario, String> {
+        if !(self.time.speed >= 0.0 && self.time.speed.is_finite()) {
+            return Err(format!(
+                "time.speed: \"{}\" must be a finite number >= 0",
+                self.time.speed
+            ));
+        }
+        let start = match &self.time.start {
+            Some(s) => secs("time.start", s)?,
+            None => 0.0,
+        };
+        let mut gpus = Vec::with_capacity(self.gpu.len());
+        for (i, g) in self.gpu.into_iter().enumerate() {
+            gpus.push(g.validate(i, base)?);
+        }
+        let mut faults = Vec::with_capacity(self.fault.len());
+        for (i, f) in self.fault.into_iter().enumerate() {
+            let key = format!("fault[{i}]");
+            if let Some(g) = f.gpu {
+                if g as usize >= gpus.len() {
+                    return Err(format!("{key}.gpu: \"{g}\" is not a GPU of this scenario"));
+                }
+            }
+            let kind = match f.kind.as_str() {
+                "lost" if f.fields.is_empty() => FaultKind::Lost,
+                "lost" => FaultKind::LostFor(f.fields.into_iter().collect()),
+                "not_supported" => {
+                    if f.fields.is_empty() {
+                        return Err(format!("{key}.fields: a not_supported fault names fields"));
+                    }
+                    FaultKind::NotSupported(f.fields.into_iter().collect())
+                }
+                "fails" => {
+                    if f.fields.is_empty() {
+                        return Err(format!("{key}.fields: a fails fault names fields"));
+                    }
+                    FaultKind::Fails(f.fields.into_iter().collect())
+                }
+                "delay" => {
+                    let text = f
+                        .delay
+                        .ok_or_else(|| format!("{key}.delay: a delay fault needs a delay"))?;
+                    FaultKind::Delay(Duration::from_secs_f64(secs(
+                        &format!("{key}.delay"),
+                        &text,
+                    )?))
+                }
+                "xid" => FaultKind::Xid(
+                    f.xid
+                        .ok_or_else(|| format!("{key}.xid: an xid fault needs an xid"))?,
+                ),
+                "init_failure" => FaultKind::InitFailure,
+                other => {
+                    return Err(format!(
+                        "{key}.kind: \"{other}\" is not one of lost, not_supported, fails, delay, xid, init_failure"
+                    ))
+                }
+            };
+            faults.push(Fault {
+                at: secs(&format!("{key}.at"), &f.at)?,
+                until: match f.until {
+                    Some(u) => Some(secs(&format!("{key}.until"), &u)?),
+                    None => None,
+                },
+                gpu: f.gpu,
+                kind,
+            });
+        }
+        Ok(Scenario {
+            nvml_version: self
+                .nvml_version
+                .unwrap_or_else(|| format!("12.{}", self.driver_version)),
+            driver_version: self.driver_version,
+            cuda_driver_version: self.cuda_driver_version,
+            speed: self.time.speed,
+            start,
+            gpus,
+            faults,
+        })
+    }
+}
+
+impl RawGpu {
+    fn validate(self, i: usize, base: &Path) -> Result<Gpu, String> {
+        let key = format!("gpu[{i}]");
+        let series = |name: &str, raw: Option<RawSeries>, default: f64| -> Result<Series, String> {
+            match raw {
+                None => Ok(Series::Constant(default)),
+                Some(r) => r.validate(&format!("{key}.{name}"), base),
+            }
+        };
+        let bits = |name: &str, names: &[String]| -> Result<u64, String> {
+            names.iter().try_fold(0u64, |acc, n| {
+                THROTTLE_REASONS
+                    .iter()
+                    .find(|(k, _)| k == n)
+                    .map(|(_, b)| acc | b)
+                    .ok_or_else(|| format!("{key}.{name}: \"{n}\" is not a throttle reason"))
+            })
+        };
+        let limit_w = self.power_limit_watts;
+        Ok(Gpu {
+            uuid: self
+                .uuid
+                .unwrap_or_else(|| format!("GPU-00000000-0000-4000-8000-{:012x}", i + 1)),
+            pci_bus_id: self
+                .pci_bus_id
+                .unwrap_or_else(|| format!("00000000:{:02X}:00.0", 0x18 + i * 0x10)),
+            memory_total_bytes: self.memory_total_mib * 1024 * 1024,
+            power_limit_milliwatts: to_u32(limit_w * 1000.0),
+            utilization: series("utilization", self.utilization, 0.0)?,
+            memory_utilization: series("memory_utilization", self.memory_utilization, 0.0)?,
+            memory_used_mib: series("memory_used_mib", self.memory_used_mib, 0.0)?,
+            temperature: series("temperature", self.temperature, 35.0)?,
+            power_watts: series("power_watts", self.power_watts, limit_w * 0.1)?,
+            sm_clock_mhz: series("sm_clock_mhz", self.sm_clock_mhz, 1980.0)?,
+            memory_clock_mhz: series("memory_clock_mhz", self.memory_clock_mhz, 2619.0)?,
+            processes: series("processes", self.processes, 0.0)?,
+            ecc_corrected: series("ecc_corrected", self.ecc_corrected, 0.0)?,
+            ecc_uncorrected: series("ecc_uncorrected", self.ecc_uncorrected, 0.0)?,
+            throttle_supported: bits("throttle_supported", &self.throttle_supported)?,
+            throttle_active: bits("throttle_active", &self.throttle_active)?,
+            mig: {
+                let mut mig = Vec::new();
+                for (m, uuid) in self.mig_devices.into_iter().enumerate() {
+                    mig.push(
+                        RawMig {
+                            uuid: Some(uuid),
+                            profile: default_profile(),
+                            ..RawMig::default()
+                        }
+                        .validate(
+                            &format!("{key}.mig_devices[{m}]"),
+                            i,
+                            m,
+                            base,
+                        )?,
+                    );
+                }
+                let from_list = mig.len();
+                if from_list + self.mig.len() > MAX_MIG {
+                    return Err(format!(
+                        "{key}.mig: {} MIG devices; a GPU has at most {MAX_MIG}",
+                        from_list + self.mig.len()
+                    ));
+                }
+                for (m, raw) in self.mig.into_iter().enumerate() {
+                    mig.push(raw.validate(&format!("{key}.mig[{m}]"), i, from_list + m, base)?);
+                }
+                mig
+            },
+            gpm: match self.gpm {
+                Some(g) => Some(g.validate(&format!("{key}.gpm"), base)?),
+                None => None,
+            },
+            process_name: self.process_name,
+            name: self.name,
+        })
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawGpm {
+    sm_active: Option<RawSeries>,
+    sm_occupancy: Option<RawSeries>,
+    graphics_active: Option<RawSeries>,
+    tensor_active: Option<RawSeries>,
+    dram_active: Option<RawSeries>,
+    fp64_active: Option<RawSeries>,
+    fp32_active: Option<RawSeries>,
+    fp16_active: Option<RawSeries>,
+    integer_active: Option<RawSeries>,
+    pcie_tx_mib_per_second: Option<RawSeries>,
+    pcie_rx_mib_per_second: Option<RawSeries>,
+    nvlink_tx_mib_per_second: Option<RawSeries>,
+    nvlink_rx_mib_per_second: Option<RawSeries>,
+}
+
+impl RawGpm {
+    fn validate(self, key: &str, base: &Path) -> Result<Gpm, String> {
+        use GpmMetric::*;
+        let named = [
+            ("sm_active", SmActive, self.sm_active),
+            ("sm_occupancy", SmOccupancy, self.sm_occupancy),
+            ("graphics_active", GraphicsActive, self.graphics_active),
+            ("tensor_active", TensorActive, self.tensor_active),
+            ("dram_active", DramActive, self.dram_active),
+            ("fp64_active", Fp64Active, self.fp64_active),
+            ("fp32_active", Fp32Active, self.fp32_active),
+            ("fp16_active", Fp16Active, self.fp16_active),
+            ("integer_active", IntegerActive, self.integer_active),
+            (
+                "pcie_tx_mib_per_second",
+                PcieTx,
+                self.pcie_tx_mib_per_second,
+            ),
+            (
+                "pcie_rx_mib_per_second",
+                PcieRx,
+                self.pcie_rx_mib_per_second,
+            ),
+            (
+                "nvlink_tx_mib_per_second",
+                NvlinkTx,
+                self.nvlink_tx_mib_per_second,
+            ),
+            (
+                "nvlink_rx_mib_per_second",
+                NvlinkRx,
+                self.nvlink_rx_mib_per_second,
+            ),
+        ];
+        let mut series = Vec::new();
+        for (name, metric, raw) in named {
+            if let Some(r) = raw {
+                series.push((metric, r.validate(&format!("{key}.{name}"), base)?));
+            }
+        }
+        Ok(Gpm { series })
+    }
+}
+
+/// The most MIG devices a scenario gives one GPU (over all its layouts): as many as gpuwatch
+/// reads, and few enough for the handles to stay apart.
+const MAX_MIG: usize = 16;
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawMig {
+    uuid: Option<String>,
+    #[serde(default = "default_profile")]
+    profile: String,
+    gpu_instance: Option<u32>,
+    #[serde(default)]
+    compute_instance: u32,
+    memory_total_mib: Option<u64>,
+    memory_used_mib: Option<RawSeries>,
+    processes: Option<RawSeries>,
+    gpm: Option<RawGpm>,
+    from: Option<String>,
+    until: Option<String>,
+}
+
+fn default_profile() -> String {
+    "1g.10gb".to_string()
+}
+
+impl RawMig {
+    fn validate(self, key: &str, gpu: usize, m: usize, base: &Path) -> Result<Mig, String> {
+        // "3g.40gb": 40 GiB of memory, unless the scenario says otherwise.
+        let gb = self
+            .profile
+            .split_once('.')
+            .and_then(|(_, mem)| mem.strip_suffix("gb")?.parse::<u64>().ok());
+        let memory_total_mib = match (self.memory_total_mib, gb) {
+            (Some(mib), _) => mib,
+            (None, Some(gb)) => gb * 1024,
+            (None, None) => {
+                return Err(format!(
+                    "{key}.profile: \"{}\" is not a MIG profile such as \"3g.40gb\"",
+                    self.profile
+                ))
+            }
+        };
+        let series = |name: &str, raw: Option<RawSeries>| -> Result<Series, String> {
+            match raw {
+                None => Ok(Series::Constant(0.0)),
+                Some(r) => r.validate(&format!("{key}.{name}"), base),
+            }
+        };
+        Ok(Mig {
+            uuid: self.uuid.unwrap_or_else(|| {
+                format!("MIG-00000000-0000-4000-8000-{:06x}{:06x}", gpu + 1, m + 1)
+            }),
+            gpu_instance: self.gpu_instance.unwrap_or(m as u32 + 1),
+            compute_instance: self.compute_instance,
+            memory_total_bytes: memory_total_mib * 1024 * 1024,
+            memory_used_mib: series("memory_used_mib", self.memory_used_mib)?,
+            processes: series("processes", self.processes)?,
+            gpm: match self.gpm {
+                Some(g) => Some(g.validate(&format!("{key}.gpm"), base)?),
+                None => None,
+            },
+            from: match &self.from {
+                Some(f) => secs(&format!("{key}.from"), f)?,
+                None => 0.0,
+            },
+            until: match &self.until {
+                Some(u) => Some(secs(&format!("{key}.until"), u)?),
+                None => None,
+            },
+            profile: self.profile,
+        })
+    }
+}

@@ -1,0 +1,123 @@
+//! The device families that are not one reading per device: identity, per-reason, per-XID
+//! and per-process series. Each is a row of the table (`Row::Series`) at its place.
+
+use std::fmt;
+
+use prometheus_client::encoding::DescriptorEncoder;
+
+use super::{GpuView, Scrape};
+use crate::kubernetes::PodRef;
+use crate::metrics::encode::*;
+use crate::metrics::Text;
+
+fn labels<'a>(g: &GpuView<'a>) -> GpuLabels<'a, NoLabels> {
+    with(g, NO_LABELS)
+}
+
+fn with<'a, X>(g: &GpuView<'a>, extra: X) -> GpuLabels<'a, X> {
+    GpuLabels {
+        gpu: g.sample.index,
+        uuid: &g.sample.uuid,
+        pod: g.pod.map(PodRef::labels),
+        extra,
+    }
+}
+
+pub(super) fn info(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {
+    gauges(
+        e,
+        desc("gpu_info", "GPU identity; value 1", None),
+        // A lost GPU keeps its identity, as far as it was ever read.
+        s.unshared
+            .iter()
+            .filter(|g| g.up || g.name.is_some() || g.pci_bus_id.is_some())
+            .map(|g| {
+                let extra = [
+                    ("name", Text(g.name.as_deref().unwrap_or(""))),
+                    ("pci_bus_id", Text(g.pci_bus_id.as_deref().unwrap_or(""))),
+                ];
+                (with(g, extra), 1i64)
+            }),
+    )
+}
+
+pub(super) fn up(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {
+    gauges(
+        e,
+        desc(
+            "gpu_up",
+            "1 when the GPU answers NVML, 0 when it is lost",
+            None,
+        ),
+        s.unshared.iter().map(|g| (labels(g), i64::from(g.up))),
+    )
+}
+
+pub(super) fn throttle(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {
+    gauges(
+        e,
+        desc(
+            "gpu_clock_throttle_active",
+            "1 while the reason is holding clocks down; one series per reason the GPU supports",
+            None,
+        ),
+        s.gpus.iter().filter(|g| g.up).flat_map(|g| {
+            g.throttle_reasons
+                .iter()
+                .map(move |t| (with(g, [("reason", t.reason)]), i64::from(t.active)))
+        }),
+    )
+}
+
+pub(super) fn gpm_supported(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {
+    gauges(
+        e,
+        desc(
+            "gpu_gpm_supported",
+            "1 when the GPU supports GPM profiling metrics (Hopper and later), else 0",
+            None,
+        ),
+        s.unshared
+            .iter()
+            .filter(|g| g.up)
+            .filter_map(|g| g.gpm_supported.map(|v| (labels(g), i64::from(v)))),
+    )
+}
+
+/// XID counts stay visible for lost GPUs: an XID is often what explains the loss, and a
+/// counter that vanished and came back would read as a reset.
+pub(super) fn xid_errors(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {
+    counters(
+        e,
+        desc(
+            "gpu_xid_errors",
+            "Critical XID errors seen since gpuwatch started, by XID code",
+            None,
+        ),
+        s.gpus.iter().flat_map(|g| {
+            g.xid_errors
+                .iter()
+                .map(move |(xid, n)| (with(g, [("xid", *xid)]), *n))
+        }),
+    )
+}
+
+pub(super) fn process_memory(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {
+    gauges(
+        e,
+        desc(
+            "gpu_process_memory_used",
+            "Device memory used by one compute process",
+            Some("bytes"),
+        ),
+        s.unshared.iter().filter(|g| g.up).flat_map(|g| {
+            g.process_memory.iter().flatten().filter_map(move |p| {
+                let extra = (
+                    [("pid", p.pid)],
+                    [("process", Text(p.name.as_deref().unwrap_or("")))],
+                );
+                p.used_memory_bytes.map(|b| (with(g, extra), b as i64))
+            })
+        }),
+    )
+}

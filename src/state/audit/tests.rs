@@ -1,0 +1,168 @@
+use super::read::Entry;
+use super::*;
+
+#[test]
+fn the_audit_log_rotates_by_size_and_count_without_splitting_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(AUDIT_FILE);
+    let log = AuditLog::with_rotation(
+        path.clone(),
+        Rotation {
+            max_bytes: 200,
+            keep: 2,
+        },
+    );
+    for i in 0..20 {
+        log.append(&serde_json::json!({"event": "tick", "n": i, "pad": "x".repeat(40)}))
+            .unwrap();
+    }
+    let mut seen = Vec::new();
+    for name in ["audit.jsonl.2", "audit.jsonl.1", "audit.jsonl"] {
+        let text = fs::read_to_string(dir.path().join(name)).unwrap();
+        assert!(text.len() <= 200, "{name}: {}", text.len());
+        for line in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            seen.push(v["n"].as_u64().unwrap());
+        }
+    }
+    assert!(!dir.path().join("audit.jsonl.3").exists());
+    // The newest records, in order, none split.
+    assert_eq!(seen.last(), Some(&19));
+    assert!(seen.windows(2).all(|w| w[1] == w[0] + 1), "{seen:?}");
+}
+
+#[test]
+fn a_torn_line_never_merges_with_the_next_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(AUDIT_FILE);
+    fs::write(&path, "{\"event\":\"ok\"}\n{\"event\":\"tor").unwrap();
+    AuditLog::new(path.clone())
+        .append(&serde_json::json!({"event": "next"}))
+        .unwrap();
+    let text = fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines[2], "{\"event\":\"next\"}");
+}
+
+/// One record of every kind, as the daemon writes it: the JSONL on disk is an interface
+/// (scripts and `jq` read it), so a change to any line is a change a reviewer sees here.
+#[test]
+fn every_kind_of_record_is_written_as_its_golden_line() {
+    use serde_json::json;
+    let evidence = json!({"breaching_periods": 3, "periods": [0.01, 0.02, 0.0], "threshold": 0.05});
+    let records = [
+        AuditRecord::Started {
+            rules: vec!["idle".into()],
+            grace_until: "2026-12-01T00:10:00Z".into(),
+        },
+        AuditRecord::Stopped,
+        AuditRecord::Breach {
+            rule: "idle".into(),
+            at: 1_796_083_200.0,
+            evidence: evidence.clone(),
+        },
+        AuditRecord::Recovered {
+            rule: "idle".into(),
+            at: 1_796_083_200.0,
+        },
+        AuditRecord::Warning {
+            rule: "idle".into(),
+            at: 1_796_083_200.0,
+            action: Action::Stop,
+            due_at: "2026-12-01T00:15:00Z".into(),
+            evidence: evidence.clone(),
+        },
+        AuditRecord::Cancelled {
+            rule: "idle".into(),
+            at: 1_796_083_200.0,
+            action: Action::Stop,
+            reason: "the GPUs are in use again".into(),
+        },
+        AuditRecord::Postponed {
+            rule: "idle".into(),
+            at: 1_796_083_200.0,
+            action: Action::Terminate,
+            reason: "held until 2026-12-01T02:00:00Z".into(),
+        },
+        AuditRecord::ActionAttempt {
+            rule: "idle".into(),
+            at: 1_796_083_200.0,
+            action: Action::Stop,
+            evidence,
+        },
+        AuditRecord::ActionResult {
+            rule: "idle".into(),
+            action: Action::Stop,
+            result: "done".into(),
+            detail: String::new(),
+        },
+        AuditRecord::ApiCall {
+            rule: "idle".into(),
+            operation: "StopInstances".into(),
+            request_id: Some("req-1".into()),
+        },
+        AuditRecord::ApiError {
+            rule: "idle".into(),
+            operation: "StopInstances".into(),
+            error: "UnauthorizedOperation".into(),
+            request_id: None,
+        },
+        AuditRecord::InFlightAtRestart {
+            rule: "idle".into(),
+            action: Action::Stop,
+            sent_at: "2026-12-01T00:15:00Z".into(),
+            instance_state: Some("stopping".into()),
+            repeated: false,
+        },
+        AuditRecord::BudgetAlert {
+            budget: "monthly".into(),
+            threshold: 0.8,
+            basis: Basis::Actual,
+            ratio: 0.81,
+            limit: 1000.0,
+        },
+        AuditRecord::SnsPublish {
+            budget: "monthly".into(),
+            message_id: Some("msg-1".into()),
+        },
+        AuditRecord::PeriodClosed {
+            period_start: "2026-11-01T00:00:00Z".into(),
+            period_end: "2026-12-01T00:00:00Z".into(),
+            spent_usd: 712.5,
+        },
+        AuditRecord::SpotInterruption {
+            notice: "Interruption { action: \"terminate\" }".into(),
+        },
+        AuditRecord::SpotRebalance,
+        AuditRecord::InterruptionHook {
+            command: vec!["/usr/local/bin/drain".into()],
+            result: "done".into(),
+        },
+        AuditRecord::StateReset {
+            reason: "state.json is corrupt".into(),
+        },
+    ];
+    let mut got = String::new();
+    for (i, r) in records.iter().enumerate() {
+        let instance = (i % 2 == 0).then_some("i-0123456789abcdef0");
+        got += &serde_json::to_string(&r.stamped(1_796_083_260.0, "enforce", instance)).unwrap();
+        got.push('\n');
+    }
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/audit/records.jsonl");
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        fs::write(&path, &got).unwrap();
+    }
+    assert_eq!(
+        got,
+        fs::read_to_string(&path).unwrap(),
+        "rerun with UPDATE_GOLDEN=1 and review"
+    );
+    // The one reader reads every line back as the record it was.
+    for (line, want) in got.lines().zip(&records) {
+        let entry = Entry::parse(line).unwrap();
+        assert_eq!(entry.record.as_ref(), Some(want), "{line}");
+        assert_eq!(entry.time(), Some(1_796_083_260.0));
+        assert!(!entry.sentence().contains(": {"), "{}", entry.sentence());
+    }
+}

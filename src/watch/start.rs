@@ -1,0 +1,238 @@
+//! Starting the cost watch: the state directory and its audit log, instance metadata and the
+//! EC2 API (with `provider = "aws"`), the price and budget pollers, CloudWatch publishing, and
+//! the decision loop itself, each task in the app's `JoinSet`.
+
+use std::sync::Arc;
+
+use prometheus_client::registry::Registry;
+use tokio::task::JoinSet;
+
+use super::metrics::{NodeLabel, SharedWatchView, WatchCollector};
+use super::progress::Progress;
+use super::{NodeSignals, Watch};
+use crate::actions::{Cloud, Executor};
+use crate::cloud::ec2::Ec2;
+use crate::cloud::imds::Imds;
+use crate::cloudwatch::metrics::CloudWatchCollector;
+use crate::config::{Config, Provider};
+use crate::gpu::sampler::Snapshots;
+use crate::kubernetes::metrics::SharedKubernetesView;
+use crate::spend::metrics::{CostCollector, SharedCostView};
+use crate::state::metrics::StateCollector;
+use crate::state::{AuditLog, DirError, StateDir};
+
+/// The cost watch as started: the views it publishes, and its task while it runs.
+pub struct Started {
+    pub view: Arc<SharedWatchView>,
+    pub cost: Arc<SharedCostView>,
+    /// How far the decision loop has come, for `/-/healthy`, the watchdog and the status page.
+    pub progress: Arc<Progress>,
+    /// The audit log, when the watch runs.
+    pub audit: Option<std::path::PathBuf>,
+    /// The running watch; `None` while it is off (no rules, budgets, cloud or price).
+    pub task: Option<WatchTask>,
+}
+
+/// Starts the cost watch: rules, actions, and (with `provider = "aws"`) instance metadata and the
+/// EC2 API. Off AWS, or when instance metadata does not answer, rules run with local actions only.
+///
+/// The views it publishes (the watch's and the cost series) exist, and their collectors are
+/// registered, whether it runs or not. `Err` is a state directory that others can write:
+/// whoever can write it controls holds and pending actions.
+pub async fn spawn(
+    config: &Config,
+    snapshots: Snapshots,
+    pods: Option<Arc<SharedKubernetesView>>,
+    registry: &mut Registry,
+    stop: tokio::sync::watch::Receiver<bool>,
+    tasks: &mut JoinSet<()>,
+) -> Result<Started, DirError> {
+    let metrics = Arc::new(SharedWatchView::default());
+    let cost = Arc::new(SharedCostView::default());
+    let cloudwatch = Arc::new(crate::cloudwatch::Counters::default());
+    let progress = Arc::new(Progress::default());
+    metrics.update(|v| {
+        v.labels = config
+            .node
+            .labels
+            .iter()
+            .map(|(name, value)| NodeLabel {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect();
+    });
+    registry.register_collector(Box::new(WatchCollector(Arc::clone(&metrics))));
+    registry.register_collector(Box::new(CostCollector(Arc::clone(&cost))));
+    if config.cloudwatch.enabled {
+        registry.register_collector(Box::new(CloudWatchCollector(Arc::clone(&cloudwatch))));
+    }
+    let mut started = Started {
+        view: Arc::clone(&metrics),
+        cost: Arc::clone(&cost),
+        progress: Arc::clone(&progress),
+        audit: None,
+        task: None,
+    };
+    if config.rules.is_empty()
+        && config.budgets.is_empty()
+        && config.cloud.provider == Provider::None
+    {
+        tracing::info!("no rules, no budgets and no cloud: the cost watch is off");
+        if config.cost.hourly_price_usd.is_none() {
+            return Ok(started);
+        }
+    }
+    let state_dir = StateDir::new(&config.actions.state_dir);
+    match state_dir.create() {
+        Ok(()) => {}
+        // Whoever else can write the state directory controls holds and pending actions.
+        Err(e @ (DirError::Writable { .. } | DirError::Owner { .. })) => return Err(e),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot create the state directory; no action runs until its records can be written")
+        }
+    }
+    started.audit = Some(state_dir.audit_path());
+    let audit = Arc::new(AuditLog::with_rotation(
+        state_dir.audit_path(),
+        config.actions.audit_rotation,
+    ));
+    registry.register_collector(Box::new(StateCollector(Arc::clone(&audit))));
+    let mut signals = NodeSignals::default();
+    let mut cloud = None;
+    let mut imds = None;
+    let mut services = None;
+    let readings = Arc::new(crate::spend::PollerReadings::default());
+    if config.cloud.provider == Provider::Aws {
+        let client = Arc::new(Imds::new(&config.cloud.imds_endpoint));
+        match client.identity().await {
+            Ok(mut node) => {
+                tracing::info!(
+                    instance = %node.instance_id,
+                    instance_type = %node.instance_type,
+                    zone = %node.availability_zone,
+                    lifecycle = node.lifecycle_label(),
+                    "running on EC2"
+                );
+                if let Some(region) = &config.cloud.region {
+                    node.region.clone_from(region);
+                }
+                let shared = crate::cloud::services::Shared::new(
+                    &node.region,
+                    config.cloud.endpoint_url.as_deref(),
+                );
+                let ec2 = Ec2::new(&shared, &node.instance_id);
+                let svc = crate::cloud::services::Services::new(
+                    &shared,
+                    config.cost.pricing_endpoint_url.as_deref(),
+                );
+                if config.cost.hourly_price_usd.is_none() {
+                    match node.lifecycle {
+                        Some(crate::rules::Lifecycle::Spot) => {
+                            tasks.spawn(crate::spend::poll_spot_price(
+                                ec2.clone(),
+                                node.clone(),
+                                Arc::clone(&readings),
+                                config.cost.spot_price_refresh,
+                            ));
+                        }
+                        _ if config.cost.pricing_api => {
+                            tasks.spawn(crate::spend::poll_pricing_api(
+                                svc.clone(),
+                                node.clone(),
+                                Arc::clone(&readings),
+                            ));
+                        }
+                        _ => {}
+                    }
+                }
+                for b in &config.budgets {
+                    if matches!(b.source, crate::config::BudgetSource::AwsBudgets { .. }) {
+                        tasks.spawn(crate::spend::poll_budget(
+                            svc.clone(),
+                            b.clone(),
+                            Arc::clone(&readings),
+                        ));
+                    }
+                }
+                if config.cloudwatch.enabled {
+                    tasks.spawn(crate::cloudwatch::run(
+                        config.cloudwatch.clone(),
+                        svc.clone(),
+                        node.clone(),
+                        snapshots.clone(),
+                        Arc::clone(&cloudwatch),
+                    ));
+                }
+                services = Some(svc);
+                signals.lifecycle = node.lifecycle;
+                metrics.update(|v| v.node = Some(node.clone()));
+                cloud = Some(Cloud { node, ec2 });
+                imds = Some(client);
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                "instance metadata is unavailable; rules run with local actions only (alert, exec)"
+            ),
+        }
+    }
+    let node = cloud.as_ref().map(|c| c.node.clone());
+    let executor = Arc::new(Executor::new(&config.actions, audit, cloud.clone(), tasks));
+    let signals = Arc::new(signals);
+    if let Some(imds) = imds {
+        tasks.spawn(super::poll_cloud(super::CloudPoller {
+            imds,
+            ec2: cloud.map(|c| c.ec2),
+            signals: Arc::clone(&signals),
+            executor: Arc::clone(&executor),
+            metrics: Arc::clone(&metrics),
+            hook: config.spot.interruption_hook.clone(),
+            tag_labels: config.node.tag_labels.clone(),
+            hook_timeout: config.spot.hook_timeout,
+            every: config.cloud.poll_interval,
+            tag_every: config.cloud.tag_poll_interval,
+        }));
+    }
+    if config.cloudwatch.enabled && services.is_none() {
+        tracing::warn!("[cloudwatch] enabled is set, but gpuwatch is not on EC2 with provider = \"aws\": nothing is published");
+    }
+    for b in &config.budgets {
+        if services.is_none() && matches!(b.source, crate::config::BudgetSource::AwsBudgets { .. })
+        {
+            tracing::warn!(budget = %b.name, "an aws_budgets budget needs provider = \"aws\" on EC2; it stays unknown");
+        }
+    }
+    let watch = Watch {
+        tracker: crate::spend::Tracker::new(config.clone(), node, readings),
+        services,
+        publishes: JoinSet::new(),
+        pods,
+        progress,
+        unpublished: Default::default(),
+        config: config.clone(),
+        state_dir,
+        executor,
+        metrics,
+        cost,
+        signals,
+    };
+    let task = tokio::spawn(watch.run(snapshots, stop));
+    let abort = task.abort_handle();
+    let handle = tokio::spawn(async move {
+        // The watch returns only on shutdown; if it panics, no action is taken from then on
+        // (the safe side), and this says so loudly.
+        if let Err(e) = task.await {
+            if e.is_panic() {
+                tracing::error!(error = %e, "the cost watch stopped: no rule is evaluated and no action taken until gpuwatch restarts");
+            }
+        }
+    });
+    started.task = Some(WatchTask { handle, abort });
+    Ok(started)
+}
+
+/// The running cost watch: awaited at shutdown, and cancelled if it does not stop in time.
+pub struct WatchTask {
+    pub handle: tokio::task::JoinHandle<()>,
+    pub abort: tokio::task::AbortHandle,
+}
