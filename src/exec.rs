@@ -60,7 +60,8 @@ pub async fn run(
         }),
         Err(_) => {
             if let Some(pgid) = pgid.and_then(|p| i32::try_from(p).ok()) {
-                // SAFETY: killpg only sends a signal; the group is the one we created.
+                // SAFETY: killpg only sends a signal; the group is the one we created. (The
+                // standard library's `Child::kill` signals one process, not its group.)
                 unsafe {
                     libc::killpg(pgid, libc::SIGKILL);
                 }

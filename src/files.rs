@@ -101,6 +101,13 @@ fn too_large(max: u64) -> io::Error {
     )
 }
 
+/// This process's effective user id: whose files the state directory and the vetoes trust.
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail. (The standard library has no
+    // getter for the effective user id.)
+    unsafe { libc::geteuid() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,7 +115,7 @@ mod tests {
     fn kinds(dir: &Path) -> Vec<(std::path::PathBuf, &'static str)> {
         let fifo = dir.join("fifo");
         let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
+        // SAFETY: a valid NUL-terminated path. (The standard library cannot make a FIFO.)
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         let socket = dir.join("socket");
         // The socket file stays when the listener closes.

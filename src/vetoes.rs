@@ -156,7 +156,7 @@ mod tests {
         // Restricted to another user, it is not this process.
         let other_uid = VetoesConfig {
             processes: vec![exe.display().to_string()],
-            process_uid: Some(unsafe { libc::geteuid() } + 4242),
+            process_uid: Some(crate::files::effective_uid() + 4242),
             ..VetoesConfig::default()
         };
         assert_eq!(check(&other_uid), None);
@@ -212,7 +212,7 @@ mod tests {
         record[44..49].copy_from_slice(b"alice");
         record[76..85].copy_from_slice(b"10.0.0.99");
         std::fs::write(&path, &record).unwrap();
-        let owned_by_root = unsafe { libc::geteuid() } == 0;
+        let owned_by_root = crate::files::effective_uid() == 0;
         assert_eq!(
             utmp_remote_login(&path),
             owned_by_root.then(|| "alice".to_string())

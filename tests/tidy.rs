@@ -224,3 +224,35 @@ fn no_source_file_outgrows_a_reading() {
     }
     assert!(long.is_empty(), "{}", long.join("\n"));
 }
+
+#[test]
+fn every_unsafe_block_says_why_it_is_sound_and_needed() {
+    let mut files = Vec::new();
+    sources(&root().join("src"), &mut files);
+    let mut bare = Vec::new();
+    for file in files {
+        let rel = file.strip_prefix(root()).unwrap().display().to_string();
+        // The NVML and GPM calls are unsafe by their nature (a C library through
+        // nvml-wrapper); their reasons are the library's contract.
+        if ["src/gpu/nvml.rs", "src/gpu/gpm.rs", "src/gpu/xid.rs"].contains(&rel.as_str()) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for (n, line) in lines.iter().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            if !code.contains("unsafe {") {
+                continue;
+            }
+            let before = lines[n.saturating_sub(4)..n].join("\n");
+            if !before.contains("SAFETY:") {
+                bare.push(format!("{rel}:{}", n + 1));
+            }
+        }
+    }
+    assert!(
+        bare.is_empty(),
+        "unsafe without a SAFETY comment (why it is sound, and why no safe API does it): {}",
+        bare.join(", ")
+    );
+}

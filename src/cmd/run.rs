@@ -84,7 +84,8 @@ pub fn run(load: impl FnOnce() -> Result<Loaded, ExitCode> + Send + 'static) -> 
 /// ignores SIGXFSZ, so that a file size limit fails a write (which is counted, and stops
 /// actions) instead of killing the daemon.
 fn raise_fd_limit() {
-    // SAFETY: setting a signal to be ignored has no preconditions.
+    // SAFETY: setting a signal to be ignored has no preconditions. (The standard library
+    // cannot set a signal's disposition.)
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
@@ -93,6 +94,7 @@ fn raise_fd_limit() {
         rlim_max: 0,
     };
     // SAFETY: getrlimit and setrlimit read and write the struct we pass, and nothing else.
+    // (The standard library has no resource-limit API.)
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 || lim.rlim_cur >= lim.rlim_max {
             return;

@@ -264,8 +264,7 @@ impl StateDir {
     /// `DynamicUser=yes`): the directory is then that user's, and the file is handed to them,
     /// since the daemon reads only a hold file of its own user or root.
     pub fn set_hold(&self, hold: &HoldFile) -> io::Result<()> {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let root = unsafe { libc::geteuid() } == 0;
+        let root = crate::files::effective_uid() == 0;
         let owner = match fs::metadata(&self.dir) {
             Ok(m) if root && m.uid() != 0 => Some(m),
             _ => None,
@@ -291,8 +290,7 @@ impl StateDir {
 
 /// Refuses a path that another user can write: through its mode, or by owning it.
 fn check_private(path: &Path, meta: &fs::Metadata) -> Result<(), DirError> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    check_private_of(path, meta, unsafe { libc::geteuid() })
+    check_private_of(path, meta, crate::files::effective_uid())
 }
 
 /// Refuses a path that anyone but `me` (or root) can write.
