@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::state::{HoldStatus, StateDir};
-use crate::status::{Health, Pending, Rule, Status};
+use crate::status::{Health, PendingAction, RuleStatus, Status};
 
 /// The exit status when the status cannot be read at all (as monitoring checks say UNKNOWN).
 pub const UNKNOWN: u8 = 3;
@@ -234,7 +234,7 @@ fn read_state(config: &Config, dir: &StateDir) -> Result<Status, String> {
         .engine
         .rules
         .iter()
-        .map(|(name, rs)| Rule {
+        .map(|(name, rs)| RuleStatus {
             name: name.clone(),
             summary: config
                 .rules
@@ -243,7 +243,7 @@ fn read_state(config: &Config, dir: &StateDir) -> Result<Status, String> {
                 .map_or_else(|| "not in this config".to_string(), |r| r.describe()),
             breaching: rs.breaching,
             counted: None,
-            pending: rs.pending.as_ref().map(|p| Pending {
+            pending: rs.pending.as_ref().map(|p| PendingAction {
                 action: p.action.to_string(),
                 warned_at: p.warned_at,
                 due_at: p.due_at,

@@ -42,16 +42,16 @@ pub struct Status {
     pub health: Health,
     pub nvml: Nvml,
     pub node: NodeInfo,
-    pub gpus: Vec<Gpu>,
+    pub gpus: Vec<GpuStatus>,
     /// Whether the cost watch runs (rules, budgets or a cloud are configured).
     pub watching: bool,
-    pub rules: Vec<Rule>,
+    pub rules: Vec<RuleStatus>,
     pub holds: Vec<crate::state::Hold>,
     /// When a spot interruption notice says the instance goes, Unix seconds.
     pub interruption: Option<f64>,
     pub cost: Cost,
     /// The last audit events, oldest first.
-    pub events: Vec<Event>,
+    pub events: Vec<RecentEvent>,
 }
 
 /// The one-word summary that `gpuwatch status` exits with.
@@ -100,7 +100,7 @@ pub struct NodeInfo {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Gpu {
+pub struct GpuStatus {
     pub index: u32,
     pub uuid: String,
     pub name: Option<String>,
@@ -125,12 +125,12 @@ pub struct Gpu {
     pub spinning: bool,
     /// Its MIG devices, while MIG mode is on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub mig: Vec<MigDevice>,
+    pub mig: Vec<MigStatus>,
 }
 
 /// A MIG device, shown under its GPU.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct MigDevice {
+pub struct MigStatus {
     pub uuid: String,
     /// Such as `3g.40gb`.
     pub profile: Option<String>,
@@ -152,18 +152,18 @@ pub struct Process {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Rule {
+pub struct RuleStatus {
     pub name: String,
     /// The rule in words.
     pub summary: String,
     pub breaching: bool,
     /// Its last complete periods: how many breach, of how many, and how many it takes.
     pub counted: Option<gpuwatch_core::step::Counted>,
-    pub pending: Option<Pending>,
+    pub pending: Option<PendingAction>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Pending {
+pub struct PendingAction {
     pub action: String,
     pub warned_at: f64,
     pub due_at: f64,
@@ -180,11 +180,11 @@ pub struct Cost {
     pub forecast: Option<f64>,
     /// USD spent on idle GPUs since gpuwatch started tracking.
     pub idle_dollars: f64,
-    pub budgets: Vec<Budget>,
+    pub budgets: Vec<BudgetStatus>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Budget {
+pub struct BudgetStatus {
     pub name: String,
     pub limit_usd: f64,
     pub spent_ratio: Option<f64>,
@@ -193,7 +193,7 @@ pub struct Budget {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Event {
+pub struct RecentEvent {
     /// Unix seconds, when the record says.
     pub at: Option<f64>,
     pub text: String,
@@ -223,7 +223,7 @@ pub struct Sources {
 #[derive(Debug, Default)]
 pub struct EventsCache {
     key: Option<(u64, u64, i64, i64)>,
-    events: Vec<Event>,
+    events: Vec<RecentEvent>,
 }
 
 impl Sources {
@@ -288,12 +288,12 @@ impl Sources {
         status.rules = watch
             .rules
             .iter()
-            .map(|r| Rule {
+            .map(|r| RuleStatus {
                 name: r.name.clone(),
                 summary: r.summary.clone(),
                 breaching: r.breaching,
                 counted: r.counted,
-                pending: r.pending.as_ref().map(|p| Pending {
+                pending: r.pending.as_ref().map(|p| PendingAction {
                     action: p.action.to_string(),
                     warned_at: p.warned_at,
                     due_at: p.due_at,
@@ -312,7 +312,7 @@ impl Sources {
             budgets: cost
                 .budgets
                 .iter()
-                .map(|b| Budget {
+                .map(|b| BudgetStatus {
                     name: b.name.clone(),
                     limit_usd: b.limit,
                     spent_ratio: b.spent_ratio,
@@ -332,7 +332,7 @@ impl Sources {
 
 impl Sources {
     /// The last events of the audit log, from the cache while the file is unchanged.
-    fn recent_events(&self, audit: &Path) -> Vec<Event> {
+    fn recent_events(&self, audit: &Path) -> Vec<RecentEvent> {
         use std::os::unix::fs::MetadataExt;
         let key = std::fs::metadata(audit)
             .ok()
@@ -353,7 +353,7 @@ pub fn from_snapshot(snap: &Snapshot) -> Status {
     let gpus = snap
         .gpus
         .iter()
-        .map(|g| Gpu {
+        .map(|g| GpuStatus {
             index: g.index,
             uuid: g.uuid.clone(),
             name: g.name.clone(),
@@ -390,7 +390,7 @@ pub fn from_snapshot(snap: &Snapshot) -> Status {
             mig: g
                 .mig
                 .iter()
-                .map(|m| MigDevice {
+                .map(|m| MigStatus {
                     uuid: m.uuid.clone(),
                     profile: m.profile.clone(),
                     gpu_instance: m.gpu_instance,
@@ -459,10 +459,10 @@ fn shell_quote(word: &str) -> String {
 }
 
 /// The last `n` events of the audit log, in words.
-pub fn recent_events(path: &Path, n: usize) -> Vec<Event> {
+pub fn recent_events(path: &Path, n: usize) -> Vec<RecentEvent> {
     crate::state::audit::recent(path, n)
         .iter()
-        .map(|e| Event {
+        .map(|e| RecentEvent {
             at: e.time(),
             text: e.sentence(),
         })

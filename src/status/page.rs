@@ -333,7 +333,7 @@ mod tests {
         let mut s = super::super::from_snapshot(&crate::gpu::Snapshot::default());
         s.node.hostname = "<script>alert(1)</script>".into();
         s.node.labels.insert("team".into(), "\"><img src=x>".into());
-        s.gpus.push(super::super::Gpu {
+        s.gpus.push(super::super::GpuStatus {
             name: Some("<b>GPU</b>".into()),
             up: true,
             ..Default::default()
@@ -348,7 +348,7 @@ mod tests {
     #[test]
     fn the_page_is_its_live_fragment_inside_the_frame() {
         let mut s = super::super::from_snapshot(&crate::gpu::Snapshot::default());
-        s.gpus.push(super::super::Gpu {
+        s.gpus.push(super::super::GpuStatus {
             index: 1,
             up: true,
             utilization: Some(1.0),

@@ -34,7 +34,7 @@ pub fn process_count(n: Option<u32>) -> String {
 }
 
 /// A MIG device as its GPU's row names it: "GI 1 · CI 0 3g.40gb".
-pub fn mig_name(m: &super::MigDevice) -> String {
+pub fn mig_name(m: &super::MigStatus) -> String {
     let id = |v: Option<u32>| v.map_or("?".into(), |v| v.to_string());
     format!(
         "GI {} · CI {} {}",
@@ -47,7 +47,7 @@ pub fn mig_name(m: &super::MigDevice) -> String {
 }
 
 /// What a GPU is busy with: its processes, or their count.
-pub fn processes(g: &super::Gpu) -> String {
+pub fn processes(g: &super::GpuStatus) -> String {
     if !g.processes.is_empty() {
         let names: Vec<String> = g
             .processes
@@ -64,7 +64,7 @@ pub fn processes(g: &super::Gpu) -> String {
 }
 
 /// The hint for an underfed GPU.
-pub fn underutilized_hint(g: &super::Gpu) -> String {
+pub fn underutilized_hint(g: &super::GpuStatus) -> String {
     format!(
         "GPU {} is underutilized: {} busy with a process running; larger batches or faster data loading would use it better",
         g.index,
@@ -73,7 +73,7 @@ pub fn underutilized_hint(g: &super::Gpu) -> String {
 }
 
 /// The hint for a GPU that reads busy while its SMs are nearly idle.
-pub fn spinning_hint(g: &super::Gpu) -> String {
+pub fn spinning_hint(g: &super::GpuStatus) -> String {
     format!(
         "GPU {} reads {} busy, {} SM active: a process spins on a tiny kernel",
         g.index,
@@ -277,7 +277,7 @@ mod tests {
     fn names_cannot_drive_the_terminal() {
         let mut s = Status::default();
         s.node.hostname = "evil\u{1b}]0;owned\u{7}".into();
-        s.gpus.push(super::super::Gpu {
+        s.gpus.push(super::super::GpuStatus {
             name: Some("\u{1b}[2J".into()),
             up: true,
             ..Default::default()
