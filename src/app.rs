@@ -44,8 +44,9 @@ impl App {
         let mut registry = Registry::default();
         let snapshots = crate::gpu::sampler::start(&config, &mut registry, &mut tasks)
             .context("cannot start the sampler thread")?;
-        let pods = crate::kubernetes::spawn(&config, &snapshots, &mut registry, &mut tasks);
+        let pods = crate::kubernetes::spawn(&config, &mut tasks);
         crate::exposition::register(&config, &snapshots, pods.as_ref(), &mut registry);
+        crate::kubernetes::register(pods.as_ref(), &snapshots, &mut registry);
         // Bound first: a daemon that cannot serve never starts deciding.
         let listener = tokio::net::TcpListener::bind(config.server.listen)
             .await

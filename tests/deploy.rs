@@ -230,8 +230,13 @@ fn the_daemonset_keeps_its_state_where_a_rule_can_use_it() {
     }
     let mode = std::fs::metadata(&made).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o700, "{mode:o}");
-    assert!(
-        d.log().contains("cost watch started rules=1"),
+    // The watch started with the one rule: its audit record says so (the log is read through a
+    // pipe and may lag behind the file).
+    let audit = common::audit_records(&made.join("audit.jsonl"));
+    let started = common::events(&audit, "started");
+    assert_eq!(
+        started[0]["rules"],
+        serde_json::json!(["idle-pod"]),
         "{}",
         d.log()
     );

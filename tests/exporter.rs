@@ -679,3 +679,76 @@ fn static_node_labels_without_a_cloud() {
     assert_eq!(labels, [("project", "llm"), ("team", "ml")]);
     assert_eq!(info[0].value, 1.0);
 }
+
+/// The video engines and PCIe replays, and a reading a GPU does not support: absent (never
+/// 0), said once in `gpu_reading_unsupported`, and not asked again, even once NVML would answer.
+#[test]
+fn a_reading_the_gpu_lacks_is_absent_said_once_and_not_asked_again() {
+    let scenario = r#"
+[[gpu]]
+encoder_utilization = 30
+decoder_utilization = 5
+pcie_replays = { kind = "ramp", from = 0, to = 600, over = "10m" }
+[[gpu]]
+encoder_utilization = 40
+pcie_replays = 7
+[[gpu]]
+encoder_utilization = 150
+[[fault]]
+at = "0s"
+until = "2s"
+gpu = 1
+kind = "not_supported"
+fields = ["encoder", "pcie_replays"]
+"#;
+    let d = Daemon::start(scenario, "");
+    d.await_sample(Duration::from_secs(20), |s| s["nvml"]["up"] == true);
+    // Past the fault's end: GPU 1 would answer now, and is not asked.
+    let sample = d.await_sample(Duration::from_secs(20), |s| {
+        s["gpus"][0]["pcie_replays"]
+            .as_u64()
+            .is_some_and(|n| n >= 4)
+    });
+    assert_eq!(
+        sample["gpus"][1]["unsupported"],
+        serde_json::json!(["encoder_utilization", "pcie_replays"])
+    );
+    let s = d.scrape();
+    metric("gpu_encoder_utilization_ratio")
+        .gpu(0)
+        .value(0.3)
+        .assert_in(&s);
+    metric("gpu_decoder_utilization_ratio")
+        .gpu(0)
+        .value(0.05)
+        .assert_in(&s);
+    assert!(metric("gpu_pcie_replays_total").gpu(0).get(&s).unwrap() >= 4.0);
+    for name in ["gpu_encoder_utilization_ratio", "gpu_pcie_replays_total"] {
+        metric(name).gpu(1).absent().assert_in(&s);
+    }
+    // What GPU 1 does support is read as ever.
+    metric("gpu_decoder_utilization_ratio")
+        .gpu(1)
+        .value(0.0)
+        .assert_in(&s);
+    for reading in ["encoder_utilization", "pcie_replays"] {
+        metric("gpu_reading_unsupported")
+            .gpu(1)
+            .label("reading", reading)
+            .value(1.0)
+            .assert_in(&s);
+    }
+    assert_eq!(s.named("gpu_reading_unsupported").len(), 2);
+    // Out of range is not "unsupported": absent and counted as bad data.
+    metric("gpu_encoder_utilization_ratio")
+        .gpu(2)
+        .absent()
+        .assert_in(&s);
+    assert!(
+        metric("gpuwatch_sample_errors_total")
+            .label("kind", "out_of_range")
+            .get(&s)
+            .unwrap()
+            >= 1.0
+    );
+}

@@ -46,6 +46,10 @@ fn snapshot() -> Snapshot {
         ],
         ecc_corrected: Some(2),
         ecc_uncorrected: Some(0),
+        encoder_utilization_ratio: Some(0.12),
+        decoder_utilization_ratio: Some(0.0),
+        pcie_replays: Some(3),
+        unsupported: Vec::new(),
         processes: Some(1),
         process_memory: Some(vec![ProcessSample {
             pid: 4242,
@@ -172,8 +176,7 @@ fn exposition_matches_the_golden_file() {
 fn dcgm_names_match_their_golden_file() {
     let got = golden(Names::Dcgm, "metrics-dcgm.txt");
     assert!(!got.lines().any(|l| l.starts_with("gpu_")), "{got}");
-    // dcgm-exporter's labels are camelCase (`modelName`, `UUID`): its interface, not a slip.
-    common::assert_promtool_accepts_but(&got, &["should be written in 'snake_case'"]);
+    common::assert_promtool_accepts_but(&got, common::DCGM_LINT);
     // Both: every family of each.
     let both = exposition_with(Names::Both);
     let gpuwatch = exposition_with(Names::Gpuwatch);

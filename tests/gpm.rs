@@ -7,10 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{metric, Daemon, Scrape};
-
-/// What promtool says of dcgm-exporter's own (camelCase) labels, as in the golden test.
-const DCGM_LINT: &[&str] = &["should be written in 'snake_case'"];
+use common::{metric, Daemon, Scrape, DCGM_LINT};
 
 const MIB: f64 = 1024.0 * 1024.0;
 

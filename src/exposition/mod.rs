@@ -11,6 +11,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 
 mod dcgm;
+mod families;
 mod series;
 mod table;
 mod value;

@@ -121,3 +121,21 @@ pub(super) fn process_memory(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Resul
         }),
     )
 }
+
+/// The readings each GPU does not support, as NVML said once: 1 per reading, so that an absent
+/// series reads as "not supported" rather than "broken".
+pub(super) fn unsupported(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {
+    gauges(
+        e,
+        desc(
+            "gpu_reading_unsupported",
+            "1 for each reading the GPU does not support (NVML said so once; it is not asked again)",
+            None,
+        ),
+        s.unshared.iter().filter(|g| g.up).flat_map(|g| {
+            g.unsupported
+                .iter()
+                .map(move |r| (with(g, [("reading", *r)]), 1i64))
+        }),
+    )
+}

@@ -14,7 +14,8 @@ use prometheus_client::encoding::{
     DescriptorEncoder, EncodeLabel, EncodeLabelSet, LabelSetEncoder,
 };
 
-use super::series::{gpm_supported, info, process_memory, throttle, up, xid_errors};
+use super::families::*;
+use super::series::{gpm_supported, info, process_memory, throttle, unsupported, up, xid_errors};
 pub use super::value::Value;
 use super::value::{float, int, mega, mib, milli, percent, rounded, same};
 use super::{MigLabels, Scrape};
@@ -78,92 +79,6 @@ pub enum Row {
     Reading(Reading),
     Series(Series),
 }
-
-const fn gauge_family(
-    name: &'static str,
-    help: &'static str,
-    unit: Option<&'static str>,
-) -> Family {
-    Family {
-        name,
-        help,
-        unit,
-        counter: false,
-    }
-}
-
-static UTILIZATION: Family = gauge_family(
-    "gpu_utilization",
-    "Fraction of the last sample period a kernel was running",
-    Some("ratio"),
-);
-static MEMORY_UTILIZATION: Family = gauge_family(
-    "gpu_memory_utilization",
-    "Fraction of the last sample period device memory was read or written",
-    Some("ratio"),
-);
-static MEMORY_USED: Family = gauge_family("gpu_memory_used", "Device memory in use", Some("bytes"));
-static MEMORY_FREE: Family = gauge_family("gpu_memory_free", "Device memory free", Some("bytes"));
-static MEMORY_TOTAL: Family =
-    gauge_family("gpu_memory_total", "Device memory in all", Some("bytes"));
-static TEMPERATURE: Family =
-    gauge_family("gpu_temperature", "GPU core temperature", Some("celsius"));
-static POWER: Family = gauge_family("gpu_power", "Power draw", Some("watts"));
-static POWER_LIMIT: Family = gauge_family("gpu_power_limit", "Enforced power limit", Some("watts"));
-static ENERGY: Family = Family {
-    name: "gpu_energy",
-    help: "Energy consumed since the driver loaded",
-    unit: Some("joules"),
-    counter: true,
-};
-static CLOCK: Family = gauge_family("gpu_clock", "Current clock frequency", Some("hertz"));
-static SM_ACTIVE: Family = gauge_family(
-    "gpu_sm_active",
-    "Fraction of the last cycle the SMs had at least one warp resident (GPM SM_UTIL)",
-    Some("ratio"),
-);
-static SM_OCCUPANCY: Family = gauge_family(
-    "gpu_sm_occupancy",
-    "Warps resident on the SMs as a fraction of the most they hold (GPM SM_OCCUPANCY)",
-    Some("ratio"),
-);
-static GRAPHICS_ACTIVE: Family = gauge_family(
-    "gpu_graphics_engine_active",
-    "Fraction of the last cycle the graphics or compute engine was busy (GPM GRAPHICS_UTIL)",
-    Some("ratio"),
-);
-static TENSOR_ACTIVE: Family = gauge_family(
-    "gpu_tensor_active",
-    "Fraction of the last cycle any tensor pipe was busy (GPM ANY_TENSOR_UTIL)",
-    Some("ratio"),
-);
-static DRAM_ACTIVE: Family = gauge_family(
-    "gpu_dram_active",
-    "Fraction of the last cycle the memory interface was busy (GPM DRAM_BW_UTIL)",
-    Some("ratio"),
-);
-static PIPE_ACTIVE: Family = gauge_family(
-    "gpu_pipe_active",
-    "Fraction of the last cycle each arithmetic pipe was busy (GPM FP64/FP32/FP16/INTEGER_UTIL)",
-    Some("ratio"),
-);
-static PCIE: Family = gauge_family(
-    "gpu_pcie",
-    "PCIe traffic over the last cycle (GPM PCIE_TX/RX_PER_SEC)",
-    Some("bytes_per_second"),
-);
-static NVLINK: Family = gauge_family(
-    "gpu_nvlink",
-    "NVLink traffic over the last cycle, all links (GPM NVLINK_TOTAL_TX/RX_PER_SEC)",
-    Some("bytes_per_second"),
-);
-static ECC_ERRORS: Family = Family {
-    name: "gpu_ecc_errors",
-    help: "ECC errors since the driver loaded (volatile counters)",
-    unit: None,
-    counter: true,
-};
-static PROCESSES: Family = gauge_family("gpu_processes", "Running compute processes", None);
 
 /// A GPM reading of a GPU, and of a MIG device (its GPU instance's), in Prometheus units.
 macro_rules! gpm {
@@ -507,6 +422,36 @@ pub static TABLE: &[Row] = &[
         dcgm: None,
     }),
     Row::Series(process_memory),
+    Row::Reading(Reading {
+        family: Some(&ENCODER),
+        label: None,
+        scope: Scope::Gpu,
+        gpu: |g| float(g.encoder_utilization_ratio),
+        mig: None,
+        dcgm: twin("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", percent, 25),
+    }),
+    Row::Reading(Reading {
+        family: Some(&DECODER),
+        label: None,
+        scope: Scope::Gpu,
+        gpu: |g| float(g.decoder_utilization_ratio),
+        mig: None,
+        dcgm: twin("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", percent, 26),
+    }),
+    Row::Reading(Reading {
+        family: Some(&PCIE_REPLAYS),
+        label: None,
+        scope: Scope::Gpu,
+        gpu: |g| int(g.pcie_replays),
+        mig: None,
+        dcgm: twin(
+            "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+            "Total number of PCIe retries.",
+            same,
+            27,
+        ),
+    }),
+    Row::Series(unsupported),
 ];
 
 /// The readings with a DCGM twin, in the DCGM families' order.

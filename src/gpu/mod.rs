@@ -70,6 +70,14 @@ pub struct GpuSample {
     pub throttle_reasons: Vec<ThrottleReason>,
     pub ecc_corrected: Option<u64>,
     pub ecc_uncorrected: Option<u64>,
+    /// Video encoder and decoder utilization, 0 to 1.
+    pub encoder_utilization_ratio: Option<f64>,
+    pub decoder_utilization_ratio: Option<f64>,
+    /// PCIe replays (link-level retransmissions) since the driver loaded.
+    pub pcie_replays: Option<u64>,
+    /// The readings this GPU does not support, as NVML said once (they are not asked again).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unsupported: Vec<&'static str>,
     pub processes: Option<u32>,
     /// Present only when per-process memory is switched on.
     pub process_memory: Option<Vec<ProcessSample>>,

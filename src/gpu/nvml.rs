@@ -69,6 +69,9 @@ pub struct NvmlSource {
     identities: HashMap<u32, Identity>,
     /// (GPU, field) pairs already logged as bad, so that a broken sensor logs once.
     logged: HashSet<(u32, &'static str)>,
+    /// (GPU, reading) pairs that NVML answered "not supported" for (or whose call the library
+    /// lacks): each is recorded once and not asked for again until NVML is initialised anew.
+    unsupported: HashSet<(u32, &'static str)>,
     /// GPM sample buffers, per GPU that supports GPM.
     gpm: super::gpm::Gpm,
 }
@@ -107,6 +110,7 @@ impl NvmlSource {
             xids: Arc::new(XidCounts::default()),
             identities: HashMap::new(),
             logged: HashSet::new(),
+            unsupported: HashSet::new(),
             gpm: super::gpm::Gpm::default(),
         }
     }
@@ -164,6 +168,8 @@ impl NvmlSource {
                     "NVML initialised"
                 );
                 self.nvml = Some(nvml);
+                // A new driver may support what the old one did not.
+                self.unsupported.clear();
                 self.last_init_error = None;
                 self.backoff = INIT_BACKOFF_FIRST;
                 if self.watch_xid {
@@ -313,6 +319,26 @@ impl GpuReader<'_> {
                 self.src.read_failed(self.index, field, &e);
                 None
             }
+        }
+    }
+
+    /// A reading a GPU may lack altogether: "not supported", or a library without the call, is
+    /// recorded once (`GpuSample::unsupported`) and the reading is not asked for again; other
+    /// failures count as `get`'s do.
+    fn optional<T>(
+        &mut self,
+        field: &'static str,
+        call: impl FnOnce() -> Result<T, NvmlError>,
+    ) -> Option<T> {
+        if self.lost.is_some() || self.src.unsupported.contains(&(self.index, field)) {
+            return None;
+        }
+        match call() {
+            Err(NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)) => {
+                self.src.unsupported.insert((self.index, field));
+                None
+            }
+            read => self.get(field, || read),
         }
     }
 
@@ -525,6 +551,24 @@ impl GpuReader<'_> {
         let mem_clock = self.get("memory_clock", || d.clock_info(Clock::Memory));
         let mem_clock = self.check("memory_clock", mem_clock, |v| v <= MAX_CLOCK_MHZ);
 
+        let encoder = self.optional("encoder_utilization", || d.encoder_utilization());
+        let encoder = self.check("encoder_utilization", encoder.map(|u| u.utilization), |v| {
+            v <= 100
+        });
+        let decoder = self.optional("decoder_utilization", || d.decoder_utilization());
+        let decoder = self.check("decoder_utilization", decoder.map(|u| u.utilization), |v| {
+            v <= 100
+        });
+        let pcie_replays = self.optional("pcie_replays", || d.pcie_replay_counter());
+        let mut unsupported: Vec<&'static str> = self
+            .src
+            .unsupported
+            .iter()
+            .filter(|(gpu, _)| *gpu == index)
+            .map(|(_, field)| *field)
+            .collect();
+        unsupported.sort_unstable();
+
         let supported = self.get("throttle_reasons", || d.supported_throttle_reasons());
         let current = self.get("throttle_reasons", || d.current_throttle_reasons());
         let throttle_reasons = match (supported, current) {
@@ -603,6 +647,10 @@ impl GpuReader<'_> {
             throttle_reasons,
             ecc_corrected,
             ecc_uncorrected,
+            encoder_utilization_ratio: encoder.map(percent_ratio),
+            decoder_utilization_ratio: decoder.map(percent_ratio),
+            pcie_replays: pcie_replays.map(u64::from),
+            unsupported,
             processes,
             process_memory,
         }

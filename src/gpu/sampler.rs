@@ -61,7 +61,6 @@ impl Snapshots {
 
 type Reply = oneshot::Sender<(Sample, Duration)>;
 
-/// Starts the sampler thread, and its driving task in `tasks`.
 /// Starts sampling as the config says: NVML (the library it names) on the `gpuwatch-nvml`
 /// thread, driven from `tasks`, with the sampler's counters registered.
 pub fn start(

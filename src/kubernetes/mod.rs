@@ -172,22 +172,31 @@ pub async fn list(socket: &Path) -> Result<Vec<Assignment>, KubeletError> {
 }
 
 /// On Kubernetes (`[kubernetes] pod_resources_socket` set): starts polling the kubelet for who
-/// holds which device, off the scrape path, and registers `gpuwatch_kubernetes_up` and
-/// `gpuwatch_pod_gpu_allocated`. Returns the view that the GPU series and pod-scoped rules read.
+/// holds which device, off the scrape path. Returns the view that the GPU series and pod-scoped
+/// rules read; `register` adds its own series.
 pub fn spawn(
     config: &crate::config::Config,
-    snapshots: &crate::gpu::sampler::Snapshots,
-    registry: &mut prometheus_client::registry::Registry,
     tasks: &mut tokio::task::JoinSet<()>,
 ) -> Option<Arc<SharedKubernetesView>> {
     let socket = config.kubernetes.pod_resources_socket.clone()?;
     let view = Arc::new(SharedKubernetesView::default());
     tasks.spawn(poll(socket, config.kubernetes.refresh, Arc::clone(&view)));
-    registry.register_collector(Box::new(metrics::KubernetesCollector {
-        view: Arc::clone(&view),
-        snapshots: snapshots.clone(),
-    }));
     Some(view)
+}
+
+/// Registers `gpuwatch_kubernetes_up` and `gpuwatch_pod_gpu_allocated` over the view, after
+/// the device families (so that a scrape lists them in the order it always has).
+pub fn register(
+    view: Option<&Arc<SharedKubernetesView>>,
+    snapshots: &crate::gpu::sampler::Snapshots,
+    registry: &mut prometheus_client::registry::Registry,
+) {
+    if let Some(view) = view {
+        registry.register_collector(Box::new(metrics::KubernetesCollector {
+            view: Arc::clone(view),
+            snapshots: snapshots.clone(),
+        }));
+    }
 }
 
 /// Refreshes the assignments every `every` until the daemon stops.

@@ -122,6 +122,8 @@ pub struct GpuStatus {
     /// The share of time its SMs had work (GPM, Hopper and later), 0 to 1.
     pub sm_active: Option<f64>,
     /// Busy by utilization while its SMs are nearly idle: see [`SPINNING_UTILIZATION`].
+    /// Absent from an older daemon's status.
+    #[serde(default)]
     pub spinning: bool,
     /// Its MIG devices, while MIG mode is on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -523,6 +523,13 @@ pub fn assert_promtool_accepts(exposition: &str) {
     assert_promtool_accepts_but(exposition, &[]);
 }
 
+/// What `promtool check metrics` notes of dcgm-exporter's names, which are its interface, not a
+/// slip: camelCase labels (`modelName`, `UUID`), and one name that ends in `_COUNTER`.
+pub const DCGM_LINT: &[&str] = &[
+    "should be written in 'snake_case'",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not include type 'counter'",
+];
+
 /// Like `assert_promtool_accepts`, allowing the lint lines that contain one of `allowed` (the
 /// camelCase labels of dcgm-exporter's names, which are its interface).
 pub fn assert_promtool_accepts_but(exposition: &str, allowed: &[&str]) {

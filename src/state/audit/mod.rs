@@ -206,17 +206,24 @@ fn rotated(path: &Path, n: u32) -> PathBuf {
 /// The audit log and its rotated files, oldest first.
 pub fn files(state_dir: &Path) -> Vec<PathBuf> {
     let current = state_dir.join(AUDIT_FILE);
-    let mut numbered: Vec<u32> = fs::read_dir(state_dir)
+    // Only the names `rotated` writes (`.1`, not `.01` or `.+1`), each read once.
+    let mut numbered: Vec<(u32, PathBuf)> = fs::read_dir(state_dir)
         .into_iter()
         .flatten()
         .filter_map(|e| {
-            let name = e.ok()?.file_name();
-            let n = name.to_str()?.strip_prefix(AUDIT_FILE)?.strip_prefix('.')?;
-            n.parse().ok()
+            let e = e.ok()?;
+            let n: u32 = e
+                .file_name()
+                .to_str()?
+                .strip_prefix(AUDIT_FILE)?
+                .strip_prefix('.')?
+                .parse()
+                .ok()?;
+            (e.path() == rotated(&current, n)).then(|| (n, e.path()))
         })
         .collect();
-    numbered.sort_unstable_by(|a, b| b.cmp(a));
-    let mut out: Vec<PathBuf> = numbered.into_iter().map(|n| rotated(&current, n)).collect();
+    numbered.sort_unstable_by_key(|x| std::cmp::Reverse(x.0));
+    let mut out: Vec<PathBuf> = numbered.into_iter().map(|(_, p)| p).collect();
     if current.exists() {
         out.push(current);
     }

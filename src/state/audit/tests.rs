@@ -166,3 +166,23 @@ fn every_kind_of_record_is_written_as_its_golden_line() {
         assert!(!entry.sentence().contains(": {"), "{}", entry.sentence());
     }
 }
+
+#[test]
+fn the_rotated_files_are_the_names_rotation_writes_oldest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in [
+        "audit.jsonl",
+        "audit.jsonl.1",
+        "audit.jsonl.2",
+        "audit.jsonl.01",
+        "audit.jsonl.+3",
+        "audit.jsonl.x",
+    ] {
+        fs::write(dir.path().join(name), "{}\n").unwrap();
+    }
+    let names: Vec<String> = files(dir.path())
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["audit.jsonl.2", "audit.jsonl.1", "audit.jsonl"]);
+}

@@ -1,5 +1,5 @@
 //! A GPU's readings: utilization, temperature, power, its limit and energy, clocks, throttle
-//! reasons and ECC error counts.
+//! reasons, ECC error counts, the video engines' utilization and PCIe replays.
 
 use std::ffi::{c_uint, c_ulonglong};
 
@@ -129,5 +129,66 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
             &g.ecc_uncorrected
         };
         s.at(t).max(0.0) as u64
+    })
+}
+
+/// Encoder or decoder utilization: percent, and the sampling period (1 s here).
+unsafe fn media(
+    device: nvmlDevice_t,
+    field: Field,
+    utilization: *mut c_uint,
+    period_us: *mut c_uint,
+    read: impl Fn(&crate::scenario::Gpu, f64) -> f64,
+) -> nvmlReturn_t {
+    if period_us.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let rc = query(device, field, utilization, |g, t| {
+        crate::scenario::to_u32(read(g, t))
+    });
+    if rc == nvmlReturn_enum_NVML_SUCCESS {
+        // SAFETY: checked non-null above; the caller passes a writable c_uint.
+        *period_us = 1_000_000;
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetEncoderUtilization(
+    device: nvmlDevice_t,
+    utilization: *mut c_uint,
+    sampling_period_us: *mut c_uint,
+) -> nvmlReturn_t {
+    media(
+        device,
+        Field::Encoder,
+        utilization,
+        sampling_period_us,
+        |g, t| g.encoder_utilization.at(t),
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetDecoderUtilization(
+    device: nvmlDevice_t,
+    utilization: *mut c_uint,
+    sampling_period_us: *mut c_uint,
+) -> nvmlReturn_t {
+    media(
+        device,
+        Field::Decoder,
+        utilization,
+        sampling_period_us,
+        |g, t| g.decoder_utilization.at(t),
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPcieReplayCounter(
+    device: nvmlDevice_t,
+    value: *mut c_uint,
+) -> nvmlReturn_t {
+    query(device, Field::PcieReplays, value, |g, t| {
+        crate::scenario::to_u32(g.pcie_replays.at(t))
     })
 }

@@ -22,6 +22,11 @@ pub struct Gpu {
     pub process_name: String,
     pub ecc_corrected: Series,
     pub ecc_uncorrected: Series,
+    /// Video encoder and decoder utilization, percent.
+    pub encoder_utilization: Series,
+    pub decoder_utilization: Series,
+    /// PCIe replays since the driver loaded (a count; the series gives its value).
+    pub pcie_replays: Series,
     /// NVML clock-throttle reason bits that this GPU supports.
     pub throttle_supported: u64,
     /// NVML clock-throttle reason bits that are active.

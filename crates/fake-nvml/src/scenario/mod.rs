@@ -64,6 +64,12 @@ pub enum Field {
     Mig,
     /// MIG mode (`nvmlDeviceGetMigMode`).
     MigMode,
+    /// Video encoder utilization.
+    Encoder,
+    /// Video decoder utilization.
+    Decoder,
+    /// The PCIe replay counter.
+    PcieReplays,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -80,6 +80,9 @@ struct RawGpu {
     process_name: String,
     ecc_corrected: Option<RawSeries>,
     ecc_uncorrected: Option<RawSeries>,
+    encoder_utilization: Option<RawSeries>,
+    decoder_utilization: Option<RawSeries>,
+    pcie_replays: Option<RawSeries>,
     #[serde(default = "default_throttle_supported")]
     throttle_supported: Vec<String>,
     #[serde(default)]
@@ -255,6 +258,9 @@ impl RawGpu {
             processes: series("processes", self.processes, 0.0)?,
             ecc_corrected: series("ecc_corrected", self.ecc_corrected, 0.0)?,
             ecc_uncorrected: series("ecc_uncorrected", self.ecc_uncorrected, 0.0)?,
+            encoder_utilization: series("encoder_utilization", self.encoder_utilization, 0.0)?,
+            decoder_utilization: series("decoder_utilization", self.decoder_utilization, 0.0)?,
+            pcie_replays: series("pcie_replays", self.pcie_replays, 0.0)?,
             throttle_supported: bits("throttle_supported", &self.throttle_supported)?,
             throttle_active: bits("throttle_active", &self.throttle_active)?,
             mig: {

@@ -6,10 +6,11 @@
 //! - A warning is on record and sent before the state that makes its action possible is saved
 //!   (as are the breaches, recoveries and postponements beside it): a crash in between means a
 //!   repeated warning after the restart, never an action without one.
-//! - A cancellation and an action follow the save: a cancellation must not be announced while
-//!   the saved state still holds the pending action, nor an action run that a restart could not
-//!   know about. An action whose in-flight mark could not be saved did not run: it is withdrawn,
-//!   and falls due again once the disk recovers (if the rule still breaches then).
+//! - A cancellation and an action follow the save. An action must not run that a restart could
+//!   not know about: one whose in-flight mark could not be saved did not run; it is withdrawn,
+//!   and falls due again once the disk recovers (if the rule still breaches then). A cancellation
+//!   is announced after the save is tried, whether it worked or not: it withdraws nothing, and a
+//!   restart from the old state cancels (or re-warns) again.
 //! - A budget alert is recorded before it is sent: it is sent only after a good save. After a
 //!   failed one it is withheld and its thresholds are taken back, so they cross again once the
 //!   state can be saved.
