@@ -689,6 +689,7 @@ fn a_reading_the_gpu_lacks_is_absent_said_once_and_not_asked_again() {
 encoder_utilization = 30
 decoder_utilization = 5
 pcie_replays = { kind = "ramp", from = 0, to = 600, over = "10m" }
+pcie_link_width = 4
 [[gpu]]
 encoder_utilization = 40
 pcie_replays = 7
@@ -699,7 +700,7 @@ at = "0s"
 until = "2s"
 gpu = 1
 kind = "not_supported"
-fields = ["encoder", "pcie_replays"]
+fields = ["encoder", "pcie_replays", "pcie_link"]
 "#;
     let d = Daemon::start(scenario, "");
     d.await_sample(Duration::from_secs(20), |s| s["nvml"]["up"] == true);
@@ -711,7 +712,7 @@ fields = ["encoder", "pcie_replays"]
     });
     assert_eq!(
         sample["gpus"][1]["unsupported"],
-        serde_json::json!(["encoder_utilization", "pcie_replays"])
+        serde_json::json!(["encoder_utilization", "pcie_link", "pcie_replays"])
     );
     let s = d.scrape();
     metric("gpu_encoder_utilization_ratio")
@@ -723,7 +724,25 @@ fields = ["encoder", "pcie_replays"]
         .value(0.05)
         .assert_in(&s);
     assert!(metric("gpu_pcie_replays_total").gpu(0).get(&s).unwrap() >= 4.0);
-    for name in ["gpu_encoder_utilization_ratio", "gpu_pcie_replays_total"] {
+    // A link that trained down to x4 of its 16 lanes, at its full generation.
+    for (name, which, want) in [
+        ("gpu_pcie_link_width", "current", 4.0),
+        ("gpu_pcie_link_width", "max", 16.0),
+        ("gpu_pcie_link_generation", "current", 5.0),
+        ("gpu_pcie_link_generation", "max", 5.0),
+    ] {
+        metric(name)
+            .gpu(0)
+            .label("which", which)
+            .value(want)
+            .assert_in(&s);
+    }
+    for name in [
+        "gpu_encoder_utilization_ratio",
+        "gpu_pcie_replays_total",
+        "gpu_pcie_link_width",
+        "gpu_pcie_link_generation",
+    ] {
         metric(name).gpu(1).absent().assert_in(&s);
     }
     // What GPU 1 does support is read as ever.
@@ -731,14 +750,14 @@ fields = ["encoder", "pcie_replays"]
         .gpu(1)
         .value(0.0)
         .assert_in(&s);
-    for reading in ["encoder_utilization", "pcie_replays"] {
+    for reading in ["encoder_utilization", "pcie_link", "pcie_replays"] {
         metric("gpu_reading_unsupported")
             .gpu(1)
             .label("reading", reading)
             .value(1.0)
             .assert_in(&s);
     }
-    assert_eq!(s.named("gpu_reading_unsupported").len(), 2);
+    assert_eq!(s.named("gpu_reading_unsupported").len(), 3);
     // Out of range is not "unsupported": absent and counted as bad data.
     metric("gpu_encoder_utilization_ratio")
         .gpu(2)

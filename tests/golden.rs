@@ -12,7 +12,9 @@ use gpuwatch::config::Names;
 use gpuwatch::exposition::{BuildInfo, SnapshotCollector};
 use gpuwatch::gpu::gpm::GpmReadings;
 use gpuwatch::gpu::sampler::{SampleError, SamplerCounters};
-use gpuwatch::gpu::{GpuSample, MigSample, NvmlStatus, ProcessSample, Snapshot, ThrottleReason};
+use gpuwatch::gpu::{
+    GpuSample, MigSample, NvmlStatus, PcieLink, ProcessSample, Snapshot, ThrottleReason,
+};
 use gpuwatch::metrics::encode;
 use prometheus_client::registry::Registry;
 
@@ -49,6 +51,13 @@ fn snapshot() -> Snapshot {
         encoder_utilization_ratio: Some(0.12),
         decoder_utilization_ratio: Some(0.0),
         pcie_replays: Some(3),
+        // Trained down a generation.
+        pcie_link: PcieLink {
+            generation: Some(4),
+            max_generation: Some(5),
+            width: Some(16),
+            max_width: Some(16),
+        },
         unsupported: Vec::new(),
         processes: Some(1),
         process_memory: Some(vec![ProcessSample {

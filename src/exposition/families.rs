@@ -108,3 +108,13 @@ pub(super) static PCIE_REPLAYS: Family = Family {
     unit: None,
     counter: true,
 };
+pub(super) static PCIE_LINK_GENERATION: Family = gauge_family(
+    "gpu_pcie_link_generation",
+    "The PCIe link's generation: now, and the most it trains to",
+    None,
+);
+pub(super) static PCIE_LINK_WIDTH: Family = gauge_family(
+    "gpu_pcie_link_width",
+    "The PCIe link's width in lanes: now, and the most it trains to",
+    None,
+);

@@ -451,8 +451,24 @@ pub static TABLE: &[Row] = &[
             27,
         ),
     }),
+    pcie_link(&PCIE_LINK_GENERATION, "current", |g| int(g.pcie_link.generation)),
+    pcie_link(&PCIE_LINK_GENERATION, "max", |g| int(g.pcie_link.max_generation)),
+    pcie_link(&PCIE_LINK_WIDTH, "current", |g| int(g.pcie_link.width)),
+    pcie_link(&PCIE_LINK_WIDTH, "max", |g| int(g.pcie_link.max_width)),
     Row::Series(unsupported),
 ];
+
+/// One side of the PCIe link (`which="current"` or `"max"`); dcgm-exporter has no such field.
+const fn pcie_link(family: &'static Family, which: &'static str, gpu: ReadGpu) -> Row {
+    Row::Reading(Reading {
+        family: Some(family),
+        label: Some(("which", which)),
+        scope: Scope::Gpu,
+        gpu,
+        mig: None,
+        dcgm: None,
+    })
+}
 
 /// The readings with a DCGM twin, in the DCGM families' order.
 pub fn twins() -> Vec<(&'static Reading, &'static Twin)> {

@@ -75,6 +75,8 @@ pub struct GpuSample {
     pub decoder_utilization_ratio: Option<f64>,
     /// PCIe replays (link-level retransmissions) since the driver loaded.
     pub pcie_replays: Option<u64>,
+    /// The PCIe link now and the most it trains to: generation, and width in lanes.
+    pub pcie_link: PcieLink,
     /// The readings this GPU does not support, as NVML said once (they are not asked again).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unsupported: Vec<&'static str>,
@@ -107,6 +109,16 @@ pub struct GpuSample {
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
+}
+
+/// A GPU's PCIe link: each field `None` while unknown. A link below its maximum (a GPU that
+/// trained down to x4, or to an older generation) moves data slower than it should.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct PcieLink {
+    pub generation: Option<u32>,
+    pub max_generation: Option<u32>,
+    pub width: Option<u32>,
+    pub max_width: Option<u32>,
 }
 
 /// One MIG device: a GPU instance (and its compute instance) of a GPU in MIG mode, with its

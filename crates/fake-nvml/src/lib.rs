@@ -30,6 +30,8 @@
 //! ecc_corrected = 0                   # also ecc_uncorrected
 //! encoder_utilization = 0             # percent; also decoder_utilization
 //! pcie_replays = 0                    # PCIe replays since the driver loaded
+//! pcie_link_generation = 5            # the link now (defaults: the maximum); also pcie_link_width
+//! pcie_link_max_generation = 5        # the most it trains to (5); also pcie_link_max_width (16)
 //! throttle_supported = ["gpu_idle", "sw_power_cap", ...]  # default: every reason
 //! throttle_active = ["sw_power_cap"]
 //! mig_devices = ["MIG-..."]            # MIG devices (1g.10gb), by UUID: MIG mode is on when there are any
@@ -57,7 +59,7 @@
 //! # kind = "fails", fields = ["gpm"]   answers NVML_ERROR_UNKNOWN
 //! #   fields: identity, events, utilization, memory, temperature, power, power_limit,
 //! #           energy, clocks, throttle, ecc, processes, gpm, mig (MIG device handles),
-//! #           mig_mode, encoder, decoder, pcie_replays
+//! #           mig_mode, encoder, decoder, pcie_replays, pcie_link
 //! # kind = "delay", delay = "10s"     every device call sleeps (wall clock) first
 //! # kind = "xid", xid = 79            one critical XID event, delivered to every event set
 //! # kind = "init_failure"             nvmlInit answers NVML_ERROR_DRIVER_NOT_LOADED

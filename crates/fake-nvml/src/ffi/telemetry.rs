@@ -1,5 +1,5 @@
 //! A GPU's readings: utilization, temperature, power, its limit and energy, clocks, throttle
-//! reasons, ECC error counts, the video engines' utilization and PCIe replays.
+//! reasons, ECC error counts, the video engines' utilization, PCIe replays and the PCIe link.
 
 use std::ffi::{c_uint, c_ulonglong};
 
@@ -191,4 +191,42 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieReplayCounter(
     query(device, Field::PcieReplays, value, |g, t| {
         crate::scenario::to_u32(g.pcie_replays.at(t))
     })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkGeneration(
+    device: nvmlDevice_t,
+    generation: *mut c_uint,
+) -> nvmlReturn_t {
+    query(device, Field::PcieLink, generation, |g, t| {
+        crate::scenario::to_u32(g.pcie_link_generation.at(t))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkGeneration(
+    device: nvmlDevice_t,
+    generation: *mut c_uint,
+) -> nvmlReturn_t {
+    query(device, Field::PcieLink, generation, |g, _| {
+        g.pcie_link_max_generation
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkWidth(
+    device: nvmlDevice_t,
+    width: *mut c_uint,
+) -> nvmlReturn_t {
+    query(device, Field::PcieLink, width, |g, t| {
+        crate::scenario::to_u32(g.pcie_link_width.at(t))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkWidth(
+    device: nvmlDevice_t,
+    width: *mut c_uint,
+) -> nvmlReturn_t {
+    query(device, Field::PcieLink, width, |g, _| g.pcie_link_max_width)
 }

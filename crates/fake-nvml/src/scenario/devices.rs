@@ -27,6 +27,11 @@ pub struct Gpu {
     pub decoder_utilization: Series,
     /// PCIe replays since the driver loaded (a count; the series gives its value).
     pub pcie_replays: Series,
+    /// The PCIe link now (generation, lanes), and the most it trains to.
+    pub pcie_link_generation: Series,
+    pub pcie_link_width: Series,
+    pub pcie_link_max_generation: u32,
+    pub pcie_link_max_width: u32,
     /// NVML clock-throttle reason bits that this GPU supports.
     pub throttle_supported: u64,
     /// NVML clock-throttle reason bits that are active.

@@ -70,6 +70,8 @@ pub enum Field {
     Decoder,
     /// The PCIe replay counter.
     PcieReplays,
+    /// The PCIe link's generation and width, now and at most.
+    PcieLink,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -83,6 +83,12 @@ struct RawGpu {
     encoder_utilization: Option<RawSeries>,
     decoder_utilization: Option<RawSeries>,
     pcie_replays: Option<RawSeries>,
+    pcie_link_generation: Option<RawSeries>,
+    pcie_link_width: Option<RawSeries>,
+    #[serde(default = "default_pcie_generation")]
+    pcie_link_max_generation: u32,
+    #[serde(default = "default_pcie_width")]
+    pcie_link_max_width: u32,
     #[serde(default = "default_throttle_supported")]
     throttle_supported: Vec<String>,
     #[serde(default)]
@@ -93,6 +99,15 @@ struct RawGpu {
     #[serde(default)]
     mig: Vec<RawMig>,
     gpm: Option<RawGpm>,
+}
+
+/// An H100 SXM's link: PCIe 5.0, 16 lanes.
+fn default_pcie_generation() -> u32 {
+    5
+}
+
+fn default_pcie_width() -> u32 {
+    16
 }
 
 fn default_name() -> String {
@@ -261,6 +276,18 @@ impl RawGpu {
             encoder_utilization: series("encoder_utilization", self.encoder_utilization, 0.0)?,
             decoder_utilization: series("decoder_utilization", self.decoder_utilization, 0.0)?,
             pcie_replays: series("pcie_replays", self.pcie_replays, 0.0)?,
+            pcie_link_generation: series(
+                "pcie_link_generation",
+                self.pcie_link_generation,
+                f64::from(self.pcie_link_max_generation),
+            )?,
+            pcie_link_width: series(
+                "pcie_link_width",
+                self.pcie_link_width,
+                f64::from(self.pcie_link_max_width),
+            )?,
+            pcie_link_max_generation: self.pcie_link_max_generation,
+            pcie_link_max_width: self.pcie_link_max_width,
             throttle_supported: bits("throttle_supported", &self.throttle_supported)?,
             throttle_active: bits("throttle_active", &self.throttle_active)?,
             mig: {

@@ -4,6 +4,8 @@
 //! "not supported" or an out-of-range value leaves the field `None`, and failures and bad
 //! values are counted in `gpuwatch_sample_errors_total{kind}`.
 
+mod links;
+
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::sync::Arc;
@@ -322,26 +324,6 @@ impl GpuReader<'_> {
         }
     }
 
-    /// A reading a GPU may lack altogether: "not supported", or a library without the call, is
-    /// recorded once (`GpuSample::unsupported`) and the reading is not asked for again; other
-    /// failures count as `get`'s do.
-    fn optional<T>(
-        &mut self,
-        field: &'static str,
-        call: impl FnOnce() -> Result<T, NvmlError>,
-    ) -> Option<T> {
-        if self.lost.is_some() || self.src.unsupported.contains(&(self.index, field)) {
-            return None;
-        }
-        match call() {
-            Err(NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)) => {
-                self.src.unsupported.insert((self.index, field));
-                None
-            }
-            read => self.get(field, || read),
-        }
-    }
-
     /// Keeps `v` when `ok(v)`, otherwise counts and logs it as out of range.
     fn check<T: std::fmt::Display + Copy>(
         &mut self,
@@ -551,23 +533,7 @@ impl GpuReader<'_> {
         let mem_clock = self.get("memory_clock", || d.clock_info(Clock::Memory));
         let mem_clock = self.check("memory_clock", mem_clock, |v| v <= MAX_CLOCK_MHZ);
 
-        let encoder = self.optional("encoder_utilization", || d.encoder_utilization());
-        let encoder = self.check("encoder_utilization", encoder.map(|u| u.utilization), |v| {
-            v <= 100
-        });
-        let decoder = self.optional("decoder_utilization", || d.decoder_utilization());
-        let decoder = self.check("decoder_utilization", decoder.map(|u| u.utilization), |v| {
-            v <= 100
-        });
-        let pcie_replays = self.optional("pcie_replays", || d.pcie_replay_counter());
-        let mut unsupported: Vec<&'static str> = self
-            .src
-            .unsupported
-            .iter()
-            .filter(|(gpu, _)| *gpu == index)
-            .map(|(_, field)| *field)
-            .collect();
-        unsupported.sort_unstable();
+        let links = self.engines_and_links(d, index);
 
         let supported = self.get("throttle_reasons", || d.supported_throttle_reasons());
         let current = self.get("throttle_reasons", || d.current_throttle_reasons());
@@ -647,10 +613,11 @@ impl GpuReader<'_> {
             throttle_reasons,
             ecc_corrected,
             ecc_uncorrected,
-            encoder_utilization_ratio: encoder.map(percent_ratio),
-            decoder_utilization_ratio: decoder.map(percent_ratio),
-            pcie_replays: pcie_replays.map(u64::from),
-            unsupported,
+            encoder_utilization_ratio: links.encoder.map(percent_ratio),
+            decoder_utilization_ratio: links.decoder.map(percent_ratio),
+            pcie_replays: links.pcie_replays.map(u64::from),
+            pcie_link: links.pcie_link,
+            unsupported: links.unsupported,
             processes,
             process_memory,
         }

@@ -1,0 +1,79 @@
+//! The readings a GPU may lack altogether: the video engines, PCIe replays and the PCIe link.
+//! "Not supported" (or a library without the call) is recorded once per GPU and reading, and
+//! the reading is not asked for again until NVML is initialised anew.
+
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::Device;
+
+use super::GpuReader;
+
+/// What `engines_and_links` read of one GPU.
+pub(super) struct Links {
+    pub(super) encoder: Option<u32>,
+    pub(super) decoder: Option<u32>,
+    pub(super) pcie_replays: Option<u32>,
+    pub(super) pcie_link: crate::gpu::PcieLink,
+    /// Every reading this GPU does not support, in order.
+    pub(super) unsupported: Vec<&'static str>,
+}
+
+impl GpuReader<'_> {
+    /// A reading a GPU may lack altogether: "not supported", or a library without the call, is
+    /// recorded once (`GpuSample::unsupported`) and the reading is not asked for again; other
+    /// failures count as `get`'s do.
+    pub(super) fn optional<T>(
+        &mut self,
+        field: &'static str,
+        call: impl FnOnce() -> Result<T, NvmlError>,
+    ) -> Option<T> {
+        if self.lost.is_some() || self.src.unsupported.contains(&(self.index, field)) {
+            return None;
+        }
+        match call() {
+            Err(NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)) => {
+                self.src.unsupported.insert((self.index, field));
+                None
+            }
+            read => self.get(field, || read),
+        }
+    }
+
+    /// The video engines' utilization (percent), PCIe replays and the PCIe link of GPU `d`.
+    pub(super) fn engines_and_links(&mut self, d: &Device<'static>, index: u32) -> Links {
+        let encoder = self.optional("encoder_utilization", || d.encoder_utilization());
+        let encoder = self.check("encoder_utilization", encoder.map(|u| u.utilization), |v| {
+            v <= 100
+        });
+        let decoder = self.optional("decoder_utilization", || d.decoder_utilization());
+        let decoder = self.check("decoder_utilization", decoder.map(|u| u.utilization), |v| {
+            v <= 100
+        });
+        let pcie_replays = self.optional("pcie_replays", || d.pcie_replay_counter());
+        // A generation is 1 to 6 today, a width 1 to 32 lanes; far beyond is bad data.
+        let link = |r: &mut Self, call: &dyn Fn() -> Result<u32, NvmlError>, most: u32| {
+            let v = r.optional("pcie_link", call);
+            r.check("pcie_link", v, |v| (1..=most).contains(&v))
+        };
+        let pcie_link = crate::gpu::PcieLink {
+            generation: link(self, &|| d.current_pcie_link_gen(), 16),
+            max_generation: link(self, &|| d.max_pcie_link_gen(), 16),
+            width: link(self, &|| d.current_pcie_link_width(), 64),
+            max_width: link(self, &|| d.max_pcie_link_width(), 64),
+        };
+        let mut unsupported: Vec<&'static str> = self
+            .src
+            .unsupported
+            .iter()
+            .filter(|(gpu, _)| *gpu == index)
+            .map(|(_, field)| *field)
+            .collect();
+        unsupported.sort_unstable();
+        Links {
+            encoder,
+            decoder,
+            pcie_replays,
+            pcie_link,
+            unsupported,
+        }
+    }
+}
