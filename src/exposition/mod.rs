@@ -274,6 +274,16 @@ impl<'a> GpuView<'a> {
     pub(crate) fn pod_labels(&self) -> Option<PodLabels<'a>> {
         self.pod.map(PodRef::labels)
     }
+
+    /// The GPU's label set (`gpu`, `uuid`, the pod holding it) with a series' own labels.
+    pub(crate) fn labels_with<X>(&self, extra: X) -> GpuLabels<'a, X> {
+        GpuLabels {
+            gpu: self.sample.index,
+            uuid: &self.sample.uuid,
+            pod: self.pod_labels(),
+            extra,
+        }
+    }
 }
 
 /// One MIG device as its series show it: its GPU, the device, and the pod holding it, if any

@@ -6,21 +6,15 @@ use std::fmt;
 use prometheus_client::encoding::DescriptorEncoder;
 
 use super::{GpuView, Scrape};
-use crate::kubernetes::PodRef;
 use crate::metrics::encode::*;
 use crate::metrics::Text;
 
 fn labels<'a>(g: &GpuView<'a>) -> GpuLabels<'a, NoLabels> {
-    with(g, NO_LABELS)
+    g.labels_with(NO_LABELS)
 }
 
 fn with<'a, X>(g: &GpuView<'a>, extra: X) -> GpuLabels<'a, X> {
-    GpuLabels {
-        gpu: g.sample.index,
-        uuid: &g.sample.uuid,
-        pod: g.pod.map(PodRef::labels),
-        extra,
-    }
+    g.labels_with(extra)
 }
 
 pub(super) fn info(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {

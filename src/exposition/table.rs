@@ -108,6 +108,24 @@ const fn gpm_row(
     })
 }
 
+/// A reading of the GPU alone: one series per GPU that is up, and under DCGM's names its GPU
+/// instances show the GPU's value.
+const fn gpu_row(
+    family: &'static Family,
+    label: Option<(&'static str, &'static str)>,
+    gpu: ReadGpu,
+    dcgm: Option<Twin>,
+) -> Row {
+    Row::Reading(Reading {
+        family: Some(family),
+        label,
+        scope: Scope::Gpu,
+        gpu,
+        mig: None,
+        dcgm,
+    })
+}
+
 const fn twin(
     name: &'static str,
     help: &'static str,
@@ -126,22 +144,18 @@ const fn twin(
 pub static TABLE: &[Row] = &[
     Row::Series(info),
     Row::Series(up),
-    Row::Reading(Reading {
-        family: Some(&UTILIZATION),
-        label: None,
-        scope: Scope::Gpu,
-        gpu: |g| float(g.utilization_ratio),
-        mig: None,
-        dcgm: twin("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", percent, 1),
-    }),
-    Row::Reading(Reading {
-        family: Some(&MEMORY_UTILIZATION),
-        label: None,
-        scope: Scope::Gpu,
-        gpu: |g| float(g.memory_utilization_ratio),
-        mig: None,
-        dcgm: twin("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", percent, 2),
-    }),
+    gpu_row(
+        &UTILIZATION,
+        None,
+        |g| float(g.utilization_ratio),
+        twin("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", percent, 1),
+    ),
+    gpu_row(
+        &MEMORY_UTILIZATION,
+        None,
+        |g| float(g.memory_utilization_ratio),
+        twin("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", percent, 2),
+    ),
     Row::Reading(Reading {
         family: Some(&MEMORY_USED),
         label: None,
@@ -166,59 +180,47 @@ pub static TABLE: &[Row] = &[
         mig: Some(|m| int(m.memory_total_bytes)),
         dcgm: None,
     }),
-    Row::Reading(Reading {
-        family: Some(&TEMPERATURE),
-        label: None,
-        scope: Scope::Gpu,
-        gpu: |g| float(g.temperature_celsius),
-        mig: None,
-        dcgm: twin("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", rounded, 5),
-    }),
-    Row::Reading(Reading {
-        family: Some(&POWER),
-        label: None,
-        scope: Scope::Gpu,
-        gpu: |g| float(g.power_watts),
-        mig: None,
-        dcgm: twin("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", same, 6),
-    }),
-    Row::Reading(Reading {
-        family: Some(&POWER_LIMIT),
-        label: None,
-        scope: Scope::Gpu,
-        gpu: |g| float(g.power_limit_watts),
-        mig: None,
-        dcgm: None,
-    }),
-    Row::Reading(Reading {
-        family: Some(&ENERGY),
-        label: None,
-        scope: Scope::Gpu,
-        gpu: |g| float(g.energy_joules),
-        mig: None,
-        dcgm: twin(
+    gpu_row(
+        &TEMPERATURE,
+        None,
+        |g| float(g.temperature_celsius),
+        twin("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", rounded, 5),
+    ),
+    gpu_row(
+        &POWER,
+        None,
+        |g| float(g.power_watts),
+        twin("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", same, 6),
+    ),
+    gpu_row(
+        &POWER_LIMIT,
+        None,
+        |g| float(g.power_limit_watts),
+        None,
+    ),
+    gpu_row(
+        &ENERGY,
+        None,
+        |g| float(g.energy_joules),
+        twin(
             "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
             "Total energy consumption since boot (in mJ).",
             milli,
             7,
         ),
-    }),
-    Row::Reading(Reading {
-        family: Some(&CLOCK),
-        label: Some(("clock", "sm")),
-        scope: Scope::Gpu,
-        gpu: |g| float(g.sm_clock_hertz),
-        mig: None,
-        dcgm: twin("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", mega, 8),
-    }),
-    Row::Reading(Reading {
-        family: Some(&CLOCK),
-        label: Some(("clock", "memory")),
-        scope: Scope::Gpu,
-        gpu: |g| float(g.memory_clock_hertz),
-        mig: None,
-        dcgm: twin("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", mega, 9),
-    }),
+    ),
+    gpu_row(
+        &CLOCK,
+        Some(("clock", "sm")),
+        |g| float(g.sm_clock_hertz),
+        twin("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", mega, 8),
+    ),
+    gpu_row(
+        &CLOCK,
+        Some(("clock", "memory")),
+        |g| float(g.memory_clock_hertz),
+        twin("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", mega, 9),
+    ),
     Row::Series(throttle),
     Row::Series(gpm_supported),
     gpm_row(
@@ -372,32 +374,28 @@ pub static TABLE: &[Row] = &[
             24,
         ),
     ),
-    Row::Reading(Reading {
-        family: Some(&ECC_ERRORS),
-        label: Some(("kind", "corrected")),
-        scope: Scope::Gpu,
-        gpu: |g| int(g.ecc_corrected),
-        mig: None,
-        dcgm: twin(
+    gpu_row(
+        &ECC_ERRORS,
+        Some(("kind", "corrected")),
+        |g| int(g.ecc_corrected),
+        twin(
             "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
             "Total number of single-bit volatile ECC errors.",
             same,
             11,
         ),
-    }),
-    Row::Reading(Reading {
-        family: Some(&ECC_ERRORS),
-        label: Some(("kind", "uncorrected")),
-        scope: Scope::Gpu,
-        gpu: |g| int(g.ecc_uncorrected),
-        mig: None,
-        dcgm: twin(
+    ),
+    gpu_row(
+        &ECC_ERRORS,
+        Some(("kind", "uncorrected")),
+        |g| int(g.ecc_uncorrected),
+        twin(
             "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
             "Total number of double-bit volatile ECC errors.",
             same,
             12,
         ),
-    }),
+    ),
     Row::Series(xid_errors),
     // dcgm-exporter's XID gauge is the last XID seen (0 for none); gpuwatch counts them by code.
     Row::Reading(Reading {
@@ -422,35 +420,29 @@ pub static TABLE: &[Row] = &[
         dcgm: None,
     }),
     Row::Series(process_memory),
-    Row::Reading(Reading {
-        family: Some(&ENCODER),
-        label: None,
-        scope: Scope::Gpu,
-        gpu: |g| float(g.encoder_utilization_ratio),
-        mig: None,
-        dcgm: twin("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", percent, 25),
-    }),
-    Row::Reading(Reading {
-        family: Some(&DECODER),
-        label: None,
-        scope: Scope::Gpu,
-        gpu: |g| float(g.decoder_utilization_ratio),
-        mig: None,
-        dcgm: twin("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", percent, 26),
-    }),
-    Row::Reading(Reading {
-        family: Some(&PCIE_REPLAYS),
-        label: None,
-        scope: Scope::Gpu,
-        gpu: |g| int(g.pcie_replays),
-        mig: None,
-        dcgm: twin(
+    gpu_row(
+        &ENCODER,
+        None,
+        |g| float(g.encoder_utilization_ratio),
+        twin("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", percent, 25),
+    ),
+    gpu_row(
+        &DECODER,
+        None,
+        |g| float(g.decoder_utilization_ratio),
+        twin("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", percent, 26),
+    ),
+    gpu_row(
+        &PCIE_REPLAYS,
+        None,
+        |g| int(g.pcie_replays),
+        twin(
             "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
             "Total number of PCIe retries.",
             same,
             27,
         ),
-    }),
+    ),
     pcie_link(&PCIE_LINK_GENERATION, "current", |g| int(g.pcie_link.generation)),
     pcie_link(&PCIE_LINK_GENERATION, "max", |g| int(g.pcie_link.max_generation)),
     pcie_link(&PCIE_LINK_WIDTH, "current", |g| int(g.pcie_link.width)),
@@ -460,27 +452,24 @@ pub static TABLE: &[Row] = &[
 
 /// One side of the PCIe link (`which="current"` or `"max"`); dcgm-exporter has no such field.
 const fn pcie_link(family: &'static Family, which: &'static str, gpu: ReadGpu) -> Row {
-    Row::Reading(Reading {
-        family: Some(family),
-        label: Some(("which", which)),
-        scope: Scope::Gpu,
-        gpu,
-        mig: None,
-        dcgm: None,
-    })
+    gpu_row(family, Some(("which", which)), gpu, None)
 }
 
-/// The readings with a DCGM twin, in the DCGM families' order.
-pub fn twins() -> Vec<(&'static Reading, &'static Twin)> {
-    let mut out: Vec<_> = TABLE
-        .iter()
-        .filter_map(|row| match row {
-            Row::Reading(r) => Some((r, r.dcgm.as_ref()?)),
-            Row::Series(_) => None,
-        })
-        .collect();
-    out.sort_by_key(|(_, t)| t.order);
-    out
+/// The readings with a DCGM twin, in the DCGM families' order: sorted once, not per scrape.
+pub fn twins() -> &'static [(&'static Reading, &'static Twin)] {
+    static TWINS: std::sync::OnceLock<Vec<(&'static Reading, &'static Twin)>> =
+        std::sync::OnceLock::new();
+    TWINS.get_or_init(|| {
+        let mut out: Vec<_> = TABLE
+            .iter()
+            .filter_map(|row| match row {
+                Row::Reading(r) => Some((r, r.dcgm.as_ref()?)),
+                Row::Series(_) => None,
+            })
+            .collect();
+        out.sort_by_key(|(_, t)| t.order);
+        out
+    })
 }
 
 /// The row's own label, if any.
@@ -547,13 +536,7 @@ fn family_series<'a>(
     for g in s.gpus.iter().filter(|g| g.up) {
         for r in readings {
             if let Some(v) = (r.gpu)(g.sample) {
-                let labels = GpuLabels {
-                    gpu: g.sample.index,
-                    uuid: &g.sample.uuid,
-                    pod: g.pod.map(PodRef::labels),
-                    extra: (MigLabels(None), Own(r.label)),
-                };
-                out.push((labels, v));
+                out.push((g.labels_with((MigLabels(None), Own(r.label))), v));
             }
         }
     }
