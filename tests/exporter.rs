@@ -710,9 +710,15 @@ fields = ["encoder", "pcie_replays", "pcie_link"]
             .as_u64()
             .is_some_and(|n| n >= 4)
     });
+    // Page retirement too: the fake plays Hopper GPUs, which remap rows instead.
     assert_eq!(
         sample["gpus"][1]["unsupported"],
-        serde_json::json!(["encoder_utilization", "pcie_link", "pcie_replays"])
+        serde_json::json!([
+            "encoder_utilization",
+            "pcie_link",
+            "pcie_replays",
+            "retired_pages"
+        ])
     );
     let s = d.scrape();
     metric("gpu_encoder_utilization_ratio")
@@ -757,7 +763,8 @@ fields = ["encoder", "pcie_replays", "pcie_link"]
             .value(1.0)
             .assert_in(&s);
     }
-    assert_eq!(s.named("gpu_reading_unsupported").len(), 3);
+    // And each GPU's page retirement.
+    assert_eq!(s.named("gpu_reading_unsupported").len(), 3 + 3);
     // Out of range is not "unsupported": absent and counted as bad data.
     metric("gpu_encoder_utilization_ratio")
         .gpu(2)
@@ -770,4 +777,167 @@ fields = ["encoder", "pcie_replays", "pcie_link"]
             .unwrap()
             >= 1.0
     );
+}
+
+/// The health readings, in both naming modes: memory temperature and reserved memory, row
+/// remapping, retired pages on a GPU that retires them, time held down by reason, and NVLink.
+/// A field the GPU lacks is absent and said once; one that fails is absent and counted; the
+/// others of the same call still read.
+#[test]
+fn health_readings_under_both_names() {
+    let scenario = r#"
+[[gpu]]
+memory_temperature = 61
+memory_reserved_mib = 571
+remapped_rows_correctable = 3
+remapped_rows_uncorrectable = 1
+row_remap_pending = 1
+nvlink_tx_kib = 2048
+nvlink_rx_kib = 1024
+clock_event_seconds = { power = 12.5, thermal = 3 }
+nvlink_errors = { crc_flit = 2, replay = 9 }
+[[gpu]]
+name = "Tesla V100-SXM2-16GB"
+memory_total_mib = 16384
+nvlink_links = 0
+retired_pages = { single_bit = 4, double_bit = 1, pending = 1 }
+row_remap_failed = 1
+[[fault]]
+at = "0s"
+gpu = 1
+kind = "not_supported"
+fields = ["remapped_rows", "memory_temperature"]
+[[fault]]
+at = "0s"
+gpu = 0
+kind = "fails"
+fields = ["clock_events"]
+"#;
+    let d = Daemon::start(scenario, "[exposition]\nnames = \"both\"\n");
+    let sample = d.await_sample(Duration::from_secs(20), |s| s["nvml"]["up"] == true);
+    assert_eq!(
+        sample["gpus"][1]["unsupported"],
+        serde_json::json!([
+            "memory_temperature",
+            "nvlink_bytes",
+            "nvlink_errors",
+            "remapped_rows"
+        ])
+    );
+    assert_eq!(
+        sample["gpus"][0]["unsupported"],
+        serde_json::json!(["retired_pages"])
+    );
+    let s = d.scrape();
+    let mib = 1024.0 * 1024.0;
+    for (name, labels, want) in [
+        ("gpu_memory_temperature_celsius", vec![], 61.0),
+        ("gpu_memory_reserved_bytes", vec![], 571.0 * mib),
+        ("gpu_remapped_rows", vec![("cause", "correctable")], 3.0),
+        ("gpu_remapped_rows", vec![("cause", "uncorrectable")], 1.0),
+        ("gpu_row_remap_pending", vec![], 1.0),
+        ("gpu_row_remap_failed", vec![], 0.0),
+        (
+            "gpu_nvlink_bytes_total",
+            vec![("direction", "tx")],
+            2048.0 * 1024.0,
+        ),
+        (
+            "gpu_nvlink_bytes_total",
+            vec![("direction", "rx")],
+            1024.0 * 1024.0,
+        ),
+        ("gpu_nvlink_errors_total", vec![("kind", "crc_flit")], 2.0),
+        ("gpu_nvlink_errors_total", vec![("kind", "crc_data")], 0.0),
+        ("gpu_nvlink_errors_total", vec![("kind", "replay")], 9.0),
+        ("DCGM_FI_DEV_MEMORY_TEMP", vec![], 61.0),
+        ("DCGM_FI_DEV_FB_RESERVED", vec![], 571.0),
+        ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", vec![], 3.0),
+        ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", vec![], 1.0),
+        ("DCGM_FI_DEV_ROW_REMAP_PENDING", vec![], 1.0),
+        ("DCGM_FI_DEV_ROW_REMAP_FAILURE", vec![], 0.0),
+        ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", vec![], 3072.0),
+        ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", vec![], 9.0),
+    ] {
+        let mut m = metric(name).gpu(0);
+        for (k, v) in labels {
+            m = m.label(k, v);
+        }
+        m.value(want).assert_in(&s);
+    }
+    // The clock events failed on GPU 0: absent, and counted as failed reads.
+    metric("gpu_clock_event_seconds_total")
+        .gpu(0)
+        .absent()
+        .assert_in(&s);
+    metric("DCGM_FI_DEV_POWER_VIOLATION")
+        .gpu(0)
+        .absent()
+        .assert_in(&s);
+    assert!(
+        metric("gpuwatch_sample_errors_total")
+            .label("kind", "read_failed")
+            .get(&s)
+            .unwrap()
+            >= 6.0
+    );
+    // GPU 1 (a V100) retires pages and has no NVLink. It says row remapping and the memory
+    // temperature are not supported, so they are absent, its remap failure included.
+    for (name, labels, want) in [
+        ("gpu_retired_pages", vec![("cause", "single_bit")], 4.0),
+        ("gpu_retired_pages", vec![("cause", "double_bit")], 1.0),
+        ("gpu_retired_pages_pending", vec![], 1.0),
+        ("DCGM_FI_DEV_RETIRED_SBE", vec![], 4.0),
+        ("DCGM_FI_DEV_RETIRED_DBE", vec![], 1.0),
+        ("DCGM_FI_DEV_RETIRED_PENDING", vec![], 1.0),
+        (
+            "gpu_clock_event_seconds_total",
+            vec![("reason", "power")],
+            0.0,
+        ),
+        ("DCGM_FI_DEV_POWER_VIOLATION", vec![], 0.0),
+    ] {
+        let mut m = metric(name).gpu(1);
+        for (k, v) in labels {
+            m = m.label(k, v);
+        }
+        m.value(want).assert_in(&s);
+    }
+    for name in [
+        "gpu_memory_temperature_celsius",
+        "gpu_remapped_rows",
+        "gpu_row_remap_failed",
+        "gpu_nvlink_bytes_total",
+        "gpu_nvlink_errors_total",
+        "DCGM_FI_DEV_MEMORY_TEMP",
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    ] {
+        metric(name).gpu(1).absent().assert_in(&s);
+    }
+    // Time held down, in seconds here and microseconds under DCGM's names.
+    let d2 = Daemon::start(
+        "[[gpu]]\nclock_event_seconds = { power = 12.5, thermal = 3 }\n",
+        "[exposition]\nnames = \"both\"\n",
+    );
+    d2.await_sample(Duration::from_secs(20), |s| s["nvml"]["up"] == true);
+    let s = d2.scrape();
+    metric("gpu_clock_event_seconds_total")
+        .gpu(0)
+        .label("reason", "power")
+        .value(12.5)
+        .assert_in(&s);
+    metric("gpu_clock_event_seconds_total")
+        .gpu(0)
+        .label("reason", "thermal")
+        .value(3.0)
+        .assert_in(&s);
+    metric("DCGM_FI_DEV_POWER_VIOLATION")
+        .gpu(0)
+        .value(12_500_000.0)
+        .assert_in(&s);
+    metric("DCGM_FI_DEV_THERMAL_VIOLATION")
+        .gpu(0)
+        .value(3_000_000.0)
+        .assert_in(&s);
 }

@@ -8,12 +8,13 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-use gpuwatch::config::Names;
+use gpuwatch::config::{HostnameLabel, Names};
 use gpuwatch::exposition::{BuildInfo, SnapshotCollector};
 use gpuwatch::gpu::gpm::GpmReadings;
 use gpuwatch::gpu::sampler::{SampleError, SamplerCounters};
 use gpuwatch::gpu::{
-    GpuSample, MigSample, NvmlStatus, PcieLink, ProcessSample, Snapshot, ThrottleReason,
+    ClockEvents, GpuSample, MemoryRepair, MigSample, NvLinkCounters, NvmlStatus, PcieLink,
+    ProcessSample, Snapshot, ThrottleReason,
 };
 use gpuwatch::metrics::encode;
 use prometheus_client::registry::Registry;
@@ -58,7 +59,33 @@ fn snapshot() -> Snapshot {
             width: Some(16),
             max_width: Some(16),
         },
-        unsupported: Vec::new(),
+        memory_temperature_celsius: Some(63.0),
+        memory_reserved_bytes: Some(598_736_896),
+        // Two rows remapped for correctable errors; no page retirement on Hopper.
+        memory_repair: MemoryRepair {
+            remapped_correctable: Some(2),
+            remapped_uncorrectable: Some(0),
+            remap_pending: Some(false),
+            remap_failed: Some(false),
+            ..MemoryRepair::default()
+        },
+        clock_events: ClockEvents {
+            power: Some(1234.5678),
+            thermal: Some(0.0),
+            sync_boost: Some(0.0),
+            board_limit: Some(0.0),
+            low_utilization: Some(98.25),
+            reliability: Some(0.0),
+        },
+        nvlink: NvLinkCounters {
+            crc_flit_errors: Some(0),
+            crc_data_errors: Some(1),
+            replay_errors: Some(4),
+            recovery_errors: Some(0),
+            tx_bytes: Some(1_099_511_627_776),
+            rx_bytes: Some(549_755_813_888),
+        },
+        unsupported: vec!["retired_pages"],
         processes: Some(1),
         process_memory: Some(vec![ProcessSample {
             pid: 4242,
@@ -153,6 +180,10 @@ fn exposition() -> String {
 }
 
 fn exposition_with(names: Names) -> String {
+    exposition_labelled(names, HostnameLabel::default())
+}
+
+fn exposition_labelled(names: Names, label: HostnameLabel) -> String {
     let metrics = Arc::new(SamplerCounters::default());
     let mut registry = Registry::default();
     metrics.register(&mut registry);
@@ -165,12 +196,10 @@ fn exposition_with(names: Names) -> String {
     };
     // A channel of our own, holding the one snapshot, stands in for the sampler.
     let (_publish, snapshots) = tokio::sync::watch::channel(Arc::new(snapshot()));
-    registry.register_collector(Box::new(SnapshotCollector::with_names(
-        snapshots.into(),
-        build,
-        names,
-        "gpu-node-1".into(),
-    )));
+    registry.register_collector(Box::new(
+        SnapshotCollector::with_names(snapshots.into(), build, names, "gpu-node-1".into())
+            .with_hostname_label(label),
+    ));
     encode(&registry)
 }
 
@@ -192,6 +221,18 @@ fn dcgm_names_match_their_golden_file() {
     for line in got.lines().chain(gpuwatch.lines()) {
         assert!(both.contains(line), "{line} missing under \"both\"");
     }
+}
+
+/// The host label is `hostname`, as current dcgm-exporter spells it; `Hostname`, for
+/// dashboards written for older releases, is a setting, and changes nothing else.
+#[test]
+fn the_dcgm_host_label_is_lower_case_unless_asked_otherwise() {
+    let lower = exposition_with(Names::Dcgm);
+    let older = exposition_labelled(Names::Dcgm, HostnameLabel::Capitalised);
+    assert!(lower.contains(",hostname=\"gpu-node-1\""), "{lower}");
+    assert!(!lower.contains("Hostname="), "{lower}");
+    assert!(!older.contains("hostname="), "{older}");
+    assert_eq!(older.replace(",Hostname=", ",hostname="), lower);
 }
 
 fn golden(names: Names, file: &str) -> String {

@@ -145,7 +145,8 @@ fn prometheus_scrapes_over_tls_with_basic_auth() {
 fn the_dcgm_exporter_dashboard_works_in_dcgm_mode() {
     let d = Daemon::start(
         SCENARIO,
-        "[exposition]\nnames = \"dcgm\"\nhostname = \"gpu-node-1\"\n",
+        // The published dashboard predates dcgm-exporter's lower-case `hostname`.
+        "[exposition]\nnames = \"dcgm\"\nhostname = \"gpu-node-1\"\nhostname_label = \"Hostname\"\n",
     );
     d.await_sample(Duration::from_secs(20), |s| s["nvml"]["up"] == true);
     let prom = Prometheus::scraping(d.addr);

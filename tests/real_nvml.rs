@@ -184,3 +184,125 @@ fn gpm_sm_activity_agrees_with_nvidia_smi_dmon() {
         "nvidia-smi {mean:.1}% vs gpuwatch {ours_mean:.1}%"
     );
 }
+
+/// The health readings agree with `nvidia-smi --query-gpu`: where nvidia-smi says N/A, gpuwatch
+/// has no value (it never makes one up), and where it has a number, gpuwatch's is the same.
+#[test]
+#[ignore = "needs a real NVIDIA GPU: GPUWATCH_REAL_NVML=1 ... -- --ignored"]
+fn health_readings_agree_with_nvidia_smi() {
+    assert!(
+        enabled(),
+        "set GPUWATCH_REAL_NVML=1 to confirm this machine has an NVIDIA GPU and nvidia-smi"
+    );
+    // nvidia-smi's field, gpuwatch's JSON path in a GPU's sample, the factor from nvidia-smi's
+    // unit to gpuwatch's, and how far apart a moving reading may be.
+    let mib = 1024.0 * 1024.0;
+    let fields: &[(&str, &[&str], f64, f64)] = &[
+        (
+            "temperature.memory",
+            &["memory_temperature_celsius"],
+            1.0,
+            5.0,
+        ),
+        (
+            "memory.reserved",
+            &["memory_reserved_bytes"],
+            mib,
+            1.0 * mib,
+        ),
+        (
+            "pcie.link.gen.current",
+            &["pcie_link", "generation"],
+            1.0,
+            0.0,
+        ),
+        (
+            "pcie.link.gen.max",
+            &["pcie_link", "max_generation"],
+            1.0,
+            0.0,
+        ),
+        ("pcie.link.width.current", &["pcie_link", "width"], 1.0, 0.0),
+        ("pcie.link.width.max", &["pcie_link", "max_width"], 1.0, 0.0),
+        (
+            "utilization.encoder",
+            &["encoder_utilization_ratio"],
+            0.01,
+            0.5,
+        ),
+        (
+            "utilization.decoder",
+            &["decoder_utilization_ratio"],
+            0.01,
+            0.5,
+        ),
+        (
+            "remapped_rows.correctable",
+            &["memory_repair", "remapped_correctable"],
+            1.0,
+            0.0,
+        ),
+        (
+            "remapped_rows.uncorrectable",
+            &["memory_repair", "remapped_uncorrectable"],
+            1.0,
+            0.0,
+        ),
+        (
+            "retired_pages.single_bit_ecc.count",
+            &["memory_repair", "retired_single_bit"],
+            1.0,
+            0.0,
+        ),
+        (
+            "retired_pages.double_bit.count",
+            &["memory_repair", "retired_double_bit"],
+            1.0,
+            0.0,
+        ),
+    ];
+    let query: Vec<&str> = std::iter::once("index")
+        .chain(fields.iter().map(|f| f.0))
+        .collect();
+    let smi = Command::new("nvidia-smi")
+        .arg(format!("--query-gpu={}", query.join(",")))
+        .arg("--format=csv,noheader,nounits")
+        .output()
+        .expect("nvidia-smi");
+    let text = String::from_utf8_lossy(&smi.stdout).into_owned();
+    println!("nvidia-smi --query-gpu={}:\n{text}", query.join(","));
+    assert!(
+        smi.status.success(),
+        "{}",
+        String::from_utf8_lossy(&smi.stderr)
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuwatch"))
+        .args(["snapshot", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let snap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for line in text.lines() {
+        let row: Vec<&str> = line.split(',').map(str::trim).collect();
+        let i: usize = row[0].parse().unwrap();
+        let g = &snap["gpus"][i];
+        for (n, (name, path, factor, slack)) in fields.iter().enumerate() {
+            let ours = path.iter().fold(g, |v, k| &v[*k]);
+            let theirs = row[n + 1];
+            println!("gpu {i} {name}: nvidia-smi {theirs}, gpuwatch {ours}");
+            match theirs.parse::<f64>() {
+                Ok(v) => {
+                    let ours = ours
+                        .as_f64()
+                        .unwrap_or_else(|| panic!("gpu {i} {name}: nvidia-smi {v}, gpuwatch none"));
+                    assert!(
+                        (ours - v * factor).abs() <= *slack,
+                        "gpu {i} {name}: nvidia-smi {v}, gpuwatch {ours}"
+                    );
+                }
+                // "[N/A]" or "[Not Supported]": gpuwatch has no value either.
+                Err(_) => assert!(ours.is_null(), "gpu {i} {name}: {theirs} vs {ours}"),
+            }
+        }
+    }
+}

@@ -34,7 +34,9 @@ pub use raw::{
     RawNvml, RawSampling, RawServer, RawSpot, RawVetoes,
 };
 pub use rules::{RawGate, RawRule, MAX_EVALUATION_PERIODS};
-pub use server::{ExpositionConfig, Names, NvmlConfig, SamplingConfig, ServerConfig};
+pub use server::{
+    ExpositionConfig, HostnameLabel, Names, NvmlConfig, SamplingConfig, ServerConfig,
+};
 
 use budgets::exhausted_rule;
 use node::validate_labels;

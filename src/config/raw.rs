@@ -65,8 +65,10 @@ pub struct RawCloud {
 pub struct RawExposition {
     /// "gpuwatch", "dcgm" or "both".
     pub names: String,
-    /// The `Hostname` label of the DCGM names; empty: `NODE_NAME`, or the machine's hostname.
+    /// The host label of the DCGM names; empty: `NODE_NAME`, or the machine's hostname.
     pub hostname: String,
+    /// That label's name: "hostname" (current dcgm-exporter) or "Hostname" (older releases).
+    pub hostname_label: String,
 }
 
 impl Default for RawExposition {
@@ -74,6 +76,7 @@ impl Default for RawExposition {
         RawExposition {
             names: "gpuwatch".to_string(),
             hostname: String::new(),
+            hostname_label: "hostname".to_string(),
         }
     }
 }

@@ -150,11 +150,30 @@ impl Names {
     }
 }
 
+/// The name of the DCGM names' host label: current dcgm-exporter spells it `hostname`, older
+/// releases `Hostname`, and dashboards written for those keep working with the second.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HostnameLabel {
+    #[default]
+    Lower,
+    Capitalised,
+}
+
+impl HostnameLabel {
+    pub fn name(self) -> &'static str {
+        match self {
+            HostnameLabel::Lower => "hostname",
+            HostnameLabel::Capitalised => "Hostname",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExpositionConfig {
     pub names: Names,
-    /// The `Hostname` label of the DCGM names; `None`: `NODE_NAME`, or the machine's hostname.
+    /// The host label of the DCGM names; `None`: `NODE_NAME`, or the machine's hostname.
     pub hostname: Option<String>,
+    pub hostname_label: HostnameLabel,
 }
 
 impl RawExposition {
@@ -172,6 +191,15 @@ impl RawExposition {
                 ("both", Names::Both),
             ],
         );
+        let hostname_label = pick(
+            invalid,
+            "exposition.hostname_label",
+            &self.hostname_label,
+            &[
+                ("hostname", HostnameLabel::Lower),
+                ("Hostname", HostnameLabel::Capitalised),
+            ],
+        );
         if self.hostname.chars().count() > 253 || self.hostname.chars().any(char::is_control) {
             invalid(
                 "exposition.hostname",
@@ -182,6 +210,7 @@ impl RawExposition {
         Some(ExpositionConfig {
             names: names?,
             hostname: (!self.hostname.is_empty()).then(|| self.hostname.clone()),
+            hostname_label: hostname_label?,
         })
     }
 }

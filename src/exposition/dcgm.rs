@@ -1,7 +1,7 @@
 //! The GPU series under dcgm-exporter's names (`[exposition] names = "dcgm"` or `"both"`), so
 //! that dashboards and alerts written for NVIDIA's exporter work unchanged: its default
 //! counters' names, units and labels (`gpu`, `UUID`, `pci_bus_id`, `device`, `modelName`,
-//! `Hostname`, `DCGM_FI_DRIVER_VERSION`). A GPU in MIG mode is its GPU instances, as
+//! `hostname` (or `Hostname`, as older releases spell it), `DCGM_FI_DRIVER_VERSION`). A GPU in MIG mode is its GPU instances, as
 //! dcgm-exporter shows them: each with `GPU_I_PROFILE` and `GPU_I_ID` beside its GPU's labels,
 //! its own memory and profiling metrics, its GPU's physical ones, and the pods holding it.
 //!
@@ -18,6 +18,7 @@ use prometheus_client::encoding::{
 
 use super::table::{self, Value};
 use super::{GpuView, MigView, Scrape};
+use crate::config::HostnameLabel;
 use crate::gpu::{GpuSample, MigSample, Snapshot};
 use crate::kubernetes::PodRef;
 use crate::metrics::encode::*;
@@ -29,7 +30,7 @@ struct DcgmLabels<'a> {
     uuid: &'a str,
     pci_bus_id: &'a str,
     model: &'a str,
-    hostname: &'a str,
+    hostname: (HostnameLabel, &'a str),
     driver: &'a str,
     /// The GPU instance, for a GPU in MIG mode.
     mig: Option<&'a MigSample>,
@@ -53,7 +54,8 @@ impl EncodeLabelSet for DcgmLabels<'_> {
                 ("GPU_I_ID", gi).encode(encoder.encode_label())?;
             }
         }
-        ("Hostname", Text(self.hostname)).encode(encoder.encode_label())?;
+        let (label, host) = self.hostname;
+        (label.name(), Text(host)).encode(encoder.encode_label())?;
         ("DCGM_FI_DRIVER_VERSION", Text(self.driver)).encode(encoder.encode_label())?;
         if let Some(p) = &self.pod {
             ("container", Text(p.container)).encode(encoder.encode_label())?;
@@ -71,7 +73,7 @@ struct Gpus<'a> {
     /// any of its MIG devices (one entry per pod; one without a pod when none does).
     instances: Vec<(&'a GpuSample, &'a MigSample, Option<&'a PodRef>)>,
     driver: &'a str,
-    hostname: &'a str,
+    hostname: (HostnameLabel, &'a str),
 }
 
 impl<'a> Gpus<'a> {
@@ -156,7 +158,7 @@ pub(super) fn encode(
     e: &mut DescriptorEncoder,
     snap: &Snapshot,
     s: &Scrape<'_>,
-    hostname: &str,
+    hostname: (HostnameLabel, &str),
 ) -> Result<(), fmt::Error> {
     if !snap.nvml.up {
         return Ok(());

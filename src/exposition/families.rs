@@ -118,3 +118,56 @@ pub(super) static PCIE_LINK_WIDTH: Family = gauge_family(
     "The PCIe link's width in lanes: now, and the most it trains to",
     None,
 );
+pub(super) static MEMORY_RESERVED: Family = gauge_family(
+    "gpu_memory_reserved",
+    "Framebuffer memory the driver reserves for itself, neither used nor free",
+    Some("bytes"),
+);
+pub(super) static MEMORY_TEMPERATURE: Family = gauge_family(
+    "gpu_memory_temperature",
+    "Memory (HBM or GDDR) temperature",
+    Some("celsius"),
+);
+pub(super) static REMAPPED_ROWS: Family = gauge_family(
+    "gpu_remapped_rows",
+    "Memory rows remapped to spares since the GPU was made, by the errors that caused it",
+    None,
+);
+pub(super) static ROW_REMAP_PENDING: Family = gauge_family(
+    "gpu_row_remap_pending",
+    "1 while a row remapping waits for a GPU reset",
+    None,
+);
+pub(super) static ROW_REMAP_FAILED: Family = gauge_family(
+    "gpu_row_remap_failed",
+    "1 once a row could not be remapped: the GPU has run out of spare rows",
+    None,
+);
+pub(super) static RETIRED_PAGES: Family = gauge_family(
+    "gpu_retired_pages",
+    "Memory pages retired (GPUs before Ampere), by the errors that caused it",
+    None,
+);
+pub(super) static RETIRED_PAGES_PENDING: Family = gauge_family(
+    "gpu_retired_pages_pending",
+    "1 while pages wait for a GPU reset to be retired",
+    None,
+);
+pub(super) static CLOCK_EVENTS: Family = Family {
+    name: "gpu_clock_event",
+    help: "Time the clocks were held below what was asked since the driver loaded, by reason",
+    unit: Some("seconds"),
+    counter: true,
+};
+pub(super) static NVLINK_ERRORS: Family = Family {
+    name: "gpu_nvlink_errors",
+    help: "NVLink errors over every link since the driver loaded, by kind",
+    unit: None,
+    counter: true,
+};
+pub(super) static NVLINK_DATA: Family = Family {
+    name: "gpu_nvlink",
+    help: "NVLink data over every link since the driver loaded (NVML's throughput counters)",
+    unit: Some("bytes"),
+    counter: true,
+};

@@ -16,7 +16,7 @@ mod series;
 mod table;
 mod value;
 
-use crate::config::Names;
+use crate::config::{HostnameLabel, Names};
 use crate::gpu::sampler::Snapshots;
 use crate::gpu::{GpuSample, MigSample, Snapshot};
 use crate::kubernetes::metrics::SharedKubernetesView;
@@ -54,14 +54,15 @@ pub fn register(
         BuildInfo::current(),
         config.exposition.names,
         hostname(config),
-    );
+    )
+    .with_hostname_label(config.exposition.hostname_label);
     if let Some(view) = pods {
         collector = collector.with_pods(Arc::clone(view));
     }
     registry.register_collector(Box::new(collector));
 }
 
-/// The `Hostname` label of the DCGM names: the configured one, else `NODE_NAME` (which a
+/// The host label of the DCGM names: the configured one, else `NODE_NAME` (which a
 /// DaemonSet sets to the node's name, as dcgm-exporter's does), else the machine's hostname.
 pub fn hostname(config: &crate::config::Config) -> String {
     config
@@ -83,8 +84,9 @@ pub struct SnapshotCollector {
     snapshots: Snapshots,
     build: BuildInfo,
     names: Names,
-    /// The `Hostname` label of the DCGM names.
+    /// The host label of the DCGM names, and that label's name.
     hostname: String,
+    hostname_label: HostnameLabel,
     /// Who holds which GPU, on Kubernetes.
     pods: Option<Arc<SharedKubernetesView>>,
 }
@@ -104,7 +106,7 @@ impl SnapshotCollector {
     }
 
     /// A collector under the names chosen by `[exposition] names`; `hostname` is the DCGM
-    /// names' `Hostname` label.
+    /// names' host label.
     pub fn with_names(
         snapshots: Snapshots,
         build: BuildInfo,
@@ -116,8 +118,15 @@ impl SnapshotCollector {
             build,
             names,
             hostname,
+            hostname_label: HostnameLabel::default(),
             pods: None,
         }
+    }
+
+    /// Names the DCGM names' host label `Hostname`, as dcgm-exporter did before it renamed the label.
+    pub fn with_hostname_label(mut self, label: HostnameLabel) -> Self {
+        self.hostname_label = label;
+        self
     }
 
     /// Labels each GPU's series with the pod that holds it, from the kubelet's assignments.
@@ -238,7 +247,7 @@ impl Collector for SnapshotCollector {
             migs: &migs,
         };
         if self.names.dcgm() {
-            dcgm::encode(e, &snap, &scrape, &self.hostname)?;
+            dcgm::encode(e, &snap, &scrape, (self.hostname_label, &self.hostname))?;
         }
         if self.names.gpuwatch() {
             table::encode(e, &scrape)?;

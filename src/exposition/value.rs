@@ -48,6 +48,11 @@ pub(super) fn float(v: Option<f64>) -> Option<Value> {
     v.map(Value::Float)
 }
 
+/// A yes or no as 1 or 0.
+pub(super) fn flag(v: Option<bool>) -> Option<Value> {
+    v.map(|b| Value::Int(i64::from(b)))
+}
+
 const MIB: f64 = 1024.0 * 1024.0;
 
 pub(super) fn same(v: Value) -> Value {
@@ -73,4 +78,12 @@ pub(super) fn milli(v: Value) -> Value {
 
 pub(super) fn mega(v: Value) -> Value {
     Value::Int((v.f64() / 1e6).round() as i64)
+}
+
+pub(super) fn micro(v: Value) -> Value {
+    Value::Int((v.f64() * 1e6).round() as i64)
+}
+
+pub(super) fn kib(v: Value) -> Value {
+    Value::Int((v.f64() / 1024.0).floor() as i64)
 }

@@ -77,6 +77,16 @@ pub struct GpuSample {
     pub pcie_replays: Option<u64>,
     /// The PCIe link now and the most it trains to: generation, and width in lanes.
     pub pcie_link: PcieLink,
+    /// The memory (HBM or GDDR) temperature.
+    pub memory_temperature_celsius: Option<f64>,
+    /// Framebuffer memory the driver reserves for itself (neither used nor free).
+    pub memory_reserved_bytes: Option<u64>,
+    /// How the GPU has repaired its memory: row remapping, and page retirement before Ampere.
+    pub memory_repair: MemoryRepair,
+    /// Time the clocks were held down, by reason, since the driver loaded.
+    pub clock_events: ClockEvents,
+    /// NVLink error counters and data totals over every link; absent without NVLink.
+    pub nvlink: NvLinkCounters,
     /// The readings this GPU does not support, as NVML said once (they are not asked again).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unsupported: Vec<&'static str>,
@@ -119,6 +129,62 @@ pub struct PcieLink {
     pub max_generation: Option<u32>,
     pub width: Option<u32>,
     pub max_width: Option<u32>,
+}
+
+/// Row remapping (Ampere and later) and page retirement (earlier GPUs): each `None` while
+/// unknown or where the GPU does not do it. A failed remap, or a remap or retirement pending,
+/// means the GPU needs a reset.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct MemoryRepair {
+    pub remapped_correctable: Option<u64>,
+    pub remapped_uncorrectable: Option<u64>,
+    pub remap_pending: Option<bool>,
+    pub remap_failed: Option<bool>,
+    pub retired_single_bit: Option<u64>,
+    pub retired_double_bit: Option<u64>,
+    pub retired_pending: Option<bool>,
+}
+
+/// Seconds the clocks were held below what was asked, by reason, since the driver loaded
+/// (NVML's violation counters).
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct ClockEvents {
+    pub power: Option<f64>,
+    pub thermal: Option<f64>,
+    pub sync_boost: Option<f64>,
+    pub board_limit: Option<f64>,
+    pub low_utilization: Option<f64>,
+    pub reliability: Option<f64>,
+}
+
+impl ClockEvents {
+    /// The reasons, by the label values gpuwatch exports, with their seconds.
+    pub fn by_reason(&self) -> [(&'static str, Option<f64>); 6] {
+        [
+            ("power", self.power),
+            ("thermal", self.thermal),
+            ("sync_boost", self.sync_boost),
+            ("board_limit", self.board_limit),
+            ("low_utilization", self.low_utilization),
+            ("reliability", self.reliability),
+        ]
+    }
+}
+
+/// NVLink counters summed over every link of the GPU since the driver loaded.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct NvLinkCounters {
+    /// Flow-control (flit) CRC errors.
+    pub crc_flit_errors: Option<u64>,
+    /// Data CRC errors.
+    pub crc_data_errors: Option<u64>,
+    /// Replays (retransmissions).
+    pub replay_errors: Option<u64>,
+    /// Link recoveries.
+    pub recovery_errors: Option<u64>,
+    /// Data sent and received, in bytes.
+    pub tx_bytes: Option<u64>,
+    pub rx_bytes: Option<u64>,
 }
 
 /// One MIG device: a GPU instance (and its compute instance) of a GPU in MIG mode, with its

@@ -32,6 +32,18 @@
 //! pcie_replays = 0                    # PCIe replays since the driver loaded
 //! pcie_link_generation = 5            # the link now (defaults: the maximum); also pcie_link_width
 //! pcie_link_max_generation = 5        # the most it trains to (5); also pcie_link_max_width (16)
+//! memory_temperature = 45             # °C, a field value (default 45)
+//! memory_reserved_mib = 0             # driver-reserved framebuffer, neither used nor free
+//! remapped_rows_correctable = 0       # also remapped_rows_uncorrectable; row_remap_pending and
+//!                                     # row_remap_failed are 0 or 1
+//! retired_pages = { single_bit = 0, double_bit = 0, pending = 0 }  # given: the GPU retires
+//!                                     # pages (before Ampere); absent: NOT_SUPPORTED
+//! clock_event_seconds = { power = 0, thermal = 0 }  # seconds held down since the driver
+//!                                     # loaded; also sync_boost, board_limit, low_utilization,
+//!                                     # reliability
+//! nvlink_links = 18                   # default; 0: no NVLink, its fields are NOT_SUPPORTED
+//! nvlink_errors = { crc_flit = 0, crc_data = 0, replay = 0, recovery = 0 }  # every link
+//! nvlink_tx_kib = 0                   # NVLink data since the driver loaded, KiB; also nvlink_rx_kib
 //! throttle_supported = ["gpu_idle", "sw_power_cap", ...]  # default: every reason
 //! throttle_active = ["sw_power_cap"]
 //! mig_devices = ["MIG-..."]            # MIG devices (1g.10gb), by UUID: MIG mode is on when there are any
@@ -59,7 +71,8 @@
 //! # kind = "fails", fields = ["gpm"]   answers NVML_ERROR_UNKNOWN
 //! #   fields: identity, events, utilization, memory, temperature, power, power_limit,
 //! #           energy, clocks, throttle, ecc, processes, gpm, mig (MIG device handles),
-//! #           mig_mode, encoder, decoder, pcie_replays, pcie_link
+//! #           mig_mode, encoder, decoder, pcie_replays, pcie_link, memory_temperature,
+//! #           remapped_rows, retired_pages, clock_events, nvlink_errors, nvlink_bytes
 //! # kind = "delay", delay = "10s"     every device call sleeps (wall clock) first
 //! # kind = "xid", xid = 79            one critical XID event, delivered to every event set
 //! # kind = "init_failure"             nvmlInit answers NVML_ERROR_DRIVER_NOT_LOADED

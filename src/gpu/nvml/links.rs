@@ -1,4 +1,5 @@
 //! The readings a GPU may lack altogether: the video engines, PCIe replays and the PCIe link.
+//! (The health readings, in `fields.rs`, are recorded the same way.)
 //! "Not supported" (or a library without the call) is recorded once per GPU and reading, and
 //! the reading is not asked for again until NVML is initialised anew.
 
@@ -13,8 +14,6 @@ pub(super) struct Links {
     pub(super) decoder: Option<u32>,
     pub(super) pcie_replays: Option<u32>,
     pub(super) pcie_link: crate::gpu::PcieLink,
-    /// Every reading this GPU does not support, in order.
-    pub(super) unsupported: Vec<&'static str>,
 }
 
 impl GpuReader<'_> {
@@ -39,7 +38,7 @@ impl GpuReader<'_> {
     }
 
     /// The video engines' utilization (percent), PCIe replays and the PCIe link of GPU `d`.
-    pub(super) fn engines_and_links(&mut self, d: &Device<'static>, index: u32) -> Links {
+    pub(super) fn engines_and_links(&mut self, d: &Device<'static>) -> Links {
         let encoder = self.optional("encoder_utilization", || d.encoder_utilization());
         let encoder = self.check("encoder_utilization", encoder.map(|u| u.utilization), |v| {
             v <= 100
@@ -60,20 +59,24 @@ impl GpuReader<'_> {
             width: link(self, &|| d.current_pcie_link_width(), 64),
             max_width: link(self, &|| d.max_pcie_link_width(), 64),
         };
-        let mut unsupported: Vec<&'static str> = self
-            .src
-            .unsupported
-            .iter()
-            .filter(|(gpu, _)| *gpu == index)
-            .map(|(_, field)| *field)
-            .collect();
-        unsupported.sort_unstable();
         Links {
             encoder,
             decoder,
             pcie_replays,
             pcie_link,
-            unsupported,
         }
+    }
+
+    /// Every reading this GPU does not support, in order.
+    pub(super) fn unsupported(&self) -> Vec<&'static str> {
+        let mut out: Vec<&'static str> = self
+            .src
+            .unsupported
+            .iter()
+            .filter(|(gpu, _)| *gpu == self.index)
+            .map(|(_, field)| *field)
+            .collect();
+        out.sort_unstable();
+        out
     }
 }

@@ -4,6 +4,7 @@
 //! "not supported" or an out-of-range value leaves the field `None`, and failures and bad
 //! values are counted in `gpuwatch_sample_errors_total{kind}`.
 
+mod fields;
 mod links;
 
 use std::collections::{HashMap, HashSet};
@@ -508,12 +509,22 @@ impl GpuReader<'_> {
 
         let memory = self.get("memory", || d.memory_info());
         let memory = match memory {
-            Some(m) if m.total > 0 && m.used <= m.total && m.free <= m.total => Some(m),
+            Some(m)
+                if m.total > 0
+                    && m.used <= m.total
+                    && m.free <= m.total
+                    && m.reserved <= m.total =>
+            {
+                Some(m)
+            }
             Some(m) => {
                 self.src.bad_value(
                     index,
                     "memory",
-                    format!("used {} free {} total {}", m.used, m.free, m.total),
+                    format!(
+                        "used {} free {} reserved {} total {}",
+                        m.used, m.free, m.reserved, m.total
+                    ),
                 );
                 None
             }
@@ -533,7 +544,8 @@ impl GpuReader<'_> {
         let mem_clock = self.get("memory_clock", || d.clock_info(Clock::Memory));
         let mem_clock = self.check("memory_clock", mem_clock, |v| v <= MAX_CLOCK_MHZ);
 
-        let links = self.engines_and_links(d, index);
+        let links = self.engines_and_links(d);
+        let health = self.health_readings(nvml, d);
 
         let supported = self.get("throttle_reasons", || d.supported_throttle_reasons());
         let current = self.get("throttle_reasons", || d.current_throttle_reasons());
@@ -617,7 +629,12 @@ impl GpuReader<'_> {
             decoder_utilization_ratio: links.decoder.map(percent_ratio),
             pcie_replays: links.pcie_replays.map(u64::from),
             pcie_link: links.pcie_link,
-            unsupported: links.unsupported,
+            memory_temperature_celsius: health.memory_temperature_celsius,
+            memory_reserved_bytes: memory.as_ref().map(|m| m.reserved),
+            memory_repair: health.memory_repair,
+            clock_events: health.clock_events,
+            nvlink: health.nvlink,
+            unsupported: self.unsupported(),
             processes,
             process_memory,
         }

@@ -145,22 +145,26 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         // SAFETY: `memory` is non-null, and by NVML's contract valid for reads.
         (*memory).version
     };
-    // NVML v2 reports driver-reserved memory separately; the fake reserves none.
-    let answer = |total: u64, used: u64| nvmlMemory_v2_t {
+    // NVML v2 reports driver-reserved memory apart from the used and the free.
+    let answer = |total: u64, reserved: u64, used: u64| nvmlMemory_v2_t {
         version,
         total,
-        reserved: 0,
-        free: total - used,
+        reserved,
+        free: total - reserved - used,
         used,
     };
     let mig = mig_query(device, Field::Memory, memory, |m, t| {
-        answer(m.memory_total_bytes, m.memory_used_bytes(t))
+        answer(m.memory_total_bytes, 0, m.memory_used_bytes(t))
     });
     if let Some(rc) = mig {
         return rc;
     }
     query(device, Field::Memory, memory, |g, t| {
-        answer(g.memory_total_bytes, g.memory_used_bytes(t))
+        answer(
+            g.memory_total_bytes,
+            g.memory_reserved_bytes,
+            g.memory_used_bytes(t),
+        )
     })
 }
 
@@ -180,8 +184,9 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     if let Some(rc) = mig {
         return rc;
     }
+    // Version 1 counts the reserved memory as used.
     query(device, Field::Memory, memory, |g, t| {
-        let used = g.memory_used_bytes(t);
+        let used = g.memory_used_bytes(t) + g.memory_reserved_bytes;
         nvmlMemory_t {
             total: g.memory_total_bytes,
             free: g.memory_total_bytes - used,

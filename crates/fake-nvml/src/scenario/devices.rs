@@ -32,6 +32,27 @@ pub struct Gpu {
     pub pcie_link_width: Series,
     pub pcie_link_max_generation: u32,
     pub pcie_link_max_width: u32,
+    /// The memory temperature, and the framebuffer memory the driver reserves.
+    pub memory_temperature: Series,
+    pub memory_reserved_bytes: u64,
+    /// Rows remapped for correctable and uncorrectable errors, and whether a remap is
+    /// pending or has failed (0 or 1).
+    pub remapped_correctable: Series,
+    pub remapped_uncorrectable: Series,
+    pub remap_pending: Series,
+    pub remap_failed: Series,
+    /// Page retirement, which GPUs before Ampere do; `None`: not supported.
+    pub retired_pages: Option<RetiredPages>,
+    /// Seconds the clocks were held down since the driver loaded, by NVML's violation policy
+    /// (power, thermal, sync boost, board limit, low utilization, reliability).
+    pub clock_event_seconds: [Series; 6],
+    /// NVLink links; 0: the GPU has no NVLink, and its NVLink fields are not supported.
+    pub nvlink_links: u32,
+    /// NVLink errors over every link: CRC flit, CRC data, replay, recovery.
+    pub nvlink_errors: [Series; 4],
+    /// NVLink data over every link since the driver loaded, in KiB.
+    pub nvlink_tx_kib: Series,
+    pub nvlink_rx_kib: Series,
     /// NVML clock-throttle reason bits that this GPU supports.
     pub throttle_supported: u64,
     /// NVML clock-throttle reason bits that are active.
@@ -45,7 +66,7 @@ pub struct Gpu {
 impl Gpu {
     pub fn memory_used_bytes(&self, t: f64) -> u64 {
         let used = (self.memory_used_mib.at(t).max(0.0) * MIB) as u64;
-        used.min(self.memory_total_bytes)
+        used.min(self.memory_total_bytes - self.memory_reserved_bytes)
     }
 
     pub fn power_milliwatts(&self, t: f64) -> u32 {
@@ -63,6 +84,15 @@ impl Gpu {
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
+
+/// Pages retired for multiple single-bit errors and for a double-bit error, and whether any
+/// are pending retirement (0 or 1); each a count the series gives.
+#[derive(Debug, Clone)]
+pub struct RetiredPages {
+    pub single_bit: Series,
+    pub double_bit: Series,
+    pub pending: Series,
+}
 
 /// NVML's clock-throttle reason bits, by the names scenarios use.
 pub const THROTTLE_REASONS: &[(&str, u64)] = &[

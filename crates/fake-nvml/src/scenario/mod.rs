@@ -21,7 +21,7 @@ mod series;
 #[cfg(test)]
 mod tests;
 
-pub use devices::{Gpm, GpmMetric, Gpu, Mig, THROTTLE_REASONS};
+pub use devices::{Gpm, GpmMetric, Gpu, Mig, RetiredPages, THROTTLE_REASONS};
 pub use series::{parse_trace, Series};
 
 use parse::RawScenario;
@@ -72,6 +72,18 @@ pub enum Field {
     PcieReplays,
     /// The PCIe link's generation and width, now and at most.
     PcieLink,
+    /// The memory temperature (a field value).
+    MemoryTemperature,
+    /// Remapped rows, and a remap pending or failed (field values).
+    RemappedRows,
+    /// Retired pages and pages pending retirement.
+    RetiredPages,
+    /// Time the clocks were held down, by reason (violation counters).
+    ClockEvents,
+    /// NVLink error counters (field values).
+    NvlinkErrors,
+    /// NVLink data totals (field values).
+    NvlinkBytes,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -8,7 +8,8 @@ use serde::Deserialize;
 
 use super::series::RawSeries;
 use super::{
-    to_u32, Fault, FaultKind, Field, Gpm, GpmMetric, Gpu, Mig, Scenario, Series, THROTTLE_REASONS,
+    to_u32, Fault, FaultKind, Field, Gpm, GpmMetric, Gpu, Mig, RetiredPages, Scenario, Series,
+    THROTTLE_REASONS,
 };
 
 #[derive(Deserialize)]
@@ -89,6 +90,23 @@ struct RawGpu {
     pcie_link_max_generation: u32,
     #[serde(default = "default_pcie_width")]
     pcie_link_max_width: u32,
+    memory_temperature: Option<RawSeries>,
+    #[serde(default)]
+    memory_reserved_mib: u64,
+    remapped_rows_correctable: Option<RawSeries>,
+    remapped_rows_uncorrectable: Option<RawSeries>,
+    row_remap_pending: Option<RawSeries>,
+    row_remap_failed: Option<RawSeries>,
+    /// Given: the GPU retires pages (before Ampere); absent: it does not.
+    retired_pages: Option<RawRetiredPages>,
+    #[serde(default)]
+    clock_event_seconds: RawClockEvents,
+    #[serde(default = "default_nvlink_links")]
+    nvlink_links: u32,
+    #[serde(default)]
+    nvlink_errors: RawNvlinkErrors,
+    nvlink_tx_kib: Option<RawSeries>,
+    nvlink_rx_kib: Option<RawSeries>,
     #[serde(default = "default_throttle_supported")]
     throttle_supported: Vec<String>,
     #[serde(default)]
@@ -99,6 +117,40 @@ struct RawGpu {
     #[serde(default)]
     mig: Vec<RawMig>,
     gpm: Option<RawGpm>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawRetiredPages {
+    single_bit: Option<RawSeries>,
+    double_bit: Option<RawSeries>,
+    pending: Option<RawSeries>,
+}
+
+/// Seconds held down by each of NVML's violation policies.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawClockEvents {
+    power: Option<RawSeries>,
+    thermal: Option<RawSeries>,
+    sync_boost: Option<RawSeries>,
+    board_limit: Option<RawSeries>,
+    low_utilization: Option<RawSeries>,
+    reliability: Option<RawSeries>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawNvlinkErrors {
+    crc_flit: Option<RawSeries>,
+    crc_data: Option<RawSeries>,
+    replay: Option<RawSeries>,
+    recovery: Option<RawSeries>,
+}
+
+/// An H100 SXM's NVLink: 18 links.
+fn default_nvlink_links() -> u32 {
+    18
 }
 
 /// An H100 SXM's link: PCIe 5.0, 16 lanes.
@@ -254,6 +306,12 @@ impl RawGpu {
             })
         };
         let limit_w = self.power_limit_watts;
+        if self.memory_reserved_mib > self.memory_total_mib {
+            return Err(format!(
+                "{key}.memory_reserved_mib: {} is more than memory_total_mib ({})",
+                self.memory_reserved_mib, self.memory_total_mib
+            ));
+        }
         Ok(Gpu {
             uuid: self
                 .uuid
@@ -288,6 +346,55 @@ impl RawGpu {
             )?,
             pcie_link_max_generation: self.pcie_link_max_generation,
             pcie_link_max_width: self.pcie_link_max_width,
+            memory_temperature: series("memory_temperature", self.memory_temperature, 45.0)?,
+            memory_reserved_bytes: self.memory_reserved_mib * 1024 * 1024,
+            remapped_correctable: series(
+                "remapped_rows_correctable",
+                self.remapped_rows_correctable,
+                0.0,
+            )?,
+            remapped_uncorrectable: series(
+                "remapped_rows_uncorrectable",
+                self.remapped_rows_uncorrectable,
+                0.0,
+            )?,
+            remap_pending: series("row_remap_pending", self.row_remap_pending, 0.0)?,
+            remap_failed: series("row_remap_failed", self.row_remap_failed, 0.0)?,
+            retired_pages: match self.retired_pages {
+                None => None,
+                Some(r) => Some(RetiredPages {
+                    single_bit: series("retired_pages.single_bit", r.single_bit, 0.0)?,
+                    double_bit: series("retired_pages.double_bit", r.double_bit, 0.0)?,
+                    pending: series("retired_pages.pending", r.pending, 0.0)?,
+                }),
+            },
+            clock_event_seconds: {
+                let c = self.clock_event_seconds;
+                [
+                    series("clock_event_seconds.power", c.power, 0.0)?,
+                    series("clock_event_seconds.thermal", c.thermal, 0.0)?,
+                    series("clock_event_seconds.sync_boost", c.sync_boost, 0.0)?,
+                    series("clock_event_seconds.board_limit", c.board_limit, 0.0)?,
+                    series(
+                        "clock_event_seconds.low_utilization",
+                        c.low_utilization,
+                        0.0,
+                    )?,
+                    series("clock_event_seconds.reliability", c.reliability, 0.0)?,
+                ]
+            },
+            nvlink_links: self.nvlink_links,
+            nvlink_errors: {
+                let e = self.nvlink_errors;
+                [
+                    series("nvlink_errors.crc_flit", e.crc_flit, 0.0)?,
+                    series("nvlink_errors.crc_data", e.crc_data, 0.0)?,
+                    series("nvlink_errors.replay", e.replay, 0.0)?,
+                    series("nvlink_errors.recovery", e.recovery, 0.0)?,
+                ]
+            },
+            nvlink_tx_kib: series("nvlink_tx_kib", self.nvlink_tx_kib, 0.0)?,
+            nvlink_rx_kib: series("nvlink_rx_kib", self.nvlink_rx_kib, 0.0)?,
             throttle_supported: bits("throttle_supported", &self.throttle_supported)?,
             throttle_active: bits("throttle_active", &self.throttle_active)?,
             mig: {

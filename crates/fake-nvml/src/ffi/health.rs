@@ -1,0 +1,263 @@
+//! The readings of a GPU's health: field values (memory temperature, remapped rows, NVLink
+//! errors and data), retired pages, and the clocks' violation counters.
+
+use std::ffi::{c_int, c_uint, c_ulonglong};
+
+use nvml_wrapper_sys::bindings::field_id::*;
+use nvml_wrapper_sys::bindings::*;
+
+use super::{delay_then_now, gpu_of, query};
+use crate::scenario::{to_u32, Answer, Field, Gpu};
+
+/// A field value's scope that means every NVLink link at once.
+const ALL_LINKS: c_uint = c_uint::MAX;
+
+/// A field's value at `t` for a scope.
+type Read = fn(&Gpu, f64, c_uint) -> Answer<u64>;
+
+/// What one field id reads: its scenario field, and its value at `t` for `scope`. `None` for an
+/// id the fake does not know, which NVML answers "not supported".
+fn field(id: c_uint) -> Option<(Field, Read)> {
+    fn count(v: f64) -> Answer<u64> {
+        Answer::Value(v.round().max(0.0) as u64)
+    }
+    fn link_count(g: &Gpu, v: f64) -> Answer<u64> {
+        if g.nvlink_links == 0 {
+            Answer::NotSupported
+        } else {
+            count(v)
+        }
+    }
+    /// NVLink data, over every link or one of them (an even share).
+    fn link_data(g: &Gpu, v: f64, scope: c_uint) -> Answer<u64> {
+        match scope {
+            _ if g.nvlink_links == 0 => Answer::NotSupported,
+            ALL_LINKS => count(v),
+            l if l < g.nvlink_links => count(v / f64::from(g.nvlink_links)),
+            _ => Answer::InvalidArgument,
+        }
+    }
+    Some(match id {
+        NVML_FI_DEV_MEMORY_TEMP => (Field::MemoryTemperature, |g, t, _| {
+            count(g.memory_temperature.at(t))
+        }),
+        NVML_FI_DEV_REMAPPED_COR => (Field::RemappedRows, |g, t, _| {
+            count(g.remapped_correctable.at(t))
+        }),
+        NVML_FI_DEV_REMAPPED_UNC => (Field::RemappedRows, |g, t, _| {
+            count(g.remapped_uncorrectable.at(t))
+        }),
+        NVML_FI_DEV_REMAPPED_PENDING => {
+            (Field::RemappedRows, |g, t, _| count(g.remap_pending.at(t)))
+        }
+        NVML_FI_DEV_REMAPPED_FAILURE => {
+            (Field::RemappedRows, |g, t, _| count(g.remap_failed.at(t)))
+        }
+        NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL => (Field::NvlinkErrors, |g, t, _| {
+            link_count(g, g.nvlink_errors[0].at(t))
+        }),
+        NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL => (Field::NvlinkErrors, |g, t, _| {
+            link_count(g, g.nvlink_errors[1].at(t))
+        }),
+        NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL => (Field::NvlinkErrors, |g, t, _| {
+            link_count(g, g.nvlink_errors[2].at(t))
+        }),
+        NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL => (Field::NvlinkErrors, |g, t, _| {
+            link_count(g, g.nvlink_errors[3].at(t))
+        }),
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX => (Field::NvlinkBytes, |g, t, scope| {
+            link_data(g, g.nvlink_tx_kib.at(t), scope)
+        }),
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX => (Field::NvlinkBytes, |g, t, scope| {
+            link_data(g, g.nvlink_rx_kib.at(t), scope)
+        }),
+        _ => return None,
+    })
+}
+
+/// A fault's answer, else the reading's own.
+fn flatten<T>(a: Answer<Answer<T>>) -> Answer<T> {
+    match a {
+        Answer::Value(inner) => inner,
+        Answer::NotSupported => Answer::NotSupported,
+        Answer::Lost => Answer::Lost,
+        Answer::InvalidArgument => Answer::InvalidArgument,
+        Answer::Unknown => Answer::Unknown,
+    }
+}
+
+fn code<T>(answer: &Answer<T>) -> nvmlReturn_t {
+    match answer {
+        Answer::Value(_) => nvmlReturn_enum_NVML_SUCCESS,
+        Answer::NotSupported => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+        Answer::Lost => nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST,
+        Answer::InvalidArgument => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+        Answer::Unknown => nvmlReturn_enum_NVML_ERROR_UNKNOWN,
+    }
+}
+
+/// Each field answers on its own, as NVML's do: a field the GPU lacks, or one a fault hits,
+/// fails alone. A lost GPU fails the whole call.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
+    device: nvmlDevice_t,
+    values_count: c_int,
+    values: *mut nvmlFieldValue_t,
+) -> nvmlReturn_t {
+    if values.is_null() || values_count <= 0 {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let (st, gpu) = match gpu_of(device) {
+        Ok(found) => found,
+        Err(e) => return e,
+    };
+    let t = delay_then_now(st, gpu);
+    if st.scenario.is_lost(gpu, t) {
+        return nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST;
+    }
+    // SAFETY: non-null, and by NVML's contract valid for `values_count` entries.
+    let entries = std::slice::from_raw_parts_mut(values, values_count as usize);
+    let stamp = (t * 1e6) as i64;
+    for v in entries {
+        let answer = match field(v.fieldId) {
+            None => Answer::NotSupported,
+            Some((f, read)) => {
+                let scope = v.scopeId;
+                flatten(st.scenario.read(gpu, f, t, |g| read(g, t, scope)))
+            }
+        };
+        v.nvmlReturn = code(&answer);
+        v.timestamp = stamp;
+        v.latencyUsec = 0;
+        if let Answer::Value(n) = answer {
+            v.valueType = nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+            v.value.ullVal = n;
+        }
+    }
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+/// The pages retired for `cause` at `t`, or why there are none to tell.
+fn retired(g: &Gpu, cause: nvmlPageRetirementCause_t, t: f64) -> Answer<u32> {
+    let Some(r) = &g.retired_pages else {
+        return Answer::NotSupported;
+    };
+    match cause {
+        nvmlPageRetirementCause_enum_NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS => {
+            Answer::Value(to_u32(r.single_bit.at(t)))
+        }
+        nvmlPageRetirementCause_enum_NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR => {
+            Answer::Value(to_u32(r.double_bit.at(t)))
+        }
+        _ => Answer::InvalidArgument,
+    }
+}
+
+/// Writes the count of retired pages (and, where asked, their addresses and times); a buffer
+/// too small for them gets the count and `INSUFFICIENT_SIZE`.
+unsafe fn retired_pages(
+    device: nvmlDevice_t,
+    cause: nvmlPageRetirementCause_t,
+    count: *mut c_uint,
+    addresses: *mut c_ulonglong,
+    timestamps: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    if count.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let (st, gpu) = match gpu_of(device) {
+        Ok(found) => found,
+        Err(e) => return e,
+    };
+    let t = delay_then_now(st, gpu);
+    let n = match flatten(
+        st.scenario
+            .read(gpu, Field::RetiredPages, t, |g| retired(g, cause, t)),
+    ) {
+        Answer::Value(n) => n,
+        other => return code(&other),
+    };
+    // SAFETY: non-null, and by NVML's contract valid for reads and writes.
+    let room = *count;
+    *count = n;
+    if room < n {
+        return nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for i in 0..n as usize {
+        if !addresses.is_null() {
+            // SAFETY: the caller's buffer holds `room` >= `n` entries.
+            addresses.add(i).write(0x1000 * (i as u64 + 1));
+        }
+        if !timestamps.is_null() {
+            // SAFETY: as above.
+            timestamps.add(i).write((t * 1e6) as u64);
+        }
+    }
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPages(
+    device: nvmlDevice_t,
+    cause: nvmlPageRetirementCause_t,
+    page_count: *mut c_uint,
+    addresses: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    retired_pages(device, cause, page_count, addresses, std::ptr::null_mut())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPages_v2(
+    device: nvmlDevice_t,
+    cause: nvmlPageRetirementCause_t,
+    page_count: *mut c_uint,
+    addresses: *mut c_ulonglong,
+    timestamps: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    retired_pages(device, cause, page_count, addresses, timestamps)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(
+    device: nvmlDevice_t,
+    is_pending: *mut nvmlEnableState_t,
+) -> nvmlReturn_t {
+    let mut pending = None;
+    let rc = query(device, Field::RetiredPages, is_pending, |g, t| {
+        pending = g.retired_pages.as_ref().map(|r| r.pending.at(t) >= 0.5);
+        match pending {
+            Some(true) => nvmlEnableState_enum_NVML_FEATURE_ENABLED,
+            _ => nvmlEnableState_enum_NVML_FEATURE_DISABLED,
+        }
+    });
+    if rc == nvmlReturn_enum_NVML_SUCCESS && pending.is_none() {
+        return nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
+    }
+    rc
+}
+
+/// The time the clocks were held down by one policy, in nanoseconds, since the driver loaded.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetViolationStatus(
+    device: nvmlDevice_t,
+    policy: nvmlPerfPolicyType_t,
+    viol_time: *mut nvmlViolationTime_t,
+) -> nvmlReturn_t {
+    // Power (0) to reliability (5); the totals over them are not played.
+    let i = policy as usize;
+    if i >= 6 {
+        return match policy {
+            nvmlPerfPolicyType_enum_NVML_PERF_POLICY_TOTAL_APP_CLOCKS
+            | nvmlPerfPolicyType_enum_NVML_PERF_POLICY_TOTAL_BASE_CLOCKS => {
+                nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED
+            }
+            _ => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+        };
+    }
+    query(device, Field::ClockEvents, viol_time, |g, t| {
+        nvmlViolationTime_t {
+            referenceTime: (t * 1e6).max(0.0) as u64,
+            violationTime: (g.clock_event_seconds[i].at(t).max(0.0) * 1e9).round() as u64,
+        }
+    })
+}
