@@ -8,6 +8,7 @@
 //! `clippy -D warnings`) holds the invariant.
 
 pub mod cost;
+pub mod health;
 pub mod node;
 pub mod plan;
 pub mod rules;
