@@ -42,8 +42,9 @@ impl App {
     ) -> anyhow::Result<App> {
         let mut tasks = JoinSet::new();
         let mut registry = Registry::default();
-        let snapshots = crate::gpu::sampler::start(&config, &mut registry, &mut tasks)
-            .context("cannot start the sampler thread")?;
+        let (snapshots, health_seed) =
+            crate::gpu::sampler::start(&config, &mut registry, &mut tasks)
+                .context("cannot start the sampler thread")?;
         let pods = crate::kubernetes::spawn(&config, &mut tasks);
         crate::exposition::register(&config, &snapshots, pods.as_ref(), &mut registry);
         crate::kubernetes::register(pods.as_ref(), &snapshots, &mut registry);
@@ -56,6 +57,7 @@ impl App {
             &config,
             snapshots.clone(),
             pods,
+            health_seed,
             &mut registry,
             stop_rx,
             &mut tasks,

@@ -15,6 +15,7 @@ pub mod exposition;
 pub use gpuwatch_core::cost;
 mod files;
 pub mod gpu;
+pub use gpuwatch_core::health;
 mod http;
 mod kubernetes;
 pub mod metrics;

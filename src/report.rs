@@ -71,7 +71,19 @@ pub fn table(snap: &Snapshot) -> String {
             g.processes.map_or("-".to_string(), |p| p.to_string()),
         );
     }
+    health(&mut out, snap);
     out
+}
+
+/// Each GPU's health under the table, with each problem in words and what fixes it.
+fn health(out: &mut String, snap: &Snapshot) {
+    for g in &snap.gpus {
+        let Some(h) = &g.health else { continue };
+        let _ = writeln!(out, "GPU {} {}", g.index, h.state.as_str());
+        for f in &h.problems {
+            let _ = writeln!(out, "  {} ({})", f.words, f.action.words());
+        }
+    }
 }
 
 fn pct(r: Option<f64>) -> String {

@@ -819,9 +819,16 @@ fields = ["clock_events"]
         sample["gpus"][1]["unsupported"],
         serde_json::json!([
             "memory_temperature",
-            "nvlink_bytes",
-            "nvlink_errors",
-            "remapped_rows"
+            "nvlink_crc_data_errors",
+            "nvlink_crc_flit_errors",
+            "nvlink_recovery_errors",
+            "nvlink_replay_errors",
+            "nvlink_rx_bytes",
+            "nvlink_tx_bytes",
+            "remapped_rows_correctable",
+            "remapped_rows_uncorrectable",
+            "row_remap_failed",
+            "row_remap_pending"
         ])
     );
     assert_eq!(

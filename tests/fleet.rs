@@ -50,9 +50,16 @@ fn a_fleet_sums_by_team_on_a_real_prometheus() {
     let mut price_want: BTreeMap<String, f64> = BTreeMap::new();
     for i in 0..NODES {
         let (team, idle, price) = plan(i);
-        let scenario: String = (0..GPUS)
+        let mut scenario: String = (0..GPUS)
             .map(|g| format!("[[gpu]]\nutilization = {}\n", if g < idle { 0 } else { 80 }))
             .collect();
+        // One busy GPU of the first node (team ml) fell off the bus: unhealthy, and priced.
+        if i == 0 {
+            scenario.push_str(&format!(
+                "[[fault]]\nat = \"0s\"\ngpu = {}\nkind = \"lost\"\n",
+                GPUS - 1
+            ));
+        }
         let dir = tempfile::tempdir().unwrap();
         let config = format!(
             "[actions]\nstate_dir = \"{}\"\n[cost]\nhourly_price_usd = {price:.1}\n[node]\nlabels = {{ team = \"{team}\" }}\n",
@@ -147,6 +154,21 @@ fn a_fleet_sums_by_team_on_a_real_prometheus() {
         r.len() == TEAMS.len() && r.iter().all(|s| value(s) > 0.0)
     });
     assert_eq!(wasted.len(), TEAMS.len());
+    // The one lost GPU is the ml team's, and only its unhealthy dollars grow.
+    let unhealthy_want: BTreeMap<String, f64> = TEAMS
+        .iter()
+        .map(|t| (t.to_string(), if *t == "ml" { 1.0 } else { 0.0 }))
+        .collect();
+    let unhealthy = prom.await_query("team:gpuwatch_gpus_unhealthy:sum", |r| {
+        by_team(r) == unhealthy_want
+    });
+    assert_eq!(by_team(&unhealthy), unhealthy_want);
+    let priced = prom.await_query("team:gpuwatch_gpu_unhealthy_dollars:sum", |r| {
+        let t = by_team(r);
+        t.len() == TEAMS.len() && t["ml"] > 0.0
+    });
+    let priced = by_team(&priced);
+    assert_eq!((priced["data"], priced["infra"]), (0.0, 0.0));
 
     // What the fleet costs.
     let one: Scrape = fleet[0].scrape();

@@ -24,6 +24,7 @@ fn snapshot() -> Snapshot {
         index: 0,
         uuid: "GPU-11111111-2222-4333-8444-555555555555".into(),
         up: true,
+        lost: false,
         name: Some("NVIDIA H100 80GB HBM3".into()),
         pci_bus_id: Some("00000000:18:00.0".into()),
         utilization_ratio: Some(0.97),
@@ -114,6 +115,7 @@ fn snapshot() -> Snapshot {
             nvlink_rx_bytes_per_second: None,
         }),
         mig: Vec::new(),
+        health: None,
     };
     // In MIG mode: the GPU's physical readings, no utilization, and one MIG device of its own.
     let split = GpuSample {
@@ -156,9 +158,28 @@ fn snapshot() -> Snapshot {
         index: 2,
         uuid: "GPU-aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee".into(),
         up: false,
+        lost: true,
         xid_errors: BTreeMap::from([(79, 1)]),
         ..GpuSample::default()
     };
+    let mut gpus = vec![busy, sparse, lost, split];
+    // Health as the sampler judges it: the busy GPU's link a generation down, the lost one
+    // lost (and its XID 79 held), the sparse one's unknown readings no problem. The MIG GPU's
+    // is left unknown: it has no health series.
+    let readings: Vec<_> = gpus[..3]
+        .iter()
+        .map(gpuwatch::gpu::health::readings)
+        .collect();
+    let judged = gpuwatch::health::assess(
+        &gpuwatch::health::Settings::default(),
+        &mut gpuwatch::health::Memory::default(),
+        true,
+        &readings,
+        1_796_000_000.25,
+    );
+    for (g, h) in gpus.iter_mut().zip(judged) {
+        g.health = Some(h);
+    }
     Snapshot {
         seq: 42,
         timestamp: 1_796_000_000.25,
@@ -171,7 +192,8 @@ fn snapshot() -> Snapshot {
             cuda_driver_version: Some("12.4".into()),
             error: None,
         },
-        gpus: vec![busy, sparse, lost, split],
+        gpus,
+        health_holds: None,
     }
 }
 

@@ -124,7 +124,7 @@ fn bad_rules_name_the_key() {
     assert_eq!(
         err,
         format!(
-            "config: {}: Rules[0].Trigger.Metric: \"GPUTemperature\" is not one of GPUUtilization, GPUMemoryUtilization, GPUMemoryUsedPercent, GPUPowerPercent, GPUProcessCount, SMActivity, TensorActivity, DRAMActivity",
+            "config: {}: Rules[0].Trigger.Metric: \"GPUTemperature\" is not one of GPUUtilization, GPUMemoryUtilization, GPUMemoryUsedPercent, GPUPowerPercent, GPUProcessCount, SMActivity, TensorActivity, DRAMActivity, GPUHealth",
             json.display()
         )
     );

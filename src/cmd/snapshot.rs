@@ -25,13 +25,19 @@ pub fn run(config: &Config, json: bool) -> ExitCode {
         );
         return exit::UNAVAILABLE.into();
     }
-    let snap = crate::gpu::Snapshot {
+    let mut snap = crate::gpu::Snapshot {
         seq: 1,
         timestamp: crate::time::now(),
         duration_seconds: 0.0,
         nvml: sample.nvml,
         gpus: sample.gpus,
+        health_holds: None,
     };
+    // One sample, and no XID events: health as the readings show it now, with nothing held
+    // from before (the daemon's own view is `gpuwatch status`).
+    let (mut judge, seed) = crate::gpu::health::Judge::new(config.health);
+    drop(seed);
+    judge.judge(&mut snap);
     if json {
         match serde_json::to_string_pretty(&snap) {
             Ok(s) => println!("{s}"),

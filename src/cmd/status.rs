@@ -254,6 +254,7 @@ fn read_state(config: &Config, dir: &StateDir) -> Result<Status, String> {
     let now = crate::time::now();
     status.holds = crate::state::holds_in_force(now, &dir.hold(), &HoldStatus::None);
     status.cost.idle_dollars = persisted.idle_dollars;
+    status.cost.unhealthy_dollars = persisted.unhealthy_dollars;
     status.events = crate::status::recent_events(&dir.audit_path(), crate::status::EVENTS);
     // With the daemon down nothing says all is well: unknown, unless an action is pending.
     status.health = if status.rules.iter().any(|r| r.pending.is_some()) {

@@ -8,7 +8,8 @@
 //! ```
 //!
 //! Each rule becomes exactly the TOML rule it means (a threshold of 5 percent is the ratio 0.05),
-//! and goes through the same validation.
+//! and goes through the same validation. `"Metric": "GPUHealth"` (or `"gpu_health"`) is the
+//! rule on health (`gpu_unhealthy`), which needs no comparison or threshold.
 
 use serde::Deserialize;
 
@@ -43,8 +44,11 @@ struct JsonAction {
 #[serde(rename_all = "PascalCase", deny_unknown_fields)]
 struct JsonTrigger {
     metric: String,
-    comparison: String,
-    threshold: f64,
+    /// Required, except for `GPUHealth`.
+    #[serde(default)]
+    comparison: Option<String>,
+    #[serde(default)]
+    threshold: Option<f64>,
     period: u64,
     #[serde(default = "one")]
     evaluation_periods: u32,
@@ -83,29 +87,33 @@ pub fn parse(text: &str, source: &str) -> Result<Vec<RawRule>, ConfigError> {
             "SMActivity" => ("sm_active", 100.0),
             "TensorActivity" => ("tensor_active", 100.0),
             "DRAMActivity" => ("dram_active", 100.0),
+            // 1 while a GPU is unhealthy.
+            "GPUHealth" | "gpu_health" => ("gpu_unhealthy", 1.0),
             other => {
                 return Err(ConfigError::Invalid {
                     key: key("Trigger.Metric"),
                     message: format!(
-                        "\"{other}\" is not one of GPUUtilization, GPUMemoryUtilization, GPUMemoryUsedPercent, GPUPowerPercent, GPUProcessCount, SMActivity, TensorActivity, DRAMActivity"
+                        "\"{other}\" is not one of GPUUtilization, GPUMemoryUtilization, GPUMemoryUsedPercent, GPUPowerPercent, GPUProcessCount, SMActivity, TensorActivity, DRAMActivity, GPUHealth"
                     ),
                 })
             }
         };
-        let comparison = match r.trigger.comparison.trim_end_matches("Threshold") {
-            "LessThan" => "less_than",
-            "LessThanOrEqual" | "LessThanOrEqualTo" => "less_than_or_equal",
-            "GreaterThan" => "greater_than",
-            "GreaterThanOrEqual" | "GreaterThanOrEqualTo" => "greater_than_or_equal",
-            _ => {
-                return Err(ConfigError::Invalid {
-                    key: key("Trigger.Comparison"),
-                    message: format!(
-                        "\"{}\" is not one of LessThan, LessThanOrEqual, GreaterThan, GreaterThanOrEqual",
-                        r.trigger.comparison
-                    ),
-                })
-            }
+        let comparison = match r.trigger.comparison.as_deref() {
+            None => None,
+            Some(c) => Some(match c.trim_end_matches("Threshold") {
+                "LessThan" => "less_than",
+                "LessThanOrEqual" | "LessThanOrEqualTo" => "less_than_or_equal",
+                "GreaterThan" => "greater_than",
+                "GreaterThanOrEqual" | "GreaterThanOrEqualTo" => "greater_than_or_equal",
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        key: key("Trigger.Comparison"),
+                        message: format!(
+                            "\"{c}\" is not one of LessThan, LessThanOrEqual, GreaterThan, GreaterThanOrEqual"
+                        ),
+                    })
+                }
+            }),
         };
         if r.actions.is_empty() {
             return Err(ConfigError::Invalid {
@@ -124,8 +132,8 @@ pub fn parse(text: &str, source: &str) -> Result<Vec<RawRule>, ConfigError> {
                 name,
                 metric: metric.to_string(),
                 statistic: r.trigger.statistic.as_deref().map(str::to_ascii_lowercase),
-                comparison: comparison.to_string(),
-                threshold: r.trigger.threshold / scale,
+                comparison: comparison.map(str::to_string),
+                threshold: r.trigger.threshold.map(|t| t / scale),
                 period: format!("{}s", r.trigger.period),
                 evaluation_periods: r.trigger.evaluation_periods,
                 datapoints_to_alarm: r.trigger.datapoints_to_alarm,

@@ -13,6 +13,7 @@ mod budgets;
 mod check;
 mod cloud;
 mod error;
+mod health;
 pub mod json;
 mod node;
 mod raw;
@@ -26,6 +27,7 @@ use check::*;
 pub use check::{file_path, read_capped, MAX_FILE_BYTES};
 pub use cloud::{CloudConfig, CloudWatchConfig, CostConfig, Provider};
 pub use error::{ConfigError, ConfigErrors};
+pub use health::RawHealth;
 pub use node::{
     tag_label_name, KubernetesConfig, NodeConfig, TagLabel, MAX_LABEL_VALUE, NODE_INFO_LABELS,
 };
@@ -67,6 +69,8 @@ pub struct Config {
     pub kubernetes: KubernetesConfig,
     /// The labels of `gpuwatch_node_info`.
     pub node: NodeConfig,
+    /// How GPU health is judged.
+    pub health: crate::health::Settings,
     pub budgets: Vec<BudgetConfig>,
     /// The `[[rules]]`, and one rule per budget with `on_exhausted`.
     pub rules: Vec<Rule>,
@@ -221,6 +225,7 @@ impl RawConfig {
         let exposition = self.exposition.validate(&mut invalid);
         let kubernetes = self.kubernetes.validate(&mut invalid);
         let node = validate_labels(&self.node, &self.cloud.tag_labels, &mut invalid);
+        let health = self.health.validate(&mut invalid);
         // A stall is judged over at least two whole sampling cycles: a slow interval never makes
         // a working daemon look stalled.
         let server = server.map(|mut server| {
@@ -260,7 +265,7 @@ impl RawConfig {
 
         match (
             server, nvml, sampling, cloud, actions, vetoes, spot, cost, cloudwatch, exposition,
-            kubernetes, node,
+            kubernetes, node, health,
         ) {
             (
                 Some(server),
@@ -275,6 +280,7 @@ impl RawConfig {
                 Some(exposition),
                 Some(kubernetes),
                 Some(node),
+                Some(health),
             ) if errors.is_empty() => Ok(Config {
                 server,
                 nvml,
@@ -288,6 +294,7 @@ impl RawConfig {
                 exposition,
                 kubernetes,
                 node,
+                health,
                 budgets,
                 rules,
                 path: std::path::PathBuf::new(),
@@ -384,5 +391,37 @@ mod tests {
         assert_eq!(c.path, Path::new("x.toml"));
         c.path = PathBuf::new();
         assert_eq!(c, Config::default());
+    }
+
+    /// A rule on health needs no comparison or threshold: it reads "any GPU is unhealthy",
+    /// in the TOML form and the JSON one alike.
+    #[test]
+    fn a_rule_on_health_defaults_to_any_gpu_unhealthy() {
+        let toml = "[[rules]]\nname = \"broken\"\nmetric = \"gpu_unhealthy\"\nperiod = \"5m\"\nevaluation_periods = 3\naction = \"stop\"\n";
+        let from_toml = Config::parse(toml, Path::new("x.toml")).unwrap().rules;
+        let json = r#"{"Rules": [{"Description": "broken", "Actions": [{"Type": "Stop"}],
+            "Trigger": {"Metric": "GPUHealth", "Period": 300, "EvaluationPeriods": 3}}]}"#;
+        let raw = RawConfig {
+            rules: json::parse(json, "rules.json").unwrap(),
+            ..RawConfig::default()
+        };
+        let from_json = raw.validate().unwrap().rules;
+        for rules in [from_toml, from_json] {
+            let c = rules[0].condition().unwrap();
+            assert_eq!(
+                (c.metric, c.comparison, c.threshold, c.gpus, c.statistic),
+                (
+                    Metric::GpuUnhealthy,
+                    Comparison::GreaterThanOrEqual,
+                    1.0,
+                    Aggregation::Any,
+                    Statistic::Average
+                )
+            );
+            assert_eq!(
+                rules[0].describe(),
+                "stop when any GPU is unhealthy throughout 3 of 3 periods of 5m"
+            );
+        }
     }
 }

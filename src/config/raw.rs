@@ -20,6 +20,7 @@ pub struct RawConfig {
     pub spot: RawSpot,
     pub cost: RawCost,
     pub cloudwatch: RawCloudWatch,
+    pub health: RawHealth,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub budgets: Vec<RawBudget>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -182,6 +183,7 @@ impl Default for RawConfig {
             node: RawNode::default(),
             exposition: RawExposition::default(),
             kubernetes: RawKubernetes::default(),
+            health: RawHealth::default(),
             actions: RawActions {
                 mode: "dry-run".to_string(),
                 boot_grace: "15m".to_string(),

@@ -19,8 +19,12 @@ pub struct RawRule {
     pub metric: String,
     #[serde(default)]
     pub statistic: Option<String>,
-    pub comparison: String,
-    pub threshold: f64,
+    /// Required, except for `gpu_unhealthy` ("greater_than_or_equal").
+    #[serde(default)]
+    pub comparison: Option<String>,
+    /// Required, except for `gpu_unhealthy` (1: unhealthy).
+    #[serde(default)]
+    pub threshold: Option<f64>,
     pub period: String,
     #[serde(default = "one")]
     pub evaluation_periods: u32,
@@ -92,6 +96,27 @@ impl RawRule {
             })
         };
         check_name(&mut invalid, "rule", &self.name);
+        // A rule on health reads "any GPU is unhealthy" unless it says otherwise.
+        let health = self.metric == Metric::GpuUnhealthy.as_str();
+        let comparison_text = match (&self.comparison, health) {
+            (Some(c), _) => Some(c.as_str()),
+            (None, true) => Some("greater_than_or_equal"),
+            (None, false) => {
+                invalid(
+                    "comparison",
+                    "a rule needs a comparison, such as \"less_than\"".into(),
+                );
+                None
+            }
+        };
+        let threshold = match (self.threshold, health) {
+            (Some(t), _) => Some(t),
+            (None, true) => Some(1.0),
+            (None, false) => {
+                invalid("threshold", "a rule needs a threshold, such as 0.05".into());
+                None
+            }
+        };
         let metric = pick(
             &mut invalid,
             "metric",
@@ -107,21 +132,25 @@ impl RawRule {
                 ("maximum", Statistic::Maximum),
             ],
         );
-        let comparison = pick(
-            &mut invalid,
-            "comparison",
-            &self.comparison,
-            &[
-                ("less_than", Comparison::LessThan),
-                ("less_than_or_equal", Comparison::LessThanOrEqual),
-                ("greater_than", Comparison::GreaterThan),
-                ("greater_than_or_equal", Comparison::GreaterThanOrEqual),
-            ],
-        );
+        let comparison = comparison_text.and_then(|c| {
+            pick(
+                &mut invalid,
+                "comparison",
+                c,
+                &[
+                    ("less_than", Comparison::LessThan),
+                    ("less_than_or_equal", Comparison::LessThanOrEqual),
+                    ("greater_than", Comparison::GreaterThan),
+                    ("greater_than_or_equal", Comparison::GreaterThanOrEqual),
+                ],
+            )
+        });
         let gpus = pick(
             &mut invalid,
             "gpus",
-            self.gpus.as_deref().unwrap_or("every"),
+            self.gpus
+                .as_deref()
+                .unwrap_or(if health { "any" } else { "every" }),
             &[("every", Aggregation::Every), ("any", Aggregation::Any)],
         );
         let scope = pick(
@@ -154,11 +183,11 @@ impl RawRule {
                 ("terminate", Action::Terminate),
             ],
         );
-        if let Some(m) = metric {
+        if let (Some(m), Some(threshold)) = (metric, threshold) {
             let ok = if m.is_ratio() {
-                (0.0..=1.0).contains(&self.threshold)
+                (0.0..=1.0).contains(&threshold)
             } else {
-                self.threshold >= 0.0 && self.threshold.is_finite()
+                threshold >= 0.0 && threshold.is_finite()
             };
             if !ok {
                 let what = if m.is_ratio() {
@@ -166,7 +195,32 @@ impl RawRule {
                 } else {
                     "a count of 0 or more"
                 };
-                invalid("threshold", format!("\"{}\" is not {what}", self.threshold));
+                invalid("threshold", format!("\"{threshold}\" is not {what}"));
+            }
+        }
+        if health {
+            // Any other comparison or threshold would breach on healthy GPUs.
+            if comparison.is_some_and(|c| c != Comparison::GreaterThanOrEqual)
+                || threshold.is_some_and(|t| t != 1.0)
+            {
+                invalid(
+                    "comparison",
+                    "a rule on gpu_unhealthy breaches while a GPU is unhealthy: leave out comparison and threshold (they are \"greater_than_or_equal\" and 1)".into(),
+                );
+            }
+            if scope == Some(Scope::Pod) {
+                invalid(
+                    "scope",
+                    "\"pod\": a rule on gpu_unhealthy judges the node's GPUs".into(),
+                );
+            }
+            if let Some(a) =
+                action.filter(|a| !matches!(a, Action::Alert | Action::Exec | Action::Stop))
+            {
+                invalid(
+                    "action",
+                    format!("\"{a}\": a rule on gpu_unhealthy may alert, exec or stop (on EC2 a stop and a start moves the instance to new hardware)"),
+                );
             }
         }
         let period = duration(
@@ -233,7 +287,7 @@ impl RawRule {
             }
         }
         match (
-            metric, statistic, comparison, gpus, scope, lifecycle, action, period,
+            metric, statistic, comparison, gpus, scope, lifecycle, action, period, threshold,
         ) {
             (
                 Some(metric),
@@ -244,6 +298,7 @@ impl RawRule {
                 Some(lifecycle),
                 Some(action),
                 Some(period),
+                Some(threshold),
             ) if errors.is_empty() => Ok(Rule {
                 name: self.name.clone(),
                 scope,
@@ -252,7 +307,7 @@ impl RawRule {
                     metric,
                     statistic,
                     comparison,
-                    threshold: self.threshold,
+                    threshold,
                     period,
                     evaluation_periods: self.evaluation_periods,
                     datapoints_to_alarm: m,

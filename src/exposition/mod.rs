@@ -221,6 +221,25 @@ impl Collector for SnapshotCollector {
                 ),
                 snap.gpus.len() as i64,
             )?;
+            // The node's health: the worst of its GPUs', while any GPU's is known.
+            let worst = snap
+                .gpus
+                .iter()
+                .filter_map(|g| g.health.as_ref().map(|h| h.state))
+                .max();
+            if let Some(worst) = worst {
+                gauges(
+                    e,
+                    desc(
+                        "gpuwatch_node_health",
+                        "1 for the node's health state, the worst of its GPUs' (healthy, degraded or unhealthy), 0 for the rest",
+                        None,
+                    ),
+                    crate::health::State::ALL
+                        .into_iter()
+                        .map(|state| ([("state", state.as_str())], i64::from(state == worst))),
+                )?;
+            }
             gauge(
                 e,
                 desc(

@@ -133,3 +133,36 @@ pub(super) fn unsupported(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(
         }),
     )
 }
+
+pub(super) fn health(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::Error> {
+    gauges(
+        e,
+        desc(
+            "gpu_health",
+            "1 for the GPU's health state (healthy, degraded or unhealthy), 0 for the rest; absent while unknown",
+            None,
+        ),
+        s.unshared.iter().flat_map(|g| {
+            g.health.iter().flat_map(move |h| {
+                crate::health::State::ALL
+                    .into_iter()
+                    .map(move |state| (with(g, [("state", state.as_str())]), i64::from(h.state == state)))
+            })
+        }),
+    )?;
+    gauges(
+        e,
+        desc(
+            "gpu_health_problem",
+            "1 for each problem the GPU has now (the status page and /api/v1/health say it in words)",
+            None,
+        ),
+        s.unshared.iter().flat_map(|g| {
+            g.health.iter().flat_map(move |h| {
+                h.problems
+                    .iter()
+                    .map(move |f| (with(g, [("problem", Text(&f.label))]), 1i64))
+            })
+        }),
+    )
+}

@@ -4,6 +4,7 @@
 //! range is `None`: unknown is never 0.
 
 pub mod gpm;
+pub mod health;
 pub mod nvml;
 pub mod sampler;
 mod xid;
@@ -23,6 +24,11 @@ pub struct Snapshot {
     pub duration_seconds: f64,
     pub nvml: NvmlStatus,
     pub gpus: Vec<GpuSample>,
+    /// The XIDs held against GPUs until they are reset, as health remembers them now: the
+    /// decision loop saves them in `state.json`, so that a restart keeps them. `None` until
+    /// health has its memory from before the restart.
+    #[serde(skip)]
+    pub health_holds: Option<BTreeMap<String, Vec<crate::health::XidHold>>>,
 }
 
 /// What a source returns for one cycle; the sampler stamps it into a `Snapshot`.
@@ -53,6 +59,10 @@ pub struct GpuSample {
     /// `false` when the GPU answered `GPU_IS_LOST` or could not be reached; then every reading
     /// is `None`.
     pub up: bool,
+    /// `true` when it answered `GPU_IS_LOST` (fell off the bus), as opposed to a failure to
+    /// reach it that says nothing of the GPU itself (permissions, say).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lost: bool,
     pub name: Option<String>,
     pub pci_bus_id: Option<String>,
     pub utilization_ratio: Option<f64>,
@@ -115,6 +125,10 @@ pub struct GpuSample {
     /// not: while any is, no rule judges the node.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub mig_unread: u32,
+    /// The GPU's health and its problems; `None` while unknown (NVML down, or the holds kept
+    /// from before a restart not read yet): never healthy by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<crate::health::GpuHealth>,
 }
 
 fn is_zero(n: &u32) -> bool {

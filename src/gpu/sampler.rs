@@ -17,6 +17,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{oneshot, watch};
 use tokio::time::MissedTickBehavior;
 
+use super::health::{Judge, Seed};
 use super::{GpuSource, Sample, Snapshot};
 use crate::metrics::encode::{counters, desc, gauge};
 
@@ -62,12 +63,13 @@ impl Snapshots {
 type Reply = oneshot::Sender<(Sample, Duration)>;
 
 /// Starts sampling as the config says: NVML (the library it names) on the `gpuwatch-nvml`
-/// thread, driven from `tasks`, with the sampler's counters registered.
+/// thread, driven from `tasks`, with the sampler's counters registered. Each GPU's health is
+/// judged from the sample once the seed (what health remembered before a restart) is given.
 pub fn start(
     config: &crate::config::Config,
     registry: &mut Registry,
     tasks: &mut tokio::task::JoinSet<()>,
-) -> std::io::Result<Snapshots> {
+) -> std::io::Result<(Snapshots, Seed)> {
     let counters = Arc::new(SamplerCounters::default());
     counters.register(registry);
     let source = super::nvml::NvmlSource::new(
@@ -75,26 +77,31 @@ pub fn start(
         config.sampling.per_process_memory,
         Arc::clone(&counters),
     );
-    spawn(
+    let (judge, seed) = Judge::new(config.health);
+    let snapshots = spawn(
         source,
         config.sampling.interval,
         config.sampling.timeout,
         counters,
+        judge,
         tasks,
-    )
+    )?;
+    Ok((snapshots, seed))
 }
 
-/// Runs `source` on a thread of its own, driven from `tasks` every `interval`.
+/// Runs `source` on a thread of its own, driven from `tasks` every `interval`, each sample's
+/// health judged by `judge`.
 pub fn spawn(
     source: impl GpuSource,
     interval: Duration,
     timeout: Duration,
     metrics: Arc<SamplerCounters>,
+    judge: Judge,
     tasks: &mut tokio::task::JoinSet<()>,
 ) -> std::io::Result<Snapshots> {
     let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
     let requests = spawn_worker(source)?;
-    tasks.spawn(drive(requests, tx, interval, timeout, metrics));
+    tasks.spawn(drive(requests, tx, interval, timeout, metrics, judge));
     Ok(Snapshots(rx))
 }
 
@@ -119,6 +126,7 @@ async fn drive(
     interval: Duration,
     timeout: Duration,
     metrics: Arc<SamplerCounters>,
+    mut judge: Judge,
 ) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
@@ -144,13 +152,15 @@ async fn drive(
         match tokio::time::timeout(timeout, &mut rx).await {
             Ok(Ok((sample, took))) => {
                 seq += 1;
-                let snapshot = Snapshot {
+                let mut snapshot = Snapshot {
                     seq,
                     timestamp: crate::time::now(),
                     duration_seconds: took.as_secs_f64(),
                     nvml: sample.nvml,
                     gpus: sample.gpus,
+                    health_holds: Default::default(),
                 };
+                judge.judge(&mut snapshot);
                 tx.send_replace(Arc::new(snapshot));
             }
             Ok(Err(_)) => {
@@ -173,7 +183,10 @@ async fn drive(
 /// with NVML down and no GPUs, so that dashboards and alerts see it.
 fn publish_dead(tx: &watch::Sender<Arc<Snapshot>>, seq: u64) {
     tracing::error!("the NVML thread has died; serving gpuwatch_nvml_up 0 from now on");
-    let last = tx.borrow().nvml.clone();
+    let (last, last_holds) = {
+        let s = tx.borrow();
+        (s.nvml.clone(), s.health_holds.clone())
+    };
     tx.send_replace(Arc::new(Snapshot {
         seq,
         timestamp: crate::time::now(),
@@ -184,6 +197,7 @@ fn publish_dead(tx: &watch::Sender<Arc<Snapshot>>, seq: u64) {
             ..last
         },
         gpus: Vec::new(),
+        health_holds: last_holds,
     }));
 }
 
@@ -333,6 +347,7 @@ mod tests {
             Duration::from_millis(20),
             Duration::from_millis(100),
             Arc::clone(&metrics),
+            Judge::new(crate::health::Settings::default()).0,
             &mut tasks,
         )
         .unwrap();
@@ -381,6 +396,7 @@ mod tests {
             Duration::from_millis(10),
             Duration::from_secs(5),
             metrics,
+            Judge::new(crate::health::Settings::default()).0,
             &mut tasks,
         )
         .unwrap();

@@ -125,6 +125,7 @@ pub fn router(state: ServerState) -> Router {
         .route("/-/ready", get(ready))
         .route("/api/v1/snapshot", get(snapshot))
         .route("/api/v1/status", get(status))
+        .route("/api/v1/health", get(health))
         .route("/api/v1/status/live", get(live))
         .route("/static/status.js", get(script))
         .route("/static/status.css", get(style))
@@ -220,6 +221,15 @@ fn json<T: serde::Serialize>(value: &T) -> Response {
     match serde_json::to_string(value) {
         Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// Each GPU's health and problems, with what fixes them; `?after=SEQ` long-polls, as for the
+/// snapshot. A sick GPU is an answer here, never a failure of the daemon's own health.
+async fn health(State(state): State<ServerState>, Query(q): Query<WaitQuery>) -> Response {
+    match await_sample(&state, &q).await {
+        Ok(snap) => json(&crate::status::HealthReport::new(&snap)),
+        Err(r) => r,
     }
 }
 

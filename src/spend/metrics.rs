@@ -26,6 +26,8 @@ pub struct CostView {
     pub alerts: BTreeMap<AlertKey, u64>,
     /// USD spent on idle GPUs (a counter).
     pub idle_dollars: f64,
+    /// USD spent on unhealthy GPUs (a counter).
+    pub unhealthy_dollars: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -133,6 +135,15 @@ impl Collector for CostCollector {
                     None,
                 ),
                 [(NO_LABELS, v.idle_dollars)],
+            )?;
+            counters(
+                e,
+                desc(
+                    "gpuwatch_gpu_unhealthy_dollars",
+                    "Money spent on GPUs while they were unhealthy (unusable): the price times the unhealthy GPUs' share, accrued per sample",
+                    None,
+                ),
+                [(NO_LABELS, v.unhealthy_dollars)],
             )?;
         }
         Ok(())

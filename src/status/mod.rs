@@ -128,6 +128,115 @@ pub struct GpuStatus {
     /// Its MIG devices, while MIG mode is on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig: Vec<MigStatus>,
+    /// Its health and problems; `None` while unknown (or from an older daemon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<GpuHealthStatus>,
+}
+
+/// A GPU's health, as `/api/v1/status`, `/api/v1/health` and `gpuwatch status` show it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuHealthStatus {
+    /// `healthy`, `degraded` or `unhealthy`.
+    pub state: String,
+    /// Worst first.
+    pub problems: Vec<ProblemStatus>,
+}
+
+/// One problem of a GPU, in words, with what fixes it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProblemStatus {
+    /// The `problem` label of `gpu_health_problem`: `xid_79`, `row_remap_failed`, ...
+    pub problem: String,
+    /// `degraded` or `unhealthy`.
+    pub severity: String,
+    /// The recommended action: `none`, `restart_app`, `reset_gpu`, `reboot_node` or
+    /// `report_hardware` (for an XID, NVIDIA's catalog's).
+    pub action: String,
+    pub words: String,
+    /// When an XID was seen, Unix seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<f64>,
+}
+
+impl GpuHealthStatus {
+    pub fn new(h: &crate::health::GpuHealth) -> GpuHealthStatus {
+        GpuHealthStatus {
+            state: h.state.as_str().to_string(),
+            problems: h
+                .problems
+                .iter()
+                .map(|f| ProblemStatus {
+                    problem: f.label.clone(),
+                    severity: f.severity.as_str().to_string(),
+                    action: f.action.as_str().to_string(),
+                    words: f.words.clone(),
+                    since: f.since,
+                })
+                .collect(),
+        }
+    }
+
+    /// The action in words: "reset the GPU".
+    pub fn action_words(p: &ProblemStatus) -> &'static str {
+        [
+            crate::health::Action::None,
+            crate::health::Action::RestartApp,
+            crate::health::Action::ResetGpu,
+            crate::health::Action::RebootNode,
+            crate::health::Action::ReportHardware,
+        ]
+        .into_iter()
+        .find(|a| a.as_str() == p.action)
+        .map_or("", crate::health::Action::words)
+    }
+}
+
+/// `/api/v1/health`: the node's health and each GPU's, with its problems and what fixes them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HealthReport {
+    /// The sample it is built on.
+    pub seq: u64,
+    pub at: f64,
+    /// The worst GPU state; `None` while no GPU's health is known.
+    pub node: Option<String>,
+    pub gpus: Vec<GpuHealthEntry>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuHealthEntry {
+    pub index: u32,
+    pub uuid: String,
+    /// `None` while unknown: never healthy by default.
+    pub state: Option<String>,
+    pub problems: Vec<ProblemStatus>,
+}
+
+impl HealthReport {
+    pub fn new(snap: &Snapshot) -> HealthReport {
+        let node = snap
+            .gpus
+            .iter()
+            .filter_map(|g| g.health.as_ref().map(|h| h.state))
+            .max();
+        HealthReport {
+            seq: snap.seq,
+            at: snap.timestamp,
+            node: node.map(|s| s.as_str().to_string()),
+            gpus: snap
+                .gpus
+                .iter()
+                .map(|g| {
+                    let h = g.health.as_ref().map(GpuHealthStatus::new);
+                    GpuHealthEntry {
+                        index: g.index,
+                        uuid: g.uuid.clone(),
+                        state: h.as_ref().map(|h| h.state.clone()),
+                        problems: h.map(|h| h.problems).unwrap_or_default(),
+                    }
+                })
+                .collect(),
+        }
+    }
 }
 
 /// A MIG device, shown under its GPU.
@@ -182,6 +291,9 @@ pub struct Cost {
     pub forecast: Option<f64>,
     /// USD spent on idle GPUs since gpuwatch started tracking.
     pub idle_dollars: f64,
+    /// USD spent on unhealthy GPUs since gpuwatch started tracking.
+    #[serde(default)]
+    pub unhealthy_dollars: f64,
     pub budgets: Vec<BudgetStatus>,
 }
 
@@ -311,6 +423,7 @@ impl Sources {
             spent: cost.spent,
             forecast: cost.forecast,
             idle_dollars: cost.idle_dollars,
+            unhealthy_dollars: cost.unhealthy_dollars,
             budgets: cost
                 .budgets
                 .iter()
@@ -404,6 +517,7 @@ pub fn from_snapshot(snap: &Snapshot) -> Status {
                     idle_seconds: None,
                 })
                 .collect(),
+            health: g.health.as_ref().map(GpuHealthStatus::new),
         })
         .collect();
     Status {

@@ -157,7 +157,11 @@ fn main(o: &mut String, s: &Status, now: f64) {
             lost = if g.up { "" } else { " lost" },
             i = g.index,
             name = escape(g.name.as_deref().unwrap_or("")),
-            state = if g.up { "up" } else { "lost" },
+            state = match (&g.health, g.up) {
+                (Some(h), _) => escape(&h.state),
+                (None, true) => "up".into(),
+                (None, false) => "lost".into(),
+            },
             u = g.utilization.unwrap_or(0.0),
             util = percent(g.utilization),
             sm = g.sm_active.map_or(String::new(), |sm| format!(
@@ -194,6 +198,26 @@ fn main(o: &mut String, s: &Status, now: f64) {
         }
     }
     o.push_str("</tbody></table></div>");
+    for g in &s.gpus {
+        let Some(h) = g.health.as_ref().filter(|h| !h.problems.is_empty()) else {
+            continue;
+        };
+        let _ = write!(
+            o,
+            "<p class=\"gpu-health {state}\" data-index=\"{i}\">GPU {i} is {state}:",
+            i = g.index,
+            state = escape(&h.state)
+        );
+        for p in &h.problems {
+            let _ = write!(
+                o,
+                " {} ({}).",
+                escape(&p.words),
+                super::GpuHealthStatus::action_words(p)
+            );
+        }
+        o.push_str("</p>");
+    }
     for g in s.gpus.iter().filter(|g| g.underutilized) {
         let _ = write!(
             o,
@@ -285,12 +309,14 @@ fn main(o: &mut String, s: &Status, now: f64) {
             o,
             "<section id=\"cost\"><h2>Cost</h2><p>Price <b class=\"price\">{price}</b> per hour ({source}). \
              This period: spent <b class=\"spent\">{spent}</b>, forecast <b class=\"forecast\">{forecast}</b>; \
-             on idle GPUs so far <b class=\"idle-dollars\">${idle:.2}</b>.</p>",
+             on idle GPUs so far <b class=\"idle-dollars\">${idle:.2}</b>, on unhealthy ones \
+             <b class=\"unhealthy-dollars\">${unhealthy:.2}</b>.</p>",
             price = money(c.usd_per_hour),
             source = escape(c.price_source.as_deref().unwrap_or("unknown")),
             spent = money(c.spent),
             forecast = money(c.forecast),
             idle = c.idle_dollars,
+            unhealthy = c.unhealthy_dollars,
         );
         for b in &c.budgets {
             let thresholds: Vec<String> = b.thresholds.iter().map(|t| percent(Some(*t))).collect();

@@ -183,6 +183,19 @@ fn render_lines(s: &Status, now: f64) -> String {
             );
         }
     }
+    for g in &s.gpus {
+        if let Some(h) = g.health.as_ref().filter(|h| !h.problems.is_empty()) {
+            let _ = writeln!(out, "GPU {} is {}:", g.index, h.state);
+            for p in &h.problems {
+                let _ = writeln!(
+                    out,
+                    "  {} ({})",
+                    plain(&p.words),
+                    super::GpuHealthStatus::action_words(p)
+                );
+            }
+        }
+    }
     for g in s.gpus.iter().filter(|g| g.underutilized) {
         let _ = writeln!(out, "hint: {}", underutilized_hint(g));
     }
@@ -244,10 +257,11 @@ fn render_lines(s: &Status, now: f64) -> String {
         let money = |v: Option<f64>| v.map_or("-".into(), |v| format!("${v:.2}"));
         let _ = writeln!(
             out,
-            "Spend this period: {}, forecast {}; on idle GPUs so far ${:.2}",
+            "Spend this period: {}, forecast {}; on idle GPUs so far ${:.2}, on unhealthy ones ${:.2}",
             money(c.spent),
             money(c.forecast),
-            c.idle_dollars
+            c.idle_dollars,
+            c.unhealthy_dollars
         );
         for b in &c.budgets {
             let _ = writeln!(

@@ -5,12 +5,14 @@
 
 mod cloud;
 pub mod metrics;
+mod observation;
 pub mod progress;
 mod start;
 
 pub use start::{spawn, Started, WatchTask};
 
 pub use cloud::{poll_cloud, CloudPoller};
+pub use observation::observation;
 
 use std::sync::{Arc, Mutex};
 
@@ -18,7 +20,7 @@ use self::metrics::{ActionResult, IdleGpu, SharedWatchView};
 use crate::actions::{Executor, Outcome};
 use crate::config::Config;
 use crate::gpu::sampler::Snapshots;
-use crate::gpu::{GpuSample, MigSample, Snapshot};
+use crate::gpu::Snapshot;
 use crate::spend::metrics::{AlertKey, SharedCostView};
 use gpuwatch_core::cost::budget::Crossing;
 use gpuwatch_core::cost::ledger::Closed;
@@ -26,7 +28,7 @@ use gpuwatch_core::step::order::{on_executed, settle_in_flight, Executed};
 use gpuwatch_core::step::{rule_views, step, Decision, Inputs, RuleView, Settings, View};
 
 use crate::rules::engine::Event;
-use crate::rules::{GpuReading, Lifecycle, Metric, MigDevice, Observation, Rule, Scope};
+use crate::rules::{Lifecycle, Observation, Rule, Scope};
 use crate::state::{AuditRecord, HoldStatus, LoadError, Persisted, StateDir};
 
 /// What the node is told from outside its GPUs (its lifecycle, a hold tag, a spot interruption
@@ -38,107 +40,6 @@ pub struct NodeSignals {
     pub tag_hold: Mutex<HoldStatus>,
     /// A spot interruption notice is in effect (a rebalance recommendation is not).
     pub interruption: Mutex<Option<f64>>,
-}
-
-/// What the engine sees of a snapshot: every GPU up, or the observation is incomplete. A GPU
-/// in MIG mode is its MIG devices, each judged as a device of its own (with the GPU's power
-/// ratio, which is physical); one that could not be read leaves the observation incomplete.
-/// `holders` names the pods holding a GPU or one of its MIG devices.
-pub fn observation(
-    s: &Snapshot,
-    holders: impl Fn(&GpuSample, Option<&MigSample>) -> Vec<String>,
-) -> Observation {
-    let mut gpus: Vec<GpuReading> = Vec::with_capacity(s.gpus.len());
-    for g in &s.gpus {
-        let power = match (g.power_watts, g.power_limit_watts) {
-            (Some(p), Some(l)) if l > 0.0 && g.up => Some(p / l),
-            _ => None,
-        };
-        let mut r = GpuReading {
-            index: g.index,
-            ..GpuReading::default()
-        };
-        if !g.up {
-            gpus.push(r);
-            continue;
-        }
-        if !g.mig.is_empty() {
-            gpus.extend(g.mig.iter().filter_map(|m| {
-                let mut r = GpuReading {
-                    index: g.index,
-                    mig: Some(MigDevice {
-                        gpu_instance: m.gpu_instance?,
-                        compute_instance: m.compute_instance?,
-                        share: mig_share(g, m),
-                    }),
-                    holders: holders(g, Some(m)),
-                    ..GpuReading::default()
-                };
-                let memory = ratio(m.memory_used_bytes, m.memory_total_bytes);
-                set_device(&mut r, memory, power, m.processes, m.gpm.as_ref());
-                Some(r)
-            }));
-            continue;
-        }
-        r.holders = holders(g, None);
-        r.set(Metric::GpuUtilization, g.utilization_ratio);
-        r.set(Metric::MemoryUtilization, g.memory_utilization_ratio);
-        let memory = ratio(g.memory_used_bytes, g.memory_total_bytes);
-        set_device(&mut r, memory, power, g.processes, g.gpm.as_ref());
-        gpus.push(r);
-    }
-    Observation {
-        t: s.timestamp,
-        complete: s.nvml.up
-            && !s.gpus.is_empty()
-            && s.gpus.iter().all(|g| g.up && g.mig_unread == 0),
-        gpus,
-        veto: None,
-    }
-}
-
-fn ratio(used: Option<u64>, total: Option<u64>) -> Option<f64> {
-    match (used, total) {
-        (Some(u), Some(t)) if t > 0 => Some(u as f64 / t as f64),
-        _ => None,
-    }
-}
-
-/// The readings a whole GPU and a MIG device both have. Without GPM the activities stay
-/// unknown, which a rule counts as busy.
-fn set_device(
-    r: &mut GpuReading,
-    memory_used: Option<f64>,
-    power: Option<f64>,
-    processes: Option<u32>,
-    gpm: Option<&crate::gpu::gpm::GpmReadings>,
-) {
-    r.set(Metric::MemoryUsedRatio, memory_used);
-    r.set(Metric::PowerRatio, power);
-    r.set(Metric::Processes, processes.map(f64::from));
-    r.set(Metric::SmActive, gpm.and_then(|m| m.sm_active));
-    r.set(Metric::TensorActive, gpm.and_then(|m| m.tensor_active));
-    r.set(Metric::DramActive, gpm.and_then(|m| m.dram_active));
-}
-
-/// A MIG device's share of its GPU: its GPU instance's memory as a share of the GPU's, split
-/// evenly among the instance's compute instances; an even split of the GPU when the memory is
-/// unknown.
-fn mig_share(g: &GpuSample, m: &MigSample) -> f64 {
-    let even = 1.0 / g.mig.len() as f64;
-    let (Some(mem), Some(total)) = (m.memory_total_bytes, g.memory_total_bytes) else {
-        return even;
-    };
-    if total == 0 {
-        return even;
-    }
-    let siblings = g
-        .mig
-        .iter()
-        .filter(|x| x.gpu_instance == m.gpu_instance)
-        .count()
-        .max(1);
-    (mem as f64 / total as f64 / siblings as f64).clamp(0.0, 1.0)
 }
 
 /// Unix time the machine booted, from /proc/stat.
@@ -157,6 +58,8 @@ pub struct Watch {
     /// The cost and budget series, which each step updates.
     pub cost: Arc<SharedCostView>,
     pub signals: Arc<NodeSignals>,
+    /// Hands health what `state.json` kept of it, once it is read.
+    pub health_seed: Option<crate::gpu::health::Seed>,
     pub tracker: crate::spend::Tracker,
     pub services: Option<crate::cloud::services::Services>,
     /// Budget alerts being published to SNS.
@@ -198,6 +101,14 @@ impl Watch {
                 .acting(self.action_limit(), std::time::Duration::ZERO);
             self.start(&snapshots, &settings).await
         };
+        // Health judges nothing until it knows the XIDs held against GPUs before the restart;
+        // those from before the machine booted are gone with the boot, which resets every GPU.
+        if let Some(b) = booted {
+            persisted.health.forget_before(b);
+        }
+        if let Some(seed) = self.health_seed.take() {
+            let _ = seed.send(persisted.health.clone());
+        }
         self.progress.stepped(snapshots.latest().seq);
         let mut last_durable = started;
         // The unreadable hold last warned about, so that it is warned about once.
@@ -230,6 +141,12 @@ impl Watch {
                 closed,
                 view,
             } = step(&settings, &mut persisted, &obs, &inputs);
+            // A new (or cleared) XID hold is saved durably at once: a crash must not forget it.
+            let mut holds_changed = false;
+            if let Some(holds) = &snap.health_holds {
+                holds_changed = *holds != persisted.health.holds;
+                persisted.health.holds.clone_from(holds);
+            }
             self.record_closed(&closed);
             for event in order.before_save() {
                 self.handle(&judged, &mut persisted, event.clone(), now)
@@ -237,7 +154,7 @@ impl Watch {
             }
 
             // Persist: durably when anything was decided or alerted, and once a minute.
-            let durable = order.save().durable || now - last_durable > 60.0;
+            let durable = order.save().durable || holds_changed || now - last_durable > 60.0;
             let saved = self.save(&persisted, durable).await;
             if saved && durable {
                 last_durable = now;
@@ -416,6 +333,7 @@ impl Watch {
             v.forecast = view.forecast;
             v.budgets = view.budgets;
             v.idle_dollars = view.idle_dollars;
+            v.unhealthy_dollars = view.unhealthy_dollars;
         });
         let unpublished = self
             .unpublished

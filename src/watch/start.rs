@@ -43,6 +43,7 @@ pub async fn spawn(
     config: &Config,
     snapshots: Snapshots,
     pods: Option<Arc<SharedKubernetesView>>,
+    health_seed: crate::gpu::health::Seed,
     registry: &mut Registry,
     stop: tokio::sync::watch::Receiver<bool>,
     tasks: &mut JoinSet<()>,
@@ -215,6 +216,7 @@ pub async fn spawn(
         metrics,
         cost,
         signals,
+        health_seed: Some(health_seed),
     };
     let task = tokio::spawn(watch.run(snapshots, stop));
     let abort = task.abort_handle();

@@ -2,7 +2,7 @@
 
 use super::super::families::*;
 use super::super::series::{
-    gpm_supported, info, process_memory, throttle, unsupported, up, xid_errors,
+    gpm_supported, health, info, process_memory, throttle, unsupported, up, xid_errors,
 };
 use super::super::value::{flag, float, int, kib, mega, mib, micro, milli, percent, rounded, same};
 use super::{gpm_row, gpu_row, twin, Family, ReadGpu, Reading, Row, Scope, Value};
@@ -23,6 +23,7 @@ macro_rules! gpm {
 pub static TABLE: &[Row] = &[
     Row::Series(info),
     Row::Series(up),
+    Row::Series(health),
     gpu_row(
         &UTILIZATION,
         None,

@@ -23,8 +23,9 @@ const ALL_LINKS: u32 = u32::MAX;
 /// The memory temperature a sensor can report; beyond is bad data.
 const MAX_MEMORY_TEMPERATURE: u64 = 200;
 
-/// One field value gpuwatch asks for: NVML's id, its scope, and the reading it belongs to
-/// (the name `gpu_reading_unsupported` gives it).
+/// One field value gpuwatch asks for: NVML's id, its scope, and its reading's name (as
+/// `gpu_reading_unsupported` gives it). Each field has its own: a GPU may lack one NVLink
+/// counter and have the others.
 struct Ask {
     id: u32,
     scope: u32,
@@ -42,32 +43,35 @@ const fn ask(id: u32, reading: &'static str) -> Ask {
 /// Every field value, in the order `Fields` reads them.
 const ASKS: [Ask; 11] = [
     ask(NVML_FI_DEV_MEMORY_TEMP, "memory_temperature"),
-    ask(NVML_FI_DEV_REMAPPED_COR, "remapped_rows"),
-    ask(NVML_FI_DEV_REMAPPED_UNC, "remapped_rows"),
-    ask(NVML_FI_DEV_REMAPPED_PENDING, "remapped_rows"),
-    ask(NVML_FI_DEV_REMAPPED_FAILURE, "remapped_rows"),
+    ask(NVML_FI_DEV_REMAPPED_COR, "remapped_rows_correctable"),
+    ask(NVML_FI_DEV_REMAPPED_UNC, "remapped_rows_uncorrectable"),
+    ask(NVML_FI_DEV_REMAPPED_PENDING, "row_remap_pending"),
+    ask(NVML_FI_DEV_REMAPPED_FAILURE, "row_remap_failed"),
     ask(
         NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
-        "nvlink_errors",
+        "nvlink_crc_flit_errors",
     ),
     ask(
         NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
-        "nvlink_errors",
+        "nvlink_crc_data_errors",
     ),
-    ask(NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL, "nvlink_errors"),
+    ask(
+        NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+        "nvlink_replay_errors",
+    ),
     ask(
         NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
-        "nvlink_errors",
+        "nvlink_recovery_errors",
     ),
     Ask {
         id: NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
         scope: ALL_LINKS,
-        reading: "nvlink_bytes",
+        reading: "nvlink_tx_bytes",
     },
     Ask {
         id: NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
         scope: ALL_LINKS,
-        reading: "nvlink_bytes",
+        reading: "nvlink_rx_bytes",
     },
 ];
 

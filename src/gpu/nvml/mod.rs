@@ -253,6 +253,8 @@ impl NvmlSource {
             name: id.name,
             pci_bus_id: id.pci_bus_id,
             up: false,
+            // Fallen off the bus; any other failure to reach it says nothing of its health.
+            lost: matches!(kind, SampleError::GpuLost),
             xid_errors: xids.0,
             last_xid: xids.1,
             mig_uuids: Vec::new(),
@@ -637,6 +639,8 @@ impl GpuReader<'_> {
             unsupported: self.unsupported(),
             processes,
             process_memory,
+            health: None,
+            lost: false,
         }
     }
 }

@@ -179,6 +179,9 @@ pub struct Readings {
     /// Seconds held down since the driver loaded, by thermal and by power limits.
     pub thermal_seconds: Option<f64>,
     pub power_seconds: Option<f64>,
+    /// Energy since the driver loaded: it only grows, so a value below an earlier one shows a
+    /// driver reload or a reset.
+    pub energy_joules: Option<f64>,
 }
 
 /// An XID held against a GPU until it is reset, or until `Settings::xid_hold` has passed.
@@ -191,6 +194,9 @@ pub struct XidHold {
     /// total below a non-zero one shows the GPU was reset.
     #[serde(default)]
     pub ecc: Option<u64>,
+    /// The energy since the driver loaded, then: a value below it shows a reload or a reset.
+    #[serde(default)]
+    pub energy: Option<f64>,
 }
 
 /// The most XIDs held per GPU, and GPUs with holds; beyond, the oldest go.
@@ -206,9 +212,22 @@ pub struct Memory {
     /// Per GPU (by UUID), the last readings a problem needs a change of.
     #[serde(skip)]
     seen: BTreeMap<String, Seen>,
-    /// NVML was down at the last sample: if it comes back, the driver may have been reloaded.
+    /// Whether a sample has been judged since the daemon started: the XID counts of the first
+    /// are all new (they count from the start), those of a GPU first seen later are not (they
+    /// may be another GPU's, at the same index).
     #[serde(skip)]
-    nvml_down: bool,
+    started: bool,
+}
+
+impl Memory {
+    /// Forgets the XIDs held since before `t`: the machine booted then, and a boot resets
+    /// every GPU.
+    pub fn forget_before(&mut self, t: f64) {
+        for holds in self.holds.values_mut() {
+            holds.retain(|h| h.since >= t);
+        }
+        self.holds.retain(|_, holds| !holds.is_empty());
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -233,6 +252,7 @@ pub struct GpuHealth {
 /// One problem of a GPU, with what it means and what to do.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Finding {
+    #[serde(skip)]
     pub problem: Problem,
     pub label: String,
     pub severity: State,
@@ -262,7 +282,7 @@ pub fn node(gpus: &[GpuHealth]) -> Option<State> {
 }
 
 /// Judges every GPU's health at `now`. With NVML down, no GPU's health is known: the answer is
-/// empty, and never healthy.
+/// empty, and never healthy; what is held stays held.
 pub fn assess(
     settings: &Settings,
     memory: &mut Memory,
@@ -271,21 +291,21 @@ pub fn assess(
     now: f64,
 ) -> Vec<GpuHealth> {
     if !nvml_up {
-        memory.nvml_down = true;
         return Vec::new();
-    }
-    // NVML back after being down: the driver was reloaded (or the node rebooted), which resets
-    // every GPU.
-    if std::mem::take(&mut memory.nvml_down) {
-        memory.holds.clear();
     }
     let out = gpus
         .iter()
         .map(|r| assess_gpu(settings, memory, r, now))
         .collect();
-    memory
-        .seen
-        .retain(|uuid, _| gpus.iter().any(|g| &g.uuid == uuid));
+    memory.started = true;
+    // A GPU absent from a sample keeps what was seen of it (it may answer again); the memory
+    // stays bounded all the same.
+    while memory.seen.len() > MAX_GPUS {
+        let Some(k) = memory.seen.keys().next().cloned() else {
+            break;
+        };
+        memory.seen.remove(&k);
+    }
     while memory.holds.len() > MAX_GPUS {
         let oldest = memory
             .holds
@@ -308,15 +328,33 @@ fn latest(holds: &[XidHold]) -> f64 {
 }
 
 fn assess_gpu(settings: &Settings, memory: &mut Memory, r: &Readings, now: f64) -> GpuHealth {
-    let seen = memory.seen.remove(&r.uuid).unwrap_or_default();
+    // A GPU first seen after the first sample takes its index's XID counts as they are: they
+    // may be another GPU's, that was at this index before.
+    let seen = match memory.seen.remove(&r.uuid) {
+        Some(seen) => seen,
+        None if memory.started => Seen {
+            xids: r.xids.clone(),
+            ..Seen::default()
+        },
+        None => Seen::default(),
+    };
     let ecc_total = r.ecc_corrected.zip(r.ecc_uncorrected).map(|(c, u)| c + u);
     let mut holds = memory.holds.remove(&r.uuid).unwrap_or_default();
-    // A reset: the volatile counters went back below what they were when the XID came.
+    // A reset (or a driver reload): a counter kept since then went back below what it was
+    // when the XID came.
     holds.retain(|h| {
-        let reset = matches!((h.ecc, ecc_total), (Some(then), Some(now)) if then > 0 && now < then);
-        !reset && now - h.since < settings.xid_hold
+        let ecc_back = matches!((h.ecc, ecc_total), (Some(then), Some(now)) if then > 0 && now < then);
+        let energy_back =
+            matches!((h.energy, r.energy_joules), (Some(then), Some(now)) if then > 0.0 && now < then);
+        !ecc_back && !energy_back && now - h.since < settings.xid_hold
     });
-    for (&code, &count) in &r.xids {
+    // A GPU whose UUID was never read cannot be told apart: nothing is held against it.
+    let xids = if r.uuid.is_empty() {
+        BTreeMap::new()
+    } else {
+        r.xids.clone()
+    };
+    for (&code, &count) in &xids {
         if count <= seen.xids.get(&code).copied().unwrap_or(0) {
             continue;
         }
@@ -328,6 +366,7 @@ fn assess_gpu(settings: &Settings, memory: &mut Memory, r: &Readings, now: f64) 
             xid: code,
             since: now,
             ecc: ecc_total,
+            energy: r.energy_joules,
         });
     }
     if holds.len() > MAX_HOLDS {
@@ -396,13 +435,13 @@ fn assess_gpu(settings: &Settings, memory: &mut Memory, r: &Readings, now: f64) 
 /// Whether the link runs below its maximum: its width at any time, its generation while the
 /// GPU is busy. `None` when a reading needed is unknown.
 fn pcie_degraded(settings: &Settings, r: &Readings) -> Option<bool> {
-    let narrow = r.pcie_width? < r.pcie_max_width?;
-    let slow = r.pcie_generation? < r.pcie_max_generation?;
-    if narrow {
+    let narrow = r.pcie_width.zip(r.pcie_max_width).map(|(w, m)| w < m);
+    if narrow == Some(true) {
         return Some(true);
     }
+    let slow = r.pcie_generation? < r.pcie_max_generation?;
     if !slow {
-        return Some(false);
+        return narrow.map(|_| false);
     }
     Some(r.utilization? >= settings.busy)
 }

@@ -127,6 +127,13 @@ fn a_slower_pcie_generation_counts_only_while_the_gpu_is_busy() {
     assert_eq!(labels(&busy), ["pcie_link_degraded"]);
     r.utilization = None;
     assert_eq!(one(&mut Memory::default(), &r, 0.0).state, State::Healthy);
+    // A narrow link is degraded whatever else is unknown.
+    r.pcie_width = Some(8);
+    r.pcie_generation = None;
+    assert_eq!(
+        labels(&one(&mut Memory::default(), &r, 0.0)),
+        ["pcie_link_degraded"]
+    );
 }
 
 #[test]
@@ -201,10 +208,14 @@ fn the_hold_survives_a_restart() {
     assert_eq!(g.problems[0].since, Some(0.0));
 }
 
+/// NVML down says nothing of a reset: what is held stays held, and health is unknown (never
+/// healthy) meanwhile. A driver reload shows as the energy counter (kept since the driver
+/// loaded) going back.
 #[test]
-fn nvml_coming_back_after_a_driver_reload_clears_the_holds() {
+fn nvml_down_keeps_the_holds_and_a_driver_reload_clears_them() {
     let mut memory = Memory::default();
     let mut r = ok(0);
+    r.energy_joules = Some(5_000.0);
     r.xids.insert(79, 1);
     one(&mut memory, &r, 0.0);
     let s = Settings::default();
@@ -212,7 +223,48 @@ fn nvml_coming_back_after_a_driver_reload_clears_the_holds() {
         assess(&s, &mut memory, false, &[], 10.0).is_empty(),
         "unknown, never healthy"
     );
-    let g = one(&mut memory, &ok(0), 20.0);
+    r.energy_joules = Some(6_000.0);
+    assert_eq!(one(&mut memory, &r, 20.0).state, State::Unhealthy);
+    r.energy_joules = Some(40.0);
+    assert_eq!(one(&mut memory, &r, 30.0).state, State::Healthy);
+}
+
+/// A boot resets every GPU: the decision loop forgets what was held since before it.
+#[test]
+fn a_reboot_forgets_the_holds_from_before_it() {
+    let mut memory = Memory::default();
+    let s = Settings::default();
+    let mut r = ok(0);
+    r.xids.insert(79, 1);
+    let mut other = ok(1);
+    assess(&s, &mut memory, true, &[r.clone(), other.clone()], 100.0);
+    other.xids.insert(48, 1);
+    assess(&s, &mut memory, true, &[r, other], 300.0);
+    assert_eq!(memory.holds.len(), 2);
+    memory.forget_before(200.0);
+    assert_eq!(memory.holds.len(), 1);
+    assert!(memory.holds.contains_key("GPU-1"));
+}
+
+/// Another GPU at an index (the devices enumerated anew) does not inherit the XIDs counted at
+/// that index, and a GPU whose UUID was never read has nothing held against it.
+#[test]
+fn a_new_gpu_at_an_index_starts_clean_and_an_unnamed_one_holds_nothing() {
+    let mut memory = Memory::default();
+    let mut r = ok(0);
+    r.xids.insert(79, 1);
+    assert_eq!(one(&mut memory, &r, 0.0).state, State::Unhealthy);
+    let mut swapped = ok(0);
+    swapped.uuid = "GPU-new".into();
+    swapped.xids.insert(79, 1);
+    assert_eq!(one(&mut memory, &swapped, 10.0).state, State::Healthy);
+    // Its own XID, later, is held.
+    swapped.xids.insert(79, 2);
+    assert_eq!(one(&mut memory, &swapped, 20.0).state, State::Unhealthy);
+    let mut unnamed = ok(2);
+    unnamed.uuid = String::new();
+    unnamed.xids.insert(48, 1);
+    let g = one(&mut Memory::default(), &unnamed, 0.0);
     assert_eq!(g.state, State::Healthy);
 }
 
@@ -292,6 +344,7 @@ fn holds_are_bounded() {
             r
         })
         .collect();
+    let mut memory = Memory::default();
     assess(&Settings::default(), &mut memory, true, &gpus, 1.0);
     assert_eq!(memory.holds.len(), MAX_GPUS);
 }

@@ -68,6 +68,22 @@ impl Rule {
     pub fn describe(&self) -> String {
         let when = match &self.trigger {
             Trigger::BudgetExhausted { budget } => format!("budget \"{budget}\" is spent"),
+            Trigger::Idle(c) if c.metric == Metric::GpuUnhealthy => {
+                let gpus = match c.gpus {
+                    Aggregation::Every => "every GPU is",
+                    Aggregation::Any => "any GPU is",
+                };
+                let how = match c.statistic {
+                    Statistic::Average => "throughout",
+                    Statistic::Maximum => "at any time in",
+                };
+                format!(
+                    "{gpus} unhealthy {how} {} of {} periods of {}",
+                    c.datapoints_to_alarm,
+                    c.evaluation_periods,
+                    humantime::format_duration(c.period)
+                )
+            }
             Trigger::Idle(c) => {
                 let gpus = match (self.scope, c.gpus) {
                     (Scope::Pod, _) => "a pod's GPUs'",
@@ -153,10 +169,13 @@ pub enum Metric {
     TensorActive,
     /// GPM: the fraction of time the memory interface was busy.
     DramActive,
+    /// 1 while the GPU is unhealthy, 0 while its health is known otherwise: rules on health
+    /// stop (or alert about) a node whose GPUs broke, never an idle rule.
+    GpuUnhealthy,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 8] = [
+    pub const ALL: [Metric; 9] = [
         Metric::GpuUtilization,
         Metric::MemoryUtilization,
         Metric::MemoryUsedRatio,
@@ -165,6 +184,7 @@ impl Metric {
         Metric::SmActive,
         Metric::TensorActive,
         Metric::DramActive,
+        Metric::GpuUnhealthy,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -177,6 +197,7 @@ impl Metric {
             Metric::SmActive => "sm_active",
             Metric::TensorActive => "tensor_active",
             Metric::DramActive => "dram_active",
+            Metric::GpuUnhealthy => "gpu_unhealthy",
         }
     }
 
@@ -297,6 +318,8 @@ pub struct GpuReading {
     pub values: [Option<f64>; Metric::ALL.len()],
     /// The pods holding the device (`namespace/pod`), on Kubernetes.
     pub holders: Vec<String>,
+    /// While the GPU is unhealthy: its problems in words, for a health rule's evidence.
+    pub problems: Vec<String>,
 }
 
 /// A MIG device: a compute instance of a GPU instance of a GPU in MIG mode.

@@ -71,6 +71,10 @@ pub struct Assessment {
     /// For budget-gated and budget-limit rules: the budget and its spend ratio (null: unknown).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub budget: Option<(String, Option<f64>)>,
+    /// For a rule on GPU health: each problem of the unhealthy GPUs, in words ("GPU 1: XID
+    /// 79: ..."), as the last sample showed them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
 }
 
 impl Window {
@@ -184,6 +188,7 @@ impl Window {
             threshold: rule.threshold,
             periods,
             budget: None,
+            problems: Vec::new(),
         }
     }
 }

@@ -16,9 +16,10 @@ use crate::cost::budget::{Alerted, Crossing, Reading};
 use crate::cost::calendar::Period;
 use crate::cost::ledger::{Closed, Ledger};
 use crate::cost::price::{Price, Source};
-use crate::rules::engine::{self, Context};
+use crate::rules::engine::{self, Context, Event};
 use crate::rules::{Comparison, DeviceKey, Lifecycle, Metric, MigDevice, Observation, Rule};
 
+mod health;
 pub mod order;
 mod pods;
 use order::Unsaved;
@@ -40,9 +41,17 @@ pub struct State {
     /// times the idle GPUs' share of its GPUs, accrued per sample.
     #[serde(default)]
     pub idle_dollars: f64,
-    /// The sample up to which `idle_dollars` is accrued.
+    /// The sample up to which `idle_dollars` (and `unhealthy_dollars`) is accrued.
     #[serde(default)]
     pub idle_accrued_until: f64,
+    /// USD spent on GPUs while they were unhealthy, since the state began: the price times
+    /// the unhealthy GPUs' share of the node's GPUs.
+    #[serde(default)]
+    pub unhealthy_dollars: f64,
+    /// What GPU health remembers across restarts: the XIDs held against GPUs until they are
+    /// reset. The sampler judges health; the state only keeps this for it.
+    #[serde(default)]
+    pub health: crate::health::Memory,
     /// Since when each device (GPU or MIG device) has been idle (for the idle-time view; not
     /// persisted).
     #[serde(skip)]
@@ -214,6 +223,8 @@ pub struct View {
     pub gpu_idle: Vec<GpuIdle>,
     /// USD spent on idle GPUs so far (a counter).
     pub idle_dollars: f64,
+    /// USD spent on unhealthy GPUs so far (a counter).
+    pub unhealthy_dollars: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -268,11 +279,20 @@ pub fn step(
     // Kept so that a failed save can take this step's budget alerts back.
     let alerted_before = state.alerted.clone();
     let rules = rules_for(&settings.rules, obs);
+    let idle_obs = health::for_idle(obs);
+    let health_obs = rules
+        .iter()
+        .any(judges_health)
+        .then(|| health::for_health(obs));
     for rule in &rules {
         let one = std::slice::from_ref(rule);
+        let o = match &health_obs {
+            Some(h) if judges_health(rule) => h,
+            _ => &idle_obs,
+        };
         match &rule.subject {
-            None => engine::ingest(one, &mut state.engine, obs),
-            Some(pod) => engine::ingest(one, &mut state.engine, &pod_observation(obs, pod)),
+            None => engine::ingest(one, &mut state.engine, o),
+            Some(pod) => engine::ingest(one, &mut state.engine, &pod_observation(o, pod)),
         }
     }
     // A pod that holds no GPU any more is done with: its rules' state goes (unless an action
@@ -338,13 +358,28 @@ pub fn step(
         warning: settings.warning,
         slack: settings.slack,
     };
-    let events = engine::evaluate(&rules, &engine_settings, &mut state.engine, &ctx);
+    let mut events = engine::evaluate(&rules, &engine_settings, &mut state.engine, &ctx);
+    // A rule on health names each problem in its evidence.
+    if let Some(h) = &health_obs {
+        let problems = health::problems(h);
+        for e in &mut events {
+            if !rules.iter().any(|r| r.name == e.rule() && judges_health(r)) {
+                continue;
+            }
+            if let Event::Breach { evidence, .. }
+            | Event::Warning { evidence, .. }
+            | Event::Action { evidence, .. } = e
+            {
+                evidence.problems.clone_from(&problems);
+            }
+        }
+    }
 
     // Only devices idle now keep their start: one that is busy, unknown or gone (a MIG layout
     // changed, a GPU lost) starts over.
     let before = std::mem::take(&mut state.idle_since);
     let mut gpu_idle = Vec::with_capacity(obs.gpus.len());
-    for g in &obs.gpus {
+    for g in &idle_obs.gpus {
         let Some(idle) = settings.idle_by.judge(g) else {
             continue;
         };
@@ -363,7 +398,14 @@ pub fn step(
     let mut indices: Vec<u32> = obs.gpus.iter().map(|g| g.index).collect();
     indices.sort_unstable();
     indices.dedup();
-    accrue_idle_dollars(settings, state, inputs, &gpu_idle, indices.len());
+    accrue_waste(
+        settings,
+        state,
+        inputs,
+        &gpu_idle,
+        health::unhealthy_gpus(obs),
+        indices.len(),
+    );
     let views = rule_views(&rules, state, settings, now);
 
     Decision {
@@ -378,18 +420,21 @@ pub fn step(
             rules: views,
             gpu_idle,
             idle_dollars: state.idle_dollars,
+            unhealthy_dollars: state.unhealthy_dollars,
         },
     }
 }
 
 /// Accrues the money spent on idle GPUs since the last sample: the price times the share of the
-/// node's GPUs that are idle now (a MIG device counts as its share of its GPU). A gap longer
-/// than the slack, or an unknown price, accrues nothing (unknown is not idle).
-fn accrue_idle_dollars(
+/// node's GPUs that are idle now (a MIG device counts as its share of its GPU); and on
+/// unhealthy GPUs, the price times their share. A gap longer than the slack, or an unknown
+/// price, accrues nothing (unknown is neither idle nor unhealthy).
+fn accrue_waste(
     settings: &Settings,
     state: &mut State,
     inputs: &Inputs,
     gpu_idle: &[GpuIdle],
+    unhealthy: usize,
     gpus: usize,
 ) {
     let now = inputs.now;
@@ -402,11 +447,19 @@ fn accrue_idle_dollars(
                 .map(|g| g.mig.map_or(1.0, |m| m.share))
                 .sum();
             state.idle_dollars += price.usd_per_hour * idle / gpus as f64 * dt / 3600.0;
+            state.unhealthy_dollars +=
+                price.usd_per_hour * unhealthy as f64 / gpus as f64 * dt / 3600.0;
         }
     }
     if now > state.idle_accrued_until {
         state.idle_accrued_until = now;
     }
+}
+
+/// Whether a rule judges GPU health rather than idleness.
+fn judges_health(rule: &Rule) -> bool {
+    rule.condition()
+        .is_some_and(|c| c.metric == Metric::GpuUnhealthy)
 }
 
 /// Each rule as the state has it now: breaching, and its pending action. The edge calls this

@@ -336,6 +336,7 @@ fn exhausted(budget: &str, ctx: &Context) -> Assessment {
         threshold: 1.0,
         periods: Vec::new(),
         budget: Some((budget.to_string(), ratio)),
+        problems: Vec::new(),
     }
 }
 

@@ -386,6 +386,7 @@ fn every_event_has_its_phase() {
         threshold: 0.05,
         periods: Vec::new(),
         budget: None,
+        problems: Vec::new(),
     };
     let (rule, action, reason) = ("idle".to_string(), Action::Stop, String::new());
     let cases = [
