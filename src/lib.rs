@@ -25,6 +25,7 @@ mod redact;
 mod report;
 pub use gpuwatch_core::rules;
 pub mod simulate;
+pub mod slurm;
 pub mod spend;
 pub mod state;
 mod status;

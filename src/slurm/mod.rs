@@ -1,0 +1,119 @@
+//! Slurm jobs on the node: which job a GPU process belongs to, read from its cgroup (every
+//! layout Slurm uses) or, where the cgroup says nothing, its environment; and which jobs a prolog
+//! says hold each GPU (dcgm-exporter's job mapping directory, in `mapping`).
+//!
+//! The layouts, as `/proc/PID/cgroup` shows them:
+//! - cgroup v1: `N:controller:/slurm/uid_U/job_J/step_S[/task_T]` (`/slurm_<node>` with several
+//!   slurmd on one host);
+//! - cgroup v2 up to 25.11: `0::[prefix]/system.slice/[<node>_]slurmstepd.scope/job_J/step_S/...`
+//!   (the slice is `CgroupSlice` since 25.11);
+//! - cgroup v2 from 26.05: the job's directory is its SLUID (`s` and 13 Crockford base32
+//!   characters) rather than `job_J`, unless `CgroupJobIdPaths=yes`.
+//!
+//! Every read is bounded, and a process that has gone is no error: it has no job.
+
+pub mod mapping;
+
+use std::io::Read;
+
+/// The most of `/proc/PID/cgroup` and `/proc/PID/environ` read.
+const MAX_CGROUP_BYTES: u64 = 64 * 1024;
+const MAX_ENVIRON_BYTES: u64 = 256 * 1024;
+
+/// The Slurm job a process belongs to, and its owner where the cgroup names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// The job id (`42`), or its SLUID (`sEKNKTV3WPV500`) under Slurm 26.05's cgroup v2 paths.
+    pub job: String,
+    /// The job's user, from a cgroup v1 path's `uid_U`.
+    pub uid: Option<u32>,
+}
+
+/// The job a process's cgroup file (`/proc/PID/cgroup`) places it in, if any line does.
+pub fn from_cgroup(text: &str) -> Option<Holder> {
+    text.lines().find_map(|line| {
+        // `hierarchy-id:controllers:path`; the path may itself hold colons.
+        let path = line.splitn(3, ':').nth(2)?;
+        from_path(path)
+    })
+}
+
+/// The job of one cgroup path.
+fn from_path(path: &str) -> Option<Holder> {
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    // cgroup v1: .../slurm[_node]/uid_U/job_J/step_S
+    if let Some(i) = parts
+        .iter()
+        .position(|p| *p == "slurm" || p.starts_with("slurm_"))
+    {
+        if let (Some(uid), Some(job)) = (parts.get(i + 1), parts.get(i + 2)) {
+            if let (Some(uid), Some(job)) = (uid.strip_prefix("uid_"), job_id(job)) {
+                return Some(Holder {
+                    job,
+                    uid: uid.parse().ok(),
+                });
+            }
+        }
+    }
+    // cgroup v2: .../[node_]slurmstepd.scope/job_J or /<SLUID>, then step_S.
+    let i = parts
+        .iter()
+        .position(|p| *p == "slurmstepd.scope" || p.ends_with("_slurmstepd.scope"))?;
+    let part = parts.get(i + 1)?;
+    // slurmstepd's own directories (`system`, `slurmd`) are not jobs; a SLUID is one only with
+    // a step under it.
+    let job = match job_id(part) {
+        Some(j) => j,
+        None if is_sluid(part) && parts.get(i + 2).is_some_and(|s| s.starts_with("step_")) => {
+            part.to_string()
+        }
+        None => return None,
+    };
+    Some(Holder { job, uid: None })
+}
+
+/// `job_42` as `42`; a SLUID as itself (with a step after it, checked by the caller).
+fn job_id(part: &str) -> Option<String> {
+    let id = part.strip_prefix("job_")?;
+    (!id.is_empty() && id.len() <= 20 && id.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| id.to_string())
+}
+
+/// Slurm's unique job id: `s` and 13 characters of Crockford's base32.
+fn is_sluid(part: &str) -> bool {
+    const ALPHABET: &[u8] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+    part.len() == 14 && part.starts_with('s') && part.bytes().skip(1).all(|b| ALPHABET.contains(&b))
+}
+
+/// `SLURM_JOB_ID` from a process's environment (`/proc/PID/environ`: NUL-separated).
+pub fn from_environ(bytes: &[u8]) -> Option<String> {
+    bytes.split(|b| *b == 0).find_map(|var| {
+        let id = var.strip_prefix(b"SLURM_JOB_ID=")?;
+        let id = std::str::from_utf8(id).ok()?;
+        job_id(&format!("job_{id}"))
+    })
+}
+
+/// The job process `pid` belongs to: from its cgroup, else its environment. `None` when it has
+/// none, has gone, or cannot be read.
+pub fn of_process(pid: u32) -> Option<Holder> {
+    let dir = std::path::PathBuf::from(format!("/proc/{pid}"));
+    let cgroup = read_bounded(&dir.join("cgroup"), MAX_CGROUP_BYTES)?;
+    if let Some(h) = from_cgroup(&String::from_utf8_lossy(&cgroup)) {
+        return Some(h);
+    }
+    let environ = read_bounded(&dir.join("environ"), MAX_ENVIRON_BYTES)?;
+    from_environ(&environ).map(|job| Holder { job, uid: None })
+}
+
+/// Reads at most `max` bytes. The files of `/proc` report no size, so the cap is what bounds
+/// the read.
+fn read_bounded(path: &std::path::Path, max: u64) -> Option<Vec<u8>> {
+    let file = std::fs::File::open(path).ok()?;
+    let mut out = Vec::new();
+    file.take(max).read_to_end(&mut out).ok()?;
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,155 @@
+//! Each cgroup layout Slurm uses, as `/proc/PID/cgroup` shows it, and the environment fallback.
+
+use super::*;
+
+fn holder(job: &str, uid: Option<u32>) -> Option<Holder> {
+    Some(Holder {
+        job: job.into(),
+        uid,
+    })
+}
+
+#[test]
+fn cgroup_v1_names_the_job_and_its_user() {
+    let text = "12:memory:/slurm/uid_1000/job_4242/step_0/task_0\n\
+                11:devices:/slurm/uid_1000/job_4242/step_0/task_0\n\
+                3:cpuset:/slurm/uid_1000/job_4242/step_0\n\
+                1:name=systemd:/system.slice/slurmd.service\n";
+    assert_eq!(from_cgroup(text), holder("4242", Some(1000)));
+    // A uid that does not read leaves the user unknown, not the job.
+    assert_eq!(
+        from_cgroup("12:memory:/slurm/uid_x/job_1/step_0\n"),
+        holder("1", None)
+    );
+    // The batch step, and several slurmd on one host (`/slurm_<node>`).
+    assert_eq!(
+        from_cgroup("4:freezer:/slurm_node7/uid_0/job_9/step_batch\n"),
+        holder("9", Some(0))
+    );
+}
+
+#[test]
+fn cgroup_v2_before_26_05_names_the_job() {
+    for text in [
+        "0::/system.slice/slurmstepd.scope/job_77/step_0/user/task_0\n",
+        "0::/system.slice/slurmstepd.scope/job_77/step_extern/user/task_special\n",
+        // Several slurmd on one host, a CgroupSlice of its own, and a container's prefix.
+        "0::/system.slice/node3_slurmstepd.scope/job_77/step_interactive/user/task_1\n",
+        "0::/docker.slice/docker-ab12.scope/slurm.slice/slurmstepd.scope/job_77/step_3/user/task_0\n",
+    ] {
+        assert_eq!(from_cgroup(text), holder("77", None), "{text}");
+    }
+}
+
+#[test]
+fn cgroup_v2_from_26_05_names_the_job_by_its_sluid() {
+    let text = "0::/system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_0/user/task_0\n";
+    assert_eq!(from_cgroup(text), holder("sEKNKTV3WPV500", None));
+    // CgroupJobIdPaths=yes keeps the numeric id.
+    let text = "0::/system.slice/slurmstepd.scope/job_12/step_0/user/task_0\n";
+    assert_eq!(from_cgroup(text), holder("12", None));
+}
+
+#[test]
+fn slurms_own_processes_and_other_cgroups_are_no_job() {
+    for text in [
+        "0::/system.slice/slurmstepd.scope/system\n",
+        "0::/system.slice/slurmstepd.scope/slurmd\n",
+        // A SLUID-looking directory with no step under it, and one with a letter Crockford
+        // leaves out.
+        "0::/system.slice/slurmstepd.scope/sEKNKTV3WPV500\n",
+        "0::/system.slice/slurmstepd.scope/sEKNKTV3WPVI00/step_0\n",
+        "0::/user.slice/user-1000.slice/session-3.scope\n",
+        "0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-1.scope\n",
+        "12:memory:/slurm/uid_1/job_/step_0\n",
+        "0::/system.slice/slurmstepd.scope/job_123456789012345678901/step_0\n",
+        "",
+        "garbage without colons",
+    ] {
+        assert_eq!(from_cgroup(text), None, "{text}");
+    }
+}
+
+#[test]
+fn the_environment_says_the_job_where_the_cgroup_does_not() {
+    let env = b"HOME=/home/a\0SLURM_JOB_ID=31337\0CUDA_VISIBLE_DEVICES=0\0";
+    assert_eq!(from_environ(env).as_deref(), Some("31337"));
+    assert_eq!(from_environ(b"SLURM_JOB_ID=\0"), None);
+    assert_eq!(from_environ(b"SLURM_JOB_ID=12; rm -rf /\0"), None);
+    assert_eq!(from_environ(b"XSLURM_JOB_ID=5\0"), None);
+    assert_eq!(from_environ(b""), None);
+}
+
+/// This test's own process is in no Slurm job; one that has gone has no job and is no error.
+#[test]
+fn a_process_outside_slurm_or_gone_has_no_job() {
+    assert_eq!(of_process(std::process::id()), None);
+    assert_eq!(of_process(u32::MAX), None);
+}
+
+mod mapping {
+    use super::super::mapping::*;
+
+    #[test]
+    fn file_names_are_a_gpu_a_mig_device_or_a_uuid() {
+        assert_eq!(device("0"), Some(Device::Index(0)));
+        assert_eq!(device("7.2"), Some(Device::Mig(7, 2)));
+        assert_eq!(
+            device("GPU-11111111-2222-4333-8444-555555555555"),
+            Some(Device::Uuid(
+                "GPU-11111111-2222-4333-8444-555555555555".into()
+            ))
+        );
+        for bad in [
+            "",
+            "x",
+            "1.",
+            ".1",
+            "1.2.3",
+            "-1",
+            "GPU-zz",
+            "..",
+            "1234567890",
+        ] {
+            assert_eq!(device(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_file_holds_job_ids_one_per_line() {
+        assert_eq!(jobs("42\n43\n"), (vec!["42".into(), "43".into()], 0));
+        // Blank lines, `0` (an epilog's "none") and repeats are no jobs; a line that is no id
+        // is skipped.
+        assert_eq!(
+            jobs("\n42\n0\n42\n1,2\n  7_3  \n"),
+            (vec!["42".into(), "7_3".into()], 1)
+        );
+        let many: String = (1..=100).map(|i| format!("{i}\n")).collect();
+        let (ids, skipped) = jobs(&many);
+        assert_eq!((ids.len(), skipped), (64, 36));
+    }
+
+    #[test]
+    fn the_directory_is_read_bounded_and_a_missing_one_maps_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        std::fs::write(p.join("0"), "101\n").unwrap();
+        std::fs::write(p.join("1.3"), "102\n103\n").unwrap();
+        std::fs::write(p.join("README"), "not a GPU").unwrap();
+        std::fs::write(p.join("2"), vec![b'9'; 8192]).unwrap();
+        std::fs::create_dir(p.join("3")).unwrap();
+        let m = read(p);
+        assert_eq!(
+            m.jobs.get(&Device::Index(0)),
+            Some(&vec!["101".to_string()])
+        );
+        assert_eq!(
+            m.jobs.get(&Device::Mig(1, 3)),
+            Some(&vec!["102".to_string(), "103".to_string()])
+        );
+        assert_eq!(m.jobs.len(), 2);
+        // The README, the oversized file and the directory.
+        assert_eq!(m.skipped, 3);
+        assert_eq!(read(&p.join("missing")), Mapping::default());
+    }
+}
