@@ -109,7 +109,7 @@ pub fn run(listen: &str) -> ExitCode {
     let _ = writeln!(
         std::io::stdout(),
         "gpuwatch demo: 4 simulated Hopper GPUs (one training in bursts, one spinning at 100% \
-         utilization with 2% SM activity, one steady, one going idle)\n\
+         utilization with 2% SM activity, one steady, one going idle on a degraded PCIe link)\n\
          rule \"demo-any-gpu-idle\" (dry-run): stop when any GPU's utilization idles for 2 periods of 15 s\n\
          rule \"demo-sm-idle\": alert when any GPU's SM activity idles for 2 periods of 15 s\n\
          price $49.16/h, budget \"demo-monthly\" $5000; config in {}\n\

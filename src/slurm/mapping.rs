@@ -3,7 +3,7 @@
 //! of the jobs allocated it, one per line; the epilog removes it. A GPU allocated to a job with
 //! no process on it still belongs to the job.
 //!
-//! Bounded: at most `MAX_FILES` files of `MAX_FILE_BYTES`, `MAX_JOBS_PER_GPU` jobs each; what
+//! `deploy/slurm/prolog.sh` and `epilog.sh` write it. Bounded: at most `MAX_FILES` files of `MAX_FILE_BYTES`, `MAX_JOBS_PER_GPU` jobs each; what
 //! is beyond is counted as skipped, as are names and lines that are not a GPU or a job id.
 
 use std::collections::BTreeMap;
@@ -89,6 +89,10 @@ pub fn read(dir: &Path) -> Mapping {
             continue;
         }
         let name = entry.file_name();
+        // The scripts' lock and temporary files.
+        if name.as_encoded_bytes().starts_with(b".") {
+            continue;
+        }
         let Some(device) = name.to_str().and_then(device) else {
             m.skipped += 1;
             continue;
