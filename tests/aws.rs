@@ -6,7 +6,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::aws::{self, Kind, ProxyMode};
+use common::aws::{self, actions, Kind, ProxyMode};
 use common::{events, metric, secs, Daemon};
 use serde_json::Value;
 
@@ -62,14 +62,6 @@ impl<'a> Setup<'a> {
         let config = self.config(dir.path());
         Daemon::start_scenario(dir, scenario, &config)
     }
-}
-
-fn actions(s: &common::Scrape, action: &str, result: &str) -> f64 {
-    metric("gpuwatch_actions_total")
-        .label("action", action)
-        .label("result", result)
-        .get(s)
-        .unwrap_or(0.0)
 }
 
 fn api_calls(audit: &[Value]) -> Vec<String> {

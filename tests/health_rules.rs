@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::aws::{self, Kind};
+use common::aws::{self, actions, Kind};
 use common::{events, metric, secs, Daemon};
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -43,14 +43,6 @@ fn config(dir: &std::path::Path, imds: &aws::Imds, mode: &str) -> String {
         &format!("mode = \"{mode}\"\nwarning = \"1s\""),
         RULES,
     )
-}
-
-fn actions(s: &common::Scrape, action: &str, result: &str) -> f64 {
-    metric("gpuwatch_actions_total")
-        .label("action", action)
-        .label("result", result)
-        .get(s)
-        .unwrap_or(0.0)
 }
 
 #[test]

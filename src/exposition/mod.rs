@@ -222,12 +222,9 @@ impl Collector for SnapshotCollector {
                 snap.gpus.len() as i64,
             )?;
             // The node's health: the worst of its GPUs', while any GPU's is known.
-            let worst = snap
-                .gpus
-                .iter()
-                .filter_map(|g| g.health.as_ref().map(|h| h.state))
-                .max();
-            if let Some(worst) = worst {
+            if let Some(worst) =
+                crate::health::node(snap.gpus.iter().filter_map(|g| g.health.as_ref()))
+            {
                 gauges(
                     e,
                     desc(

@@ -171,20 +171,6 @@ pub struct ClockEvents {
     pub reliability: Option<f64>,
 }
 
-impl ClockEvents {
-    /// The reasons, by the label values gpuwatch exports, with their seconds.
-    pub fn by_reason(&self) -> [(&'static str, Option<f64>); 6] {
-        [
-            ("power", self.power),
-            ("thermal", self.thermal),
-            ("sync_boost", self.sync_boost),
-            ("board_limit", self.board_limit),
-            ("low_utilization", self.low_utilization),
-            ("reliability", self.reliability),
-        ]
-    }
-}
-
 /// NVLink counters summed over every link of the GPU since the driver loaded.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
 pub struct NvLinkCounters {

@@ -178,16 +178,7 @@ impl GpuHealthStatus {
 
     /// The action in words: "reset the GPU".
     pub fn action_words(p: &ProblemStatus) -> &'static str {
-        [
-            crate::health::Action::None,
-            crate::health::Action::RestartApp,
-            crate::health::Action::ResetGpu,
-            crate::health::Action::RebootNode,
-            crate::health::Action::ReportHardware,
-        ]
-        .into_iter()
-        .find(|a| a.as_str() == p.action)
-        .map_or("", crate::health::Action::words)
+        crate::health::Action::parse(&p.action).map_or("", crate::health::Action::words)
     }
 }
 
@@ -213,11 +204,7 @@ pub struct GpuHealthEntry {
 
 impl HealthReport {
     pub fn new(snap: &Snapshot) -> HealthReport {
-        let node = snap
-            .gpus
-            .iter()
-            .filter_map(|g| g.health.as_ref().map(|h| h.state))
-            .max();
+        let node = crate::health::node(snap.gpus.iter().filter_map(|g| g.health.as_ref()));
         HealthReport {
             seq: snap.seq,
             at: snap.timestamp,

@@ -535,3 +535,12 @@ pub fn launch_tagged_spot_request(tags: &[(&str, &str)]) -> Launched {
         }
     })
 }
+
+/// How many `action` calls ended in `result`, by `gpuwatch_actions_total` (0 before any).
+pub fn actions(s: &super::Scrape, action: &str, result: &str) -> f64 {
+    super::metric("gpuwatch_actions_total")
+        .label("action", action)
+        .label("result", result)
+        .get(s)
+        .unwrap_or(0.0)
+}

@@ -6,7 +6,7 @@ use std::ffi::{c_char, c_uint};
 use nvml_wrapper_sys::bindings::*;
 
 use super::{
-    delay_then_now, gpu_of, handle, index_of, mig_of, mig_query, query, state, write_str,
+    at_now, delay_then_now, handle, index_of, mig_of, mig_query, query, state, write_str,
     write_str_array,
 };
 use crate::scenario::{Field, Gpu};
@@ -68,11 +68,10 @@ unsafe fn device_str(
     length: c_uint,
     pick: impl FnOnce(&Gpu) -> &str,
 ) -> nvmlReturn_t {
-    let (st, gpu) = match gpu_of(device) {
+    let (st, gpu, t) = match at_now(device) {
         Ok(found) => found,
         Err(e) => return e,
     };
-    let t = delay_then_now(st, gpu);
     if st.scenario.is_lost(gpu, t) {
         return nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST;
     }

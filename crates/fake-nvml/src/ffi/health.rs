@@ -6,7 +6,7 @@ use std::ffi::{c_int, c_uint, c_ulonglong};
 use nvml_wrapper_sys::bindings::field_id::*;
 use nvml_wrapper_sys::bindings::*;
 
-use super::{delay_then_now, gpu_of, query};
+use super::{at_now, query};
 use crate::scenario::{to_u32, Answer, Field, Gpu};
 
 /// A field value's scope that means every NVLink link at once.
@@ -107,11 +107,10 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
     if values.is_null() || values_count <= 0 {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }
-    let (st, gpu) = match gpu_of(device) {
+    let (st, gpu, t) = match at_now(device) {
         Ok(found) => found,
         Err(e) => return e,
     };
-    let t = delay_then_now(st, gpu);
     if st.scenario.is_lost(gpu, t) {
         return nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST;
     }
@@ -165,11 +164,10 @@ unsafe fn retired_pages(
     if count.is_null() {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }
-    let (st, gpu) = match gpu_of(device) {
+    let (st, gpu, t) = match at_now(device) {
         Ok(found) => found,
         Err(e) => return e,
     };
-    let t = delay_then_now(st, gpu);
     let n = match flatten(
         st.scenario
             .read(gpu, Field::RetiredPages, t, |g| retired(g, cause, t)),

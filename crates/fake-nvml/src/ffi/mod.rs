@@ -185,12 +185,18 @@ unsafe fn query<T>(
     if out.is_null() {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }
-    let (st, gpu) = match gpu_of(device) {
+    let (st, gpu, t) = match at_now(device) {
         Ok(found) => found,
         Err(e) => return e,
     };
-    let t = delay_then_now(st, gpu);
     write_answer(st.scenario.read(gpu, field, t, |g| read(g, t)), out)
+}
+
+/// The library's state, the GPU a (whole-GPU) handle stands for, and the simulated time of the
+/// call, after any delay a fault adds.
+fn at_now(device: nvmlDevice_t) -> Result<(&'static State, u32, f64), nvmlReturn_t> {
+    let (st, gpu) = gpu_of(device)?;
+    Ok((st, gpu, delay_then_now(st, gpu)))
 }
 
 fn delay_then_now(st: &State, gpu: u32) -> f64 {

@@ -39,7 +39,8 @@ impl Action {
         }
     }
 
-    fn parse(s: &str) -> Option<Action> {
+    /// The action a label value (`reset_gpu`) names.
+    pub fn parse(s: &str) -> Option<Action> {
         [
             Action::None,
             Action::RestartApp,

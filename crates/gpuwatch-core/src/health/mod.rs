@@ -277,8 +277,8 @@ impl Finding {
 }
 
 /// The node's health: the worst of its GPUs'; `None` without a GPU whose health is known.
-pub fn node(gpus: &[GpuHealth]) -> Option<State> {
-    gpus.iter().map(|g| g.state).max()
+pub fn node<'a>(gpus: impl IntoIterator<Item = &'a GpuHealth>) -> Option<State> {
+    gpus.into_iter().map(|g| g.state).max()
 }
 
 /// Judges every GPU's health at `now`. With NVML down, no GPU's health is known: the answer is

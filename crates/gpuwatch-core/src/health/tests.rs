@@ -321,7 +321,7 @@ fn problems_are_worst_first_and_the_node_is_its_worst_gpu() {
     );
     assert_eq!(node(&gpus), Some(State::Unhealthy));
     assert_eq!(node(&gpus[1..]), Some(State::Healthy));
-    assert_eq!(node(&[]), None);
+    assert_eq!(node(&gpus[..0]), None);
 }
 
 #[test]
