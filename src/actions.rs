@@ -9,7 +9,7 @@ use crate::cloud::ec2::{CloudError, Ec2, ErrorKind};
 use crate::cloud::imds::Node;
 use crate::cloud::plan::{plan, Plan, Step};
 use crate::config::{ActionsConfig, Mode, SpotStop};
-use crate::rules::{Action, Lifecycle, Rule};
+use crate::rules::{Action, Lifecycle, Rule, Scope};
 use crate::state::{AuditLog, AuditRecord};
 
 /// The result of one action, as `gpuwatch_actions_total{result}` counts it.
@@ -141,7 +141,7 @@ impl Executor {
             Action::Exec if self.mode == Mode::DryRun => {
                 Outcome::DryRun(format!("would run {:?}", rule.command))
             }
-            Action::Exec => self.exec(rule).await,
+            Action::Exec => self.exec(rule, evidence).await,
             _ => self.instance_action(rule, action).await,
         };
         let (result, detail) = match &outcome {
@@ -177,21 +177,42 @@ impl Executor {
         outcome
     }
 
-    async fn exec(&self, rule: &Rule) -> Outcome {
+    async fn exec(&self, rule: &Rule, evidence: &serde_json::Value) -> Outcome {
         if rule.command.is_empty() {
             return Outcome::Refused("the rule has no command".into());
         }
-        // A pod-scoped rule's command is told which pod: `namespace/pod`.
-        let (namespace, pod) = rule
-            .subject
-            .as_deref()
-            .and_then(|s| s.split_once('/'))
-            .unwrap_or(("", ""));
+        // A pod-scoped rule's command is told which pod: `namespace/pod`; a job's or a user's,
+        // which job or user, and the devices judged (`0,1`, `0:1` for a GPU instance).
+        let subject = rule.subject.as_deref().unwrap_or("");
+        let (namespace, pod) = match rule.scope {
+            Scope::Pod => subject.split_once('/').unwrap_or(("", "")),
+            _ => ("", ""),
+        };
+        let job = if rule.scope == Scope::Job {
+            subject
+        } else {
+            ""
+        };
+        // A job's user is in its evidence, where the holders knew it.
+        let user = match rule.scope {
+            Scope::User => subject,
+            Scope::Job => evidence.get("user").and_then(|u| u.as_str()).unwrap_or(""),
+            _ => "",
+        };
+        let gpus: Vec<&str> = evidence
+            .get("gpus")
+            .and_then(|g| g.as_array())
+            .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+            .unwrap_or_default();
+        let gpus = gpus.join(",");
         let env = [
             ("GPUWATCH_RULE", rule.name.as_str()),
             ("GPUWATCH_ACTION", "exec"),
             ("GPUWATCH_NAMESPACE", namespace),
             ("GPUWATCH_POD", pod),
+            ("GPUWATCH_JOB", job),
+            ("GPUWATCH_USER", user),
+            ("GPUWATCH_GPUS", &gpus),
         ];
         match crate::exec::run(&rule.command, &env, self.exec_timeout).await {
             Ok(status) if status.success() => Outcome::Done,

@@ -46,8 +46,15 @@ impl App {
             crate::gpu::sampler::start(&config, &mut registry, &mut tasks)
                 .context("cannot start the sampler thread")?;
         let pods = crate::kubernetes::spawn(&config, &mut tasks);
-        crate::exposition::register(&config, &snapshots, pods.as_ref(), &mut registry);
+        let holders = crate::slurm::holders::spawn(&config, &snapshots, &mut tasks);
+        crate::exposition::register(
+            &config,
+            &snapshots,
+            (pods.as_ref(), holders.as_ref()),
+            &mut registry,
+        );
         crate::kubernetes::register(pods.as_ref(), &snapshots, &mut registry);
+        crate::slurm::register(holders.as_ref(), &config, &mut registry);
         // Bound first: a daemon that cannot serve never starts deciding.
         let listener = tokio::net::TcpListener::bind(config.server.listen)
             .await
@@ -56,7 +63,7 @@ impl App {
         let watch = crate::watch::spawn(
             &config,
             snapshots.clone(),
-            pods,
+            crate::watch::HeldBy { pods, holders },
             health_seed,
             &mut registry,
             stop_rx,

@@ -58,7 +58,7 @@ pub enum Command {
         /// Config file whose rules and [actions] timings to use
         #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
         config: PathBuf,
-        /// CSV: timestamp,gpu,utilization[,memory_used_bytes,power_watts,pod,sm_active,tensor_active]
+        /// CSV: timestamp,gpu,utilization[,memory_used_bytes,power_watts,pod,sm_active,tensor_active,job,user]
         #[arg(long, value_name = "FILE.csv")]
         trace: PathBuf,
         /// More rules, in the JSON form or as TOML [[rules]]
@@ -90,6 +90,12 @@ pub enum Command {
         /// Why, for the audit log and for colleagues
         #[arg(long, default_value = "")]
         reason: String,
+        /// Hold only this Slurm job's rules (scope = "job"), not the node's
+        #[arg(long, value_name = "ID", conflicts_with = "user")]
+        job: Option<String>,
+        /// Hold only this user's rules (scope = "user"), not the node's
+        #[arg(long, value_name = "NAME")]
+        user: Option<String>,
         /// Config file whose [actions] state_dir to use
         #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
         config: PathBuf,
@@ -144,6 +150,12 @@ pub enum Command {
     },
     /// Remove a hold
     Release {
+        /// Release only this Slurm job's hold
+        #[arg(long, value_name = "ID", conflicts_with = "user")]
+        job: Option<String>,
+        /// Release only this user's hold
+        #[arg(long, value_name = "NAME")]
+        user: Option<String>,
         /// Config file whose [actions] state_dir to use
         #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
         config: PathBuf,
@@ -208,8 +220,12 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Hold {
             duration,
             reason,
+            job,
+            user,
             config,
-        } => with_state_config(&config, |c| cmd::hold::hold(&c, &duration, &reason)),
+        } => with_state_config(&config, |c| {
+            cmd::hold::hold(&c, &duration, &reason, (job.as_deref(), user.as_deref()))
+        }),
         Command::Audit {
             since,
             rule,
@@ -255,7 +271,9 @@ pub fn run(cli: Cli) -> ExitCode {
             };
             cmd::status::run(&c, how, json)
         }),
-        Command::Release { config } => with_state_config(&config, |c| cmd::hold::release(&c)),
+        Command::Release { job, user, config } => with_state_config(&config, |c| {
+            cmd::hold::release(&c, (job.as_deref(), user.as_deref()))
+        }),
         Command::Demo { listen } => cmd::demo::run(&listen),
         Command::Snapshot { json, config } => {
             with_config(&config, None, |c| cmd::snapshot::run(&c, json))

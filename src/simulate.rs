@@ -2,8 +2,9 @@
 //! would have done, as `promtool test rules` does for alert rules.
 //!
 //! The trace is CSV,
-//! `timestamp,gpu,utilization[,memory_used_bytes,power_watts,pod,sm_active,tensor_active]`, with
-//! an optional header; `pod` (`namespace/pod`) is who held the GPU, for pod-scoped rules, and
+//! `timestamp,gpu,utilization[,memory_used_bytes,power_watts,pod,sm_active,tensor_active,job,user]`,
+//! with an optional header; `pod` (`namespace/pod`) is who held the GPU, for pod-scoped rules
+//! (`job` and `user` for job- and user-scoped ones), and
 //! `sm_active` and `tensor_active` are GPM's activities (ratios or percents), for rules on them. Timestamps are RFC 3339 or Unix seconds; utilization is a ratio or a percent (`37%`).
 //! A timestamp with no row for some GPU is unknown data for that GPU, which counts as busy. The
 //! memory and power columns become ratios given the GPU's memory and power limit; without them
@@ -30,6 +31,9 @@ pub struct Row {
     pub power_watts: Option<f64>,
     /// The pod holding the GPU (`namespace/pod`), for pod-scoped rules.
     pub pod: Option<String>,
+    /// The Slurm job and the user holding the GPU, for job- and user-scoped rules.
+    pub job: Option<String>,
+    pub user: Option<String>,
     /// GPM SM and tensor activity, ratios, for rules on `sm_active` and `tensor_active`.
     pub sm_active: Option<f64>,
     pub tensor_active: Option<f64>,
@@ -137,9 +141,21 @@ pub fn parse_trace(text: &str) -> Result<Vec<Row>, TraceError> {
                 _ => return Err(err(format!("pod \"{p}\" is not namespace/pod"))),
             },
         };
+        let job = match cols.get(8).filter(|c| !c.is_empty()) {
+            None => None,
+            Some(j) if crate::state::Subject::job(j).is_some() => Some(j.to_string()),
+            Some(j) => return Err(err(format!("job \"{j}\" is not a Slurm job id"))),
+        };
+        let user = match cols.get(9).filter(|c| !c.is_empty()) {
+            None => None,
+            Some(u) if crate::metrics::plain_name(u) => Some(u.to_string()),
+            Some(u) => return Err(err(format!("user \"{u}\" is not a user name"))),
+        };
         rows.push(Row {
             t,
             gpu,
+            job,
+            user,
             utilization,
             memory_used_bytes: number(3, "memory_used_bytes")?,
             power_watts: number(4, "power_watts")?,
@@ -342,6 +358,8 @@ fn observation(
             r.set(Metric::SmActive, row.and_then(|r| r.sm_active));
             r.set(Metric::TensorActive, row.and_then(|r| r.tensor_active));
             r.holders = row.and_then(|r| r.pod.clone()).into_iter().collect();
+            r.jobs = row.and_then(|r| r.job.clone()).into_iter().collect();
+            r.users = row.and_then(|r| r.user.clone()).into_iter().collect();
             r
         })
         .collect();
@@ -441,6 +459,8 @@ mod tests {
             memory_used_bytes,
             power_watts,
             pod: None,
+            job: None,
+            user: None,
             sm_active: None,
             tensor_active: None,
         };
@@ -464,6 +484,13 @@ mod tests {
         }
         let rows = parse_trace("1,0,0.5,,,ml/train-a\n2,0,0.5\n").unwrap();
         assert_eq!(rows[0].pod.as_deref(), Some("ml/train-a"));
+        let held = parse_trace("1,0,0.5,,,,,,4242,alice\n").unwrap();
+        assert_eq!(held[0].job.as_deref(), Some("4242"));
+        assert_eq!(held[0].user.as_deref(), Some("alice"));
+        for (bad, why) in [("../x,alice", "job"), ("42,a b", "user")] {
+            let e = parse_trace(&format!("1,0,0.5,,,,,,{bad}\n")).unwrap_err();
+            assert!(e.message.starts_with(why), "{e}");
+        }
         assert_eq!(rows[1].pod, None);
         let e = parse_trace("1,0,0.5,,,train-a\n").unwrap_err();
         assert_eq!(

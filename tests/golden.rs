@@ -88,6 +88,7 @@ fn snapshot() -> Snapshot {
         },
         unsupported: vec!["retired_pages"],
         processes: Some(1),
+        pids: Vec::new(),
         process_memory: Some(vec![ProcessSample {
             pid: 4242,
             name: Some("python3".into()),
@@ -137,6 +138,7 @@ fn snapshot() -> Snapshot {
             memory_used_bytes: Some(8_589_934_592),
             memory_total_bytes: Some(42_949_672_960),
             processes: Some(1),
+            pids: Vec::new(),
             gpm: Some(GpmReadings {
                 sm_active: Some(0.31),
                 ..GpmReadings::default()

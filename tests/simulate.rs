@@ -317,6 +317,8 @@ fn an_instance_action_takes_the_node_down_once() {
             memory_used_bytes: None,
             power_watts: None,
             pod: None,
+            job: None,
+            user: None,
             sm_active: None,
             tensor_active: None,
         })

@@ -1,11 +1,40 @@
-//! `gpuwatch hold` and `gpuwatch release`: write or remove `hold.json` in the state directory.
+//! `gpuwatch hold` and `gpuwatch release`: write or remove `hold.json` in the state directory,
+//! or, with `--job` or `--user`, that job's or user's hold file.
 
 use std::process::ExitCode;
 
 use super::exit;
 use crate::config::Config;
+use crate::state::Subject;
 
-pub fn hold(config: &Config, duration: &str, reason: &str) -> ExitCode {
+/// The job or user a command names, if any; `Err` is a usage error, already said.
+fn subject(
+    command: &str,
+    (job, user): (Option<&str>, Option<&str>),
+) -> Result<Option<Subject>, ExitCode> {
+    match (job, user) {
+        (None, None) => Ok(None),
+        (Some(j), _) => Subject::job(j).map(Some).ok_or_else(|| {
+            eprintln!("{command}: --job \"{j}\" is not a Slurm job id, such as 1234 or 1234_7");
+            exit::USAGE.into()
+        }),
+        (_, Some(u)) => Subject::user(u).map(Some).ok_or_else(|| {
+            eprintln!("{command}: --user \"{u}\" is not a user name of letters, digits, '.', '_', '-' and '@'");
+            exit::USAGE.into()
+        }),
+    }
+}
+
+pub fn hold(
+    config: &Config,
+    duration: &str,
+    reason: &str,
+    who: (Option<&str>, Option<&str>),
+) -> ExitCode {
+    let subject = match subject("hold", who) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
     // A year at most: a hold past that is a mistake, and a hold that never ends would be
     // written as "never", which reads as unreadable.
     const MAX_HOLD: std::time::Duration = std::time::Duration::from_secs(366 * 86_400);
@@ -30,9 +59,16 @@ pub fn hold(config: &Config, duration: &str, reason: &str) -> ExitCode {
         until: crate::time::rfc3339(until),
         reason: reason.to_string(),
     };
-    match dir.set_hold(&hold) {
+    let written = match &subject {
+        None => dir.set_hold(&hold),
+        Some(s) => dir.set_subject_hold(s, &hold),
+    };
+    let of = subject
+        .as_ref()
+        .map_or(String::new(), |s| format!(" of {}", s.key()));
+    match written {
         Ok(()) => {
-            println!("hold until {} ({})", hold.until, dir.path().display());
+            println!("hold{of} until {} ({})", hold.until, dir.path().display());
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -42,15 +78,26 @@ pub fn hold(config: &Config, duration: &str, reason: &str) -> ExitCode {
     }
 }
 
-pub fn release(config: &Config) -> ExitCode {
+pub fn release(config: &Config, who: (Option<&str>, Option<&str>)) -> ExitCode {
+    let subject = match subject("release", who) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
     let dir = crate::state::StateDir::new(&config.actions.state_dir);
-    match dir.release() {
+    let released = match &subject {
+        None => dir.release(),
+        Some(s) => dir.release_subject(s),
+    };
+    let of = subject
+        .as_ref()
+        .map_or(String::new(), |s| format!(" of {}", s.key()));
+    match released {
         Ok(true) => {
-            println!("hold released");
+            println!("hold{of} released");
             ExitCode::SUCCESS
         }
         Ok(false) => {
-            println!("no hold was in place");
+            println!("no hold{of} was in place");
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -19,6 +19,7 @@ mod node;
 mod raw;
 mod rules;
 mod server;
+pub mod slurm;
 pub mod web;
 
 pub use actions::{ActionsConfig, Mode, Rotation, SpotConfig, SpotStop, VetoesConfig};
@@ -42,7 +43,7 @@ pub use server::{
 
 use budgets::exhausted_rule;
 use node::validate_labels;
-use rules::{check_unique, load_rules_file};
+use rules::{check_holders, check_unique, load_rules_file};
 
 use crate::rules::{
     Action, Aggregation, BudgetGate, Comparison, Condition, Lifecycle, Metric, Rule, Scope,
@@ -67,6 +68,7 @@ pub struct Config {
     pub cloudwatch: CloudWatchConfig,
     pub exposition: ExpositionConfig,
     pub kubernetes: KubernetesConfig,
+    pub slurm: slurm::SlurmConfig,
     /// The labels of `gpuwatch_node_info`.
     pub node: NodeConfig,
     /// How GPU health is judged.
@@ -147,6 +149,8 @@ impl Config {
         let mut errors = Vec::new();
         add_rules(&mut self.rules, raw, &self.budgets, &mut errors);
         check_unique(&self.rules, &mut errors);
+        let owners = self.sampling.process_owners;
+        check_holders(&self.rules, self.slurm.enabled, owners, &mut errors);
         if errors.is_empty() {
             Ok(())
         } else {
@@ -224,6 +228,7 @@ impl RawConfig {
         let cloudwatch = self.cloudwatch.validate(&mut invalid);
         let exposition = self.exposition.validate(&mut invalid);
         let kubernetes = self.kubernetes.validate(&mut invalid);
+        let slurm = self.slurm.validate(&mut invalid);
         let node = validate_labels(&self.node, &self.cloud.tag_labels, &mut invalid);
         let health = self.health.validate(&mut invalid);
         // A stall is judged over at least two whole sampling cycles: a slow interval never makes
@@ -262,10 +267,14 @@ impl RawConfig {
             }
         }
         check_unique(&rules, &mut errors);
+        if let Some(slurm) = &slurm {
+            let owners = self.sampling.process_owners;
+            check_holders(&rules, slurm.enabled, owners, &mut errors);
+        }
 
         match (
             server, nvml, sampling, cloud, actions, vetoes, spot, cost, cloudwatch, exposition,
-            kubernetes, node, health,
+            kubernetes, node, health, slurm,
         ) {
             (
                 Some(server),
@@ -281,6 +290,7 @@ impl RawConfig {
                 Some(kubernetes),
                 Some(node),
                 Some(health),
+                Some(slurm),
             ) if errors.is_empty() => Ok(Config {
                 server,
                 nvml,
@@ -295,6 +305,7 @@ impl RawConfig {
                 kubernetes,
                 node,
                 health,
+                slurm,
                 budgets,
                 rules,
                 path: std::path::PathBuf::new(),

@@ -11,6 +11,7 @@ pub struct RawConfig {
     pub server: RawServer,
     pub exposition: RawExposition,
     pub kubernetes: RawKubernetes,
+    pub slurm: super::slurm::RawSlurm,
     pub node: RawNode,
     pub nvml: RawNvml,
     pub sampling: RawSampling,
@@ -165,6 +166,7 @@ pub struct RawSampling {
     pub interval: String,
     pub timeout: String,
     pub per_process_memory: bool,
+    pub process_owners: bool,
 }
 
 impl Default for RawConfig {
@@ -183,6 +185,7 @@ impl Default for RawConfig {
             node: RawNode::default(),
             exposition: RawExposition::default(),
             kubernetes: RawKubernetes::default(),
+            slurm: super::slurm::RawSlurm::default(),
             health: RawHealth::default(),
             actions: RawActions {
                 mode: "dry-run".to_string(),
@@ -233,6 +236,7 @@ impl Default for RawConfig {
                 interval: "1s".to_string(),
                 timeout: "5s".to_string(),
                 per_process_memory: false,
+                process_owners: false,
             },
         }
     }

@@ -85,6 +85,32 @@ pub(super) fn check_unique(rules: &[Rule], errors: &mut Vec<ConfigError>) {
     }
 }
 
+/// A job's rule needs `[slurm]`, and a user's needs Slurm or process owners: without them it
+/// would judge nobody, and never breach.
+pub(super) fn check_holders(
+    rules: &[Rule],
+    slurm: bool,
+    owners: bool,
+    errors: &mut Vec<ConfigError>,
+) {
+    for (i, r) in rules.iter().enumerate() {
+        let needs = match r.scope {
+            Scope::Job if !slurm => "[slurm] enabled = true",
+            Scope::User if !slurm && !owners => {
+                "[slurm] enabled = true or [sampling] process_owners = true"
+            }
+            _ => continue,
+        };
+        errors.push(ConfigError::Invalid {
+            key: format!("rules[{i}].scope"),
+            message: format!(
+                "\"{}\" judges who holds each GPU, which gpuwatch reads only with {needs}",
+                r.scope.as_str()
+            ),
+        });
+    }
+}
+
 impl RawRule {
     /// Validates one rule; `key` is its place, such as `rules[1]`.
     pub fn validate(&self, key: &str) -> Result<Rule, Vec<ConfigError>> {
@@ -157,7 +183,12 @@ impl RawRule {
             &mut invalid,
             "scope",
             self.scope.as_deref().unwrap_or("node"),
-            &[("node", Scope::Node), ("pod", Scope::Pod)],
+            &[
+                ("node", Scope::Node),
+                ("pod", Scope::Pod),
+                ("job", Scope::Job),
+                ("user", Scope::User),
+            ],
         );
         let lifecycle = match self.lifecycle.as_deref() {
             None => Some(None),
@@ -208,10 +239,13 @@ impl RawRule {
                     "a rule on gpu_unhealthy breaches while a GPU is unhealthy: leave out comparison and threshold (they are \"greater_than_or_equal\" and 1)".into(),
                 );
             }
-            if scope == Some(Scope::Pod) {
+            if let Some(s) = scope.filter(|s| *s != Scope::Node) {
                 invalid(
                     "scope",
-                    "\"pod\": a rule on gpu_unhealthy judges the node's GPUs".into(),
+                    format!(
+                        "\"{}\": a rule on gpu_unhealthy judges the node's GPUs",
+                        s.as_str()
+                    ),
                 );
             }
             if let Some(a) =
@@ -283,6 +317,14 @@ impl RawRule {
                 invalid(
                     "action",
                     format!("\"{a}\" acts on the instance, and a pod-scoped rule judges one pod: on Kubernetes the cluster autoscaler owns the node; use \"alert\" or \"exec\""),
+                );
+            }
+        }
+        if let (Some(s @ (Scope::Job | Scope::User)), Some(a)) = (scope, action) {
+            if a.is_instance_action() {
+                invalid(
+                    "action",
+                    format!("\"{a}\" acts on the instance, and a {0}-scoped rule judges one {0}: the node is not theirs to stop; use \"alert\" or \"exec\" (which may, say, scancel the job)", s.as_str()),
                 );
             }
         }

@@ -33,6 +33,8 @@ pub struct SamplingConfig {
     pub timeout: Duration,
     /// Export `gpu_process_memory_used_bytes{pid,process}`.
     pub per_process_memory: bool,
+    /// Name each GPU process's user: `user` on the per-process series, and per-user series.
+    pub process_owners: bool,
 }
 
 impl RawServer {
@@ -126,6 +128,7 @@ impl RawSampling {
             interval: interval?,
             timeout: timeout?,
             per_process_memory: self.per_process_memory,
+            process_owners: self.process_owners,
         })
     }
 }

@@ -35,6 +35,7 @@ struct DcgmLabels<'a> {
     /// The GPU instance, for a GPU in MIG mode.
     mig: Option<&'a MigSample>,
     pod: Option<PodLabels<'a>>,
+    hpc_job: Option<&'a str>,
 }
 
 impl EncodeLabelSet for DcgmLabels<'_> {
@@ -62,6 +63,9 @@ impl EncodeLabelSet for DcgmLabels<'_> {
             ("namespace", Text(p.namespace)).encode(encoder.encode_label())?;
             ("pod", Text(p.pod)).encode(encoder.encode_label())?;
         }
+        if let Some(job) = self.hpc_job {
+            ("hpc_job", Text(job)).encode(encoder.encode_label())?;
+        }
         Ok(())
     }
 }
@@ -88,6 +92,7 @@ impl<'a> Gpus<'a> {
             driver: self.driver,
             mig: None,
             pod: None,
+            hpc_job: None,
         }
     }
 }
@@ -108,6 +113,7 @@ fn family(
         .filter_map(|g| {
             let l = DcgmLabels {
                 pod: g.pod_labels(),
+                hpc_job: g.job,
                 ..gpus.labels(g.sample)
             };
             read(g.sample, None).map(|v| (l, v))

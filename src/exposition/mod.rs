@@ -23,6 +23,7 @@ use crate::kubernetes::metrics::SharedKubernetesView;
 use crate::kubernetes::PodRef;
 use crate::metrics::encode::*;
 use crate::metrics::Text;
+use crate::slurm::holders::SharedHolders;
 use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
 
 /// Version and source revision of this build, for `gpuwatch_build_info`.
@@ -46,7 +47,10 @@ impl BuildInfo {
 pub fn register(
     config: &crate::config::Config,
     snapshots: &Snapshots,
-    pods: Option<&Arc<SharedKubernetesView>>,
+    (pods, holders): (
+        Option<&Arc<SharedKubernetesView>>,
+        Option<&Arc<SharedHolders>>,
+    ),
     registry: &mut prometheus_client::registry::Registry,
 ) {
     let mut collector = SnapshotCollector::with_names(
@@ -58,6 +62,13 @@ pub fn register(
     .with_hostname_label(config.exposition.hostname_label);
     if let Some(view) = pods {
         collector = collector.with_pods(Arc::clone(view));
+    }
+    if let Some(view) = holders {
+        collector.holders = Some(Holders {
+            view: Arc::clone(view),
+            job_label: config.slurm.job_label,
+            owners: config.sampling.process_owners,
+        });
     }
     registry.register_collector(Box::new(collector));
 }
@@ -89,6 +100,17 @@ pub struct SnapshotCollector {
     hostname_label: HostnameLabel,
     /// Who holds which GPU, on Kubernetes.
     pods: Option<Arc<SharedKubernetesView>>,
+    /// Which jobs and users hold which GPU.
+    holders: Option<Holders>,
+}
+
+/// The jobs and users holding GPUs, and which labels they add.
+struct Holders {
+    view: Arc<SharedHolders>,
+    /// `hpc_job` on every GPU series, one series per job.
+    job_label: bool,
+    /// `user` on the per-process series.
+    owners: bool,
 }
 
 impl fmt::Debug for SnapshotCollector {
@@ -120,6 +142,7 @@ impl SnapshotCollector {
             hostname,
             hostname_label: HostnameLabel::default(),
             pods: None,
+            holders: None,
         }
     }
 
@@ -149,14 +172,30 @@ impl Collector for SnapshotCollector {
             .as_ref()
             .map(|p| p.view().held(&snap.gpus))
             .unwrap_or_default();
-        let views = views(&snap.gpus, &held.gpus);
+        // With `[slurm] job_label`, each GPU's series carry the job holding it, one per job.
+        let holders = self.holders.as_ref().map(|h| (h.view.view(), h));
+        let jobs: BTreeMap<u32, Vec<String>> = match &holders {
+            Some((v, h)) if h.job_label => v
+                .devices
+                .iter()
+                .filter(|((_, gi), _)| gi.is_none())
+                .map(|((gpu, _), held)| (*gpu, held.jobs.clone()))
+                .collect(),
+            _ => BTreeMap::new(),
+        };
+        let owners = holders
+            .as_ref()
+            .filter(|(_, h)| h.owners)
+            .map(|(v, _)| &v.owners);
+        let views = views(&snap.gpus, &held.gpus, &jobs);
         let gpus = &views[..];
         // A MIG device's series carry the pods holding that device.
         let migs = mig_views(&snap.gpus, &held.mig);
         // The series that identify or count GPUs, and per-process ones (a process is in one
         // pod, and NVML does not say which), stay one per GPU: no pod labels.
         let no_pods = BTreeMap::new();
-        let unshared = self::views(&snap.gpus, &no_pods);
+        let no_jobs = BTreeMap::new();
+        let unshared = self::views(&snap.gpus, &no_pods, &no_jobs);
         let e = &mut enc;
 
         gauges(
@@ -261,6 +300,7 @@ impl Collector for SnapshotCollector {
             gpus,
             unshared: &unshared,
             migs: &migs,
+            owners,
         };
         if self.names.dcgm() {
             dcgm::encode(e, &snap, &scrape, (self.hostname_label, &self.hostname))?;
@@ -278,6 +318,8 @@ pub(crate) struct Scrape<'a> {
     pub(crate) gpus: &'a [GpuView<'a>],
     pub(crate) unshared: &'a [GpuView<'a>],
     pub(crate) migs: &'a [MigView<'a>],
+    /// With `[sampling] process_owners`: each GPU process's user, by pid.
+    pub(crate) owners: Option<&'a BTreeMap<u32, String>>,
 }
 
 /// One GPU as its series show it: the sample, and the pod holding it, if any. A GPU shared by
@@ -285,6 +327,8 @@ pub(crate) struct Scrape<'a> {
 pub(crate) struct GpuView<'a> {
     pub(crate) sample: &'a GpuSample,
     pub(crate) pod: Option<&'a PodRef>,
+    /// The Slurm job holding it, with `[slurm] job_label` (one view per job, as per pod).
+    pub(crate) job: Option<&'a str>,
 }
 
 impl std::ops::Deref for GpuView<'_> {
@@ -306,6 +350,7 @@ impl<'a> GpuView<'a> {
             gpu: self.sample.index,
             uuid: &self.sample.uuid,
             pod: self.pod_labels(),
+            hpc_job: self.job,
             extra,
         }
     }
@@ -345,22 +390,29 @@ pub(crate) fn mig_views<'a>(
     out
 }
 
-/// The views of a snapshot's GPUs, given who holds each (by GPU index).
+/// The views of a snapshot's GPUs, given the pods and the jobs holding each (by GPU index): one
+/// view per pod and job.
 pub(crate) fn views<'a>(
     gpus: &'a [GpuSample],
     pods: &'a BTreeMap<u32, Vec<PodRef>>,
+    jobs: &'a BTreeMap<u32, Vec<String>>,
 ) -> Vec<GpuView<'a>> {
     let mut out = Vec::with_capacity(gpus.len());
     for g in gpus {
-        match pods.get(&g.index).filter(|p| !p.is_empty()) {
-            Some(held) => out.extend(held.iter().map(|p| GpuView {
+        let pods: Vec<Option<&PodRef>> = match pods.get(&g.index).filter(|p| !p.is_empty()) {
+            Some(held) => held.iter().map(Some).collect(),
+            None => vec![None],
+        };
+        let jobs: Vec<Option<&str>> = match jobs.get(&g.index).filter(|j| !j.is_empty()) {
+            Some(held) => held.iter().map(|j| Some(j.as_str())).collect(),
+            None => vec![None],
+        };
+        for pod in &pods {
+            out.extend(jobs.iter().map(|job| GpuView {
                 sample: g,
-                pod: Some(p),
-            })),
-            None => out.push(GpuView {
-                sample: g,
-                pod: None,
-            }),
+                pod: *pod,
+                job: *job,
+            }));
         }
     }
     out

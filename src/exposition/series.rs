@@ -106,9 +106,16 @@ pub(super) fn process_memory(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Resul
         ),
         s.unshared.iter().filter(|g| g.up).flat_map(|g| {
             g.process_memory.iter().flatten().filter_map(move |p| {
+                // With process owners, the process's user where it is known.
+                let user: Vec<(&str, Text)> = s
+                    .owners
+                    .and_then(|o| o.get(&p.pid))
+                    .map(|u| ("user", Text(u)))
+                    .into_iter()
+                    .collect();
                 let extra = (
                     [("pid", p.pid)],
-                    [("process", Text(p.name.as_deref().unwrap_or("")))],
+                    ([("process", Text(p.name.as_deref().unwrap_or("")))], user),
                 );
                 p.used_memory_bytes.map(|b| (with(g, extra), b as i64))
             })

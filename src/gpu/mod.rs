@@ -103,6 +103,9 @@ pub struct GpuSample {
     pub processes: Option<u32>,
     /// Present only when per-process memory is switched on.
     pub process_memory: Option<Vec<ProcessSample>>,
+    /// The compute processes, when who holds the GPU is wanted (`[slurm]`, process owners).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pids: Vec<ProcessRef>,
     /// XID errors seen since the daemon started, by XID code.
     pub xid_errors: BTreeMap<u64, u64>,
     /// The UUIDs of the GPU's MIG devices, while MIG mode is on.
@@ -200,6 +203,9 @@ pub struct MigSample {
     pub memory_used_bytes: Option<u64>,
     pub memory_total_bytes: Option<u64>,
     pub processes: Option<u32>,
+    /// The compute processes, when who holds the device is wanted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pids: Vec<ProcessRef>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpm: Option<gpm::GpmReadings>,
 }
@@ -217,6 +223,13 @@ impl MigSample {
 pub struct ThrottleReason {
     pub reason: &'static str,
     pub active: bool,
+}
+
+/// A compute process on a GPU or a MIG device, and the GPU memory it uses.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct ProcessRef {
+    pub pid: u32,
+    pub used_memory_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]

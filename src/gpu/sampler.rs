@@ -76,7 +76,8 @@ pub fn start(
         config.nvml.library.clone(),
         config.sampling.per_process_memory,
         Arc::clone(&counters),
-    );
+    )
+    .with_pids(config.slurm.enabled || config.sampling.process_owners);
     let (judge, seed) = Judge::new(config.health);
     let snapshots = spawn(
         source,

@@ -17,6 +17,8 @@ pub(crate) struct GpuLabels<'a, X> {
     pub(crate) gpu: u32,
     pub(crate) uuid: &'a str,
     pub(crate) pod: Option<PodLabels<'a>>,
+    /// The Slurm job holding the GPU, with `[slurm] job_label` (dcgm-exporter's `hpc_job`).
+    pub(crate) hpc_job: Option<&'a str>,
     pub(crate) extra: X,
 }
 
@@ -45,6 +47,9 @@ impl<X: EncodeLabelSet> EncodeLabelSet for GpuLabels<'_, X> {
         }
         if let Some(pod) = &self.pod {
             pod.encode(encoder)?;
+        }
+        if let Some(job) = self.hpc_job {
+            ("hpc_job", Text(job)).encode(encoder.encode_label())?;
         }
         self.extra.encode(encoder)
     }

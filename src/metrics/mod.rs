@@ -40,6 +40,20 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Text<'a>(pub &'a str);
 
+/// A name fit to be a label value, a word in a message and part of a file name: 1 to 64 bytes
+/// of letters, digits, `.`, `_`, `-`, `@` (directory users) and a final `$` (machine
+/// accounts); not `.` or `..`.
+pub fn plain_name(name: &str) -> bool {
+    let body = name.strip_suffix('$').unwrap_or(name);
+    !body.is_empty()
+        && name.len() <= 64
+        && body != "."
+        && body != ".."
+        && body
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'@'))
+}
+
 impl EncodeLabelValue for Text<'_> {
     fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
         write_label_value(encoder, self.0)

@@ -12,9 +12,27 @@
 //!
 //! Every read is bounded, and a process that has gone is no error: it has no job.
 
+pub mod holders;
 pub mod mapping;
+mod metrics;
+pub mod users;
 
 use std::io::Read;
+
+/// Registers the holders' series (`gpuwatch_job_gpu_allocated`, the users' memory), when
+/// Slurm or process owners are on.
+pub fn register(
+    holders: Option<&std::sync::Arc<holders::SharedHolders>>,
+    config: &crate::config::Config,
+    registry: &mut prometheus_client::registry::Registry,
+) {
+    if let Some(view) = holders {
+        registry.register_collector(Box::new(metrics::HoldersCollector {
+            view: std::sync::Arc::clone(view),
+            slurm: config.slurm.enabled,
+        }));
+    }
+}
 
 /// The most of `/proc/PID/cgroup` and `/proc/PID/environ` read.
 const MAX_CGROUP_BYTES: u64 = 64 * 1024;
@@ -108,7 +126,7 @@ pub fn of_process(pid: u32) -> Option<Holder> {
 
 /// Reads at most `max` bytes. The files of `/proc` report no size, so the cap is what bounds
 /// the read.
-fn read_bounded(path: &std::path::Path, max: u64) -> Option<Vec<u8>> {
+pub(crate) fn read_bounded(path: &std::path::Path, max: u64) -> Option<Vec<u8>> {
     let file = std::fs::File::open(path).ok()?;
     let mut out = Vec::new();
     file.take(max).read_to_end(&mut out).ok()?;

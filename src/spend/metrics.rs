@@ -28,6 +28,10 @@ pub struct CostView {
     pub idle_dollars: f64,
     /// USD spent on unhealthy GPUs (a counter).
     pub unhealthy_dollars: f64,
+    /// Each job holding a GPU: its user (where known), and what its idle GPUs cost.
+    pub jobs: Vec<(String, Option<String>, gpuwatch_core::step::Tally)>,
+    /// Each user holding a GPU, and what their idle GPUs cost.
+    pub users: Vec<(String, gpuwatch_core::step::Tally)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -144,6 +148,46 @@ impl Collector for CostCollector {
                     None,
                 ),
                 [(NO_LABELS, v.unhealthy_dollars)],
+            )?;
+        }
+        fn job(
+            (job, user, _): &(String, Option<String>, gpuwatch_core::step::Tally),
+        ) -> Vec<(&'static str, Text<'_>)> {
+            let mut l = vec![("job", Text(job))];
+            if let Some(u) = user {
+                l.push(("user", Text(u)));
+            }
+            l
+        }
+        gauges(
+            e,
+            desc(
+                "gpuwatch_job_gpu_idle",
+                "GPU-seconds the job's GPUs sat idle while it held them (a MIG device counts its share)",
+                Some("seconds"),
+            ),
+            v.jobs.iter().map(|j| (job(j), j.2.idle_seconds)),
+        )?;
+        if v.price.is_some() {
+            counters(
+                e,
+                desc(
+                    "gpuwatch_job_idle_dollars",
+                    "Money the job's idle GPUs cost: the price times each idle GPU's share of the node, split among the jobs holding it",
+                    None,
+                ),
+                v.jobs.iter().map(|j| (job(j), j.2.idle_dollars)),
+            )?;
+            counters(
+                e,
+                desc(
+                    "gpuwatch_user_idle_dollars",
+                    "Money the user's idle GPUs cost (those their processes or jobs hold), split among the users holding each",
+                    None,
+                ),
+                v.users
+                    .iter()
+                    .map(|(u, t)| ([("user", Text(u))], t.idle_dollars)),
             )?;
         }
         Ok(())

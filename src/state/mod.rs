@@ -8,10 +8,12 @@
 //! waits until it reads, and takes no action meanwhile.
 
 pub mod audit;
+mod holds;
 mod io_thread;
 pub mod metrics;
 
 pub use audit::{AuditLog, AuditRecord};
+pub use holds::Subject;
 pub use io_thread::{drain, off_async, on_io_thread};
 
 use std::fs::{self, File};
@@ -239,7 +241,12 @@ impl StateDir {
     }
 
     pub fn hold(&self) -> HoldStatus {
-        let path = self.dir.join(HOLD_FILE);
+        self.hold_at(&self.dir.join(HOLD_FILE))
+    }
+
+    /// The hold a hold file says.
+    fn hold_at(&self, path: &Path) -> HoldStatus {
+        let path = path.to_path_buf();
         let text = match read_capped(&path, MAX_HOLD_BYTES) {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return HoldStatus::None,
@@ -264,6 +271,10 @@ impl StateDir {
     /// `DynamicUser=yes`): the directory is then that user's, and the file is handed to them,
     /// since the daemon reads only a hold file of its own user or root.
     pub fn set_hold(&self, hold: &HoldFile) -> io::Result<()> {
+        self.set_hold_at(HOLD_FILE, hold)
+    }
+
+    fn set_hold_at(&self, file: &str, hold: &HoldFile) -> io::Result<()> {
         let root = crate::files::effective_uid() == 0;
         let owner = match fs::metadata(&self.dir) {
             Ok(m) if root && m.uid() != 0 => Some(m),
@@ -275,12 +286,16 @@ impl StateDir {
         }
         let body = serde_json::to_vec_pretty(hold).map_err(io::Error::other)?;
         let owner = owner.map(|m| (m.uid(), m.gid()));
-        write_atomic_as(&self.dir.join(HOLD_FILE), &body, true, owner)
+        write_atomic_as(&self.dir.join(file), &body, true, owner)
     }
 
     /// Removes the local hold; `Ok(false)` when there was none.
     pub fn release(&self) -> io::Result<bool> {
-        match fs::remove_file(self.dir.join(HOLD_FILE)) {
+        self.release_at(HOLD_FILE)
+    }
+
+    fn release_at(&self, file: &str) -> io::Result<bool> {
+        match fs::remove_file(self.dir.join(file)) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(e),

@@ -52,6 +52,25 @@ pub struct Status {
     pub cost: Cost,
     /// The last audit events, oldest first.
     pub events: Vec<RecentEvent>,
+    /// With `[slurm]`: each job holding a GPU, its user, its GPUs, and what their idle time
+    /// cost.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jobs: Vec<JobStatus>,
+}
+
+/// A Slurm job on the node.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobStatus {
+    pub job: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Its devices: `0`, or `0:1` for GPU instance 1 of GPU 0.
+    pub gpus: Vec<String>,
+    /// GPU-seconds its GPUs sat idle while it held them.
+    pub idle_seconds: f64,
+    /// What that cost; `None` while the price is unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_dollars: Option<f64>,
 }
 
 /// The one-word summary that `gpuwatch status` exits with.
@@ -318,6 +337,8 @@ pub struct Sources {
     pub progress: Option<Arc<crate::watch::progress::Progress>>,
     /// The last events read, and the audit file's identity and size when they were read.
     pub events: Arc<std::sync::Mutex<EventsCache>>,
+    /// Which jobs hold which GPU, with `[slurm]`.
+    pub holders: Option<Arc<crate::slurm::holders::SharedHolders>>,
 }
 
 /// Recent audit events, read again only when the file changes.
@@ -351,6 +372,7 @@ impl Sources {
             config_path: std::fs::canonicalize(&config.path).unwrap_or(config.path.clone()),
             progress: running.then(|| Arc::clone(&watch.progress)),
             events: Arc::default(),
+            holders: watch.holders.clone().filter(|_| config.slurm.enabled),
         }
     }
 
@@ -426,6 +448,9 @@ impl Sources {
         if let Some(audit) = &self.audit {
             status.events = self.recent_events(audit);
         }
+        if let Some(h) = &self.holders {
+            status.jobs = jobs(&h.view(), &cost);
+        }
         status.now = crate::time::now();
         status.health = health(&status);
         status
@@ -448,6 +473,34 @@ impl Sources {
         }
         cache.events.clone()
     }
+}
+
+/// The jobs on the node: their GPUs from the holders, their idle time and money from the
+/// decision step (none before it has judged them).
+fn jobs(
+    h: &crate::slurm::holders::Holders,
+    cost: &crate::spend::metrics::CostView,
+) -> Vec<JobStatus> {
+    h.jobs
+        .iter()
+        .map(|(job, j)| {
+            let tally = cost.jobs.iter().find(|(id, _, _)| id == job).map(|x| x.2);
+            JobStatus {
+                job: job.clone(),
+                user: j.user.clone(),
+                gpus: j
+                    .devices
+                    .iter()
+                    .map(|((gpu, gi), _)| match gi {
+                        None => gpu.to_string(),
+                        Some(gi) => format!("{gpu}:{gi}"),
+                    })
+                    .collect(),
+                idle_seconds: tally.map_or(0.0, |t| t.idle_seconds),
+                idle_dollars: cost.price.map(|_| tally.map_or(0.0, |t| t.idle_dollars)),
+            }
+        })
+        .collect()
 }
 
 /// The GPU and NVML part of a status, from one sample.

@@ -272,6 +272,21 @@ fn main(o: &mut String, s: &Status, now: f64) {
             }
             o.push_str("</div>");
         }
+        if !s.jobs.is_empty() {
+            o.push_str("<h2>Jobs</h2><table id=\"jobs\"><tr><th>Job</th><th>User</th><th>GPUs</th><th>Idle GPU time</th><th>Idle cost</th></tr>");
+            for j in &s.jobs {
+                let _ = write!(
+                    o,
+                    "<tr class=\"job\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                    escape(&j.job),
+                    escape(j.user.as_deref().unwrap_or("unknown")),
+                    escape(&j.gpus.join(", ")),
+                    escape(&super::text::duration(j.idle_seconds)),
+                    j.idle_dollars.map_or("unknown".into(), |d| format!("${d:.2}")),
+                );
+            }
+            o.push_str("</table>");
+        }
         o.push_str("<h2>Holds</h2><ul id=\"holds\">");
         if s.holds.is_empty() {
             o.push_str("<li>None.</li>");

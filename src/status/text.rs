@@ -228,6 +228,22 @@ fn render_lines(s: &Status, now: f64) -> String {
                 );
             }
         }
+        for j in &s.jobs {
+            let user = j
+                .user
+                .as_deref()
+                .map_or(String::new(), |u| format!(" of {u}"));
+            let dollars = j
+                .idle_dollars
+                .map_or(String::new(), |d| format!(", ${d:.2}"));
+            let _ = writeln!(
+                out,
+                "Job {}{user} on GPU {}: idle {} of GPU time{dollars}",
+                j.job,
+                j.gpus.join(", "),
+                duration(j.idle_seconds)
+            );
+        }
         for h in &s.holds {
             let until = h
                 .until

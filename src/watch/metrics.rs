@@ -109,6 +109,7 @@ impl Collector for WatchCollector {
                         gpu: g.gpu,
                         uuid: &g.uuid,
                         pod: None,
+                        hpc_job: None,
                         extra: crate::exposition::MigLabels(g.mig.as_ref()),
                     },
                     g.seconds,

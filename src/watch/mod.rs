@@ -9,7 +9,7 @@ mod observation;
 pub mod progress;
 mod start;
 
-pub use start::{spawn, Started, WatchTask};
+pub use start::{spawn, HeldBy, Started, WatchTask};
 
 pub use cloud::{poll_cloud, CloudPoller};
 pub use observation::observation;
@@ -66,6 +66,8 @@ pub struct Watch {
     pub publishes: tokio::task::JoinSet<()>,
     /// Who holds which GPU, on Kubernetes (for pod-scoped rules).
     pub pods: Option<Arc<crate::kubernetes::metrics::SharedKubernetesView>>,
+    /// Which jobs and users hold which GPU (for job- and user-scoped rules).
+    pub holders: Option<Arc<crate::slurm::holders::SharedHolders>>,
     /// How far the loop has come, for the systemd watchdog.
     pub progress: Arc<crate::watch::progress::Progress>,
     /// What this step changed of the view, published with the rest of it at the step's end, so
@@ -220,10 +222,28 @@ impl Watch {
             names.dedup();
             names
         });
-        // Scanning /proc and reading the hold file block: keep them off the async worker.
+        // The jobs and users holding each device, for their rules.
+        if let Some(h) = &self.holders {
+            let h = h.view();
+            for r in &mut obs.gpus {
+                if let Some(held) = h.of((r.index, r.mig.map(|m| m.gpu_instance))) {
+                    r.jobs.clone_from(&held.jobs);
+                    r.users.clone_from(&held.users);
+                }
+            }
+        }
+        // Scanning /proc and reading the hold files block: keep them off the async worker.
         let (vetoes, dir) = (Arc::clone(&self.config.vetoes), self.state_dir.clone());
-        let (veto, local) =
-            crate::state::on_io_thread(move || (crate::vetoes::check(&vetoes), dir.hold())).await;
+        let subjects = self.holders.is_some();
+        let (veto, local, subject_holds) = crate::state::on_io_thread(move || {
+            let subject_holds = if subjects {
+                dir.subject_holds()
+            } else {
+                Default::default()
+            };
+            (crate::vetoes::check(&vetoes), dir.hold(), subject_holds)
+        })
+        .await;
         obs.veto = veto;
         let tag = self
             .signals
@@ -255,6 +275,10 @@ impl Watch {
                 .reduce(f64::max),
             lifecycle: self.signals.lifecycle,
             interruption: interruption.is_some(),
+            subject_holds: subject_holds
+                .iter()
+                .filter_map(|(s, h)| Some((s.key(), h.until()?)))
+                .collect(),
             ..Inputs::default()
         };
         (obs, inputs, interruption)
@@ -297,6 +321,18 @@ impl Watch {
         rules: Vec<RuleView>,
         interruption: Option<f64>,
     ) {
+        // Each job's user, as the holders last saw it.
+        let job_users: std::collections::BTreeMap<String, Option<String>> = self
+            .holders
+            .as_ref()
+            .map(|h| {
+                h.view()
+                    .jobs
+                    .iter()
+                    .map(|(j, job)| (j.clone(), job.user.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
         let gpu_idle = view
             .gpu_idle
             .iter()
@@ -334,6 +370,12 @@ impl Watch {
             v.budgets = view.budgets;
             v.idle_dollars = view.idle_dollars;
             v.unhealthy_dollars = view.unhealthy_dollars;
+            v.jobs = view
+                .jobs
+                .iter()
+                .map(|(j, t)| (j.clone(), job_users.get(j).cloned().flatten(), *t))
+                .collect();
+            v.users = view.users.iter().map(|(u, t)| (u.clone(), *t)).collect();
         });
         let unpublished = self
             .unpublished
@@ -488,6 +530,19 @@ impl Watch {
             | Event::Action { evidence, .. } => serde_json::to_value(evidence).unwrap_or_default(),
             _ => serde_json::Value::Null,
         };
+        // A job's rule names the job's user in its evidence, for the record and the command.
+        let mut evidence = evidence;
+        if let (Scope::Job, Some(job), Some(h), Some(map)) = (
+            rule.scope,
+            &rule.subject,
+            &self.holders,
+            evidence.as_object_mut(),
+        ) {
+            if let Some(user) = h.view().jobs.get(job).and_then(|j| j.user.clone()) {
+                map.insert("user".into(), user.into());
+            }
+        }
+        let evidence = evidence;
         match &event {
             Event::Breach { evidence: e, .. } => {
                 tracing::info!(rule = %rule.name, periods = e.breaching_periods, "rule breaching");
@@ -505,12 +560,21 @@ impl Watch {
                 });
             }
             Event::Warning { action, due_at, .. } => {
-                let text = format!(
-                    "gpuwatch: GPUs idle; this instance will {action} at {} (rule \"{}\", {}) unless the GPUs are used again. `gpuwatch hold 2h --reason ...` postpones it.",
-                    crate::time::rfc3339(*due_at),
-                    rule.name,
-                    self.executor.mode.as_str()
-                );
+                let text = match (rule.scope, &rule.subject) {
+                    (Scope::Job | Scope::User, Some(who)) => format!(
+                        "gpuwatch: the GPUs of {0} {who} are idle; gpuwatch will {action} for it at {1} (rule \"{2}\", {3}) unless they are used again. `gpuwatch hold 2h --{0} {who} --reason ...` postpones it.",
+                        rule.scope.as_str(),
+                        crate::time::rfc3339(*due_at),
+                        rule.name,
+                        self.executor.mode.as_str()
+                    ),
+                    _ => format!(
+                        "gpuwatch: GPUs idle; this instance will {action} at {} (rule \"{}\", {}) unless the GPUs are used again. `gpuwatch hold 2h --reason ...` postpones it.",
+                        crate::time::rfc3339(*due_at),
+                        rule.name,
+                        self.executor.mode.as_str()
+                    ),
+                };
                 tracing::warn!("{text}");
                 self.executor.audit(AuditRecord::Warning {
                     rule: rule.name.clone(),

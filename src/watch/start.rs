@@ -31,6 +31,8 @@ pub struct Started {
     pub audit: Option<std::path::PathBuf>,
     /// The running watch; `None` while it is off (no rules, budgets, cloud or price).
     pub task: Option<WatchTask>,
+    /// Who holds the GPUs, jobs and users (for the status page).
+    pub holders: Option<Arc<crate::slurm::holders::SharedHolders>>,
 }
 
 /// Starts the cost watch: rules, actions, and (with `provider = "aws"`) instance metadata and the
@@ -39,10 +41,17 @@ pub struct Started {
 /// The views it publishes (the watch's and the cost series) exist, and their collectors are
 /// registered, whether it runs or not. `Err` is a state directory that others can write:
 /// whoever can write it controls holds and pending actions.
+/// Who holds the GPUs: the kubelet's pods, and the Slurm jobs and users.
+#[derive(Default)]
+pub struct HeldBy {
+    pub pods: Option<Arc<SharedKubernetesView>>,
+    pub holders: Option<Arc<crate::slurm::holders::SharedHolders>>,
+}
+
 pub async fn spawn(
     config: &Config,
     snapshots: Snapshots,
-    pods: Option<Arc<SharedKubernetesView>>,
+    held: HeldBy,
     health_seed: crate::gpu::health::Seed,
     registry: &mut Registry,
     stop: tokio::sync::watch::Receiver<bool>,
@@ -74,6 +83,7 @@ pub async fn spawn(
         progress: Arc::clone(&progress),
         audit: None,
         task: None,
+        holders: held.holders.clone(),
     };
     if config.rules.is_empty()
         && config.budgets.is_empty()
@@ -207,7 +217,8 @@ pub async fn spawn(
         tracker: crate::spend::Tracker::new(config.clone(), node, readings),
         services,
         publishes: JoinSet::new(),
-        pods,
+        pods: held.pods,
+        holders: held.holders,
         progress,
         unpublished: Default::default(),
         config: config.clone(),

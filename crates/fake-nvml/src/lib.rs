@@ -26,6 +26,7 @@
 //! power_watts = { kind = "trace", file = "power.csv" }  # "seconds,value" lines, relative to the scenario
 //! sm_clock_mhz = 1980                 # also memory_clock_mhz (2619)
 //! processes = 2                       # compute processes; pids are 10000 + 100 × gpu + n
+//! pids_file = "gpu0.pids"              # or: these pids (whitespace apart), read at every call
 //! process_name = "python3"             # strings may carry raw bytes as \\xHH (not UTF-8: "\\xff")
 //! ecc_corrected = 0                   # also ecc_uncorrected
 //! encoder_utilization = 0             # percent; also decoder_utilization

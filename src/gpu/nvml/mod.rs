@@ -6,6 +6,8 @@
 
 mod fields;
 mod links;
+mod processes;
+use processes::{process_refs, used};
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -14,7 +16,6 @@ use std::time::{Duration, Instant};
 
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
-use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{cuda_driver_version_major, cuda_driver_version_minor, Device, Nvml};
 
@@ -59,6 +60,8 @@ const THROTTLE_REASONS: &[(ThrottleReasons, &str)] = &[
 pub struct NvmlSource {
     library: OsString,
     per_process: bool,
+    /// List each GPU's (and MIG device's) processes, for who holds it.
+    pids: bool,
     watch_xid: bool,
     metrics: Arc<SamplerCounters>,
     nvml: Option<&'static Nvml>,
@@ -103,6 +106,7 @@ impl NvmlSource {
         NvmlSource {
             library: library.into(),
             per_process,
+            pids: false,
             watch_xid: true,
             metrics,
             nvml: None,
@@ -116,6 +120,13 @@ impl NvmlSource {
             unsupported: HashSet::new(),
             gpm: super::gpm::Gpm::default(),
         }
+    }
+
+    /// Lists the processes of every GPU and MIG device (their pids and memory), even without
+    /// per-process memory: who holds a GPU is read from them.
+    pub fn with_pids(mut self, pids: bool) -> Self {
+        self.pids = pids;
+        self
     }
 
     /// Does not start the XID thread (for one-shot use, such as `gpuwatch snapshot`).
@@ -357,7 +368,15 @@ impl GpuReader<'_> {
         let memory = self
             .get("mig_memory", || m.memory_info())
             .filter(|mem| mem.total > 0 && mem.used <= mem.total);
-        let processes = self.get("mig_processes", || m.running_compute_processes_count());
+        let (processes, pids) = if self.src.pids {
+            match self.get("mig_processes", || m.running_compute_processes()) {
+                Some(list) => (Some(list.len() as u32), process_refs(&list)),
+                None => (None, Vec::new()),
+            }
+        } else {
+            let n = self.get("mig_processes", || m.running_compute_processes_count());
+            (n, Vec::new())
+        };
         Some(super::MigSample {
             uuid,
             gpu_instance,
@@ -366,6 +385,7 @@ impl GpuReader<'_> {
             memory_used_bytes: memory.as_ref().map(|m| m.used),
             memory_total_bytes: memory.as_ref().map(|m| m.total),
             processes,
+            pids,
             gpm: None,
         })
     }
@@ -572,28 +592,32 @@ impl GpuReader<'_> {
         });
         let ecc_uncorrected = self.check("ecc", ecc_uncorrected, |v| v != u64::MAX);
 
-        let (processes, process_memory) = if self.src.per_process {
+        let (processes, process_memory, pids) = if self.src.per_process || self.src.pids {
             match self.get("processes", || d.running_compute_processes()) {
                 Some(list) => {
-                    let procs: Vec<ProcessSample> = list
-                        .into_iter()
-                        .map(|p| ProcessSample {
-                            pid: p.pid,
-                            name: nvml.sys_process_name(p.pid, 256).ok(),
-                            used_memory_bytes: match p.used_gpu_memory {
-                                UsedGpuMemory::Used(b) => Some(b),
-                                UsedGpuMemory::Unavailable => None,
-                            },
-                        })
-                        .collect();
-                    (Some(procs.len() as u32), Some(procs))
+                    let procs = self.src.per_process.then(|| {
+                        list.iter()
+                            .map(|p| ProcessSample {
+                                pid: p.pid,
+                                name: nvml.sys_process_name(p.pid, 256).ok(),
+                                used_memory_bytes: used(&p.used_gpu_memory),
+                            })
+                            .collect()
+                    });
+                    let pids = if self.src.pids {
+                        process_refs(&list)
+                    } else {
+                        Vec::new()
+                    };
+                    (Some(list.len() as u32), procs, pids)
                 }
-                None => (None, None),
+                None => (None, None, Vec::new()),
             }
         } else {
             (
                 self.get("processes", || d.running_compute_processes_count()),
                 None,
+                Vec::new(),
             )
         };
 
@@ -639,6 +663,7 @@ impl GpuReader<'_> {
             unsupported: self.unsupported(),
             processes,
             process_memory,
+            pids,
             health: None,
             lost: false,
         }

@@ -23,10 +23,18 @@ pub unsafe extern "C" fn nvmlSystemGetProcessName(
         Err(e) => return e,
     };
     let t = st.now();
-    let found = st.scenario.gpus.iter().enumerate().find(|(i, g)| {
-        let first = process_pid(*i as u32, 0);
-        pid >= first && pid < first + g.process_count(t)
-    });
+    let found = st
+        .scenario
+        .gpus
+        .iter()
+        .enumerate()
+        .find(|(i, g)| match g.pids() {
+            Some(pids) => pids.contains(&pid),
+            None => {
+                let first = process_pid(*i as u32, 0);
+                pid >= first && pid < first + g.process_count(t)
+            }
+        });
     match found {
         Some((_, g)) => write_str(name, length, &g.process_name),
         None => nvmlReturn_enum_NVML_ERROR_NOT_FOUND,
@@ -45,6 +53,8 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     let capacity = count.read();
     let mut gpu_index = 0;
     let mut listed = Vec::new();
+    // The real pids of a GPU with a pids file.
+    let mut real: Option<Vec<u32>> = None;
     // A MIG device's processes: their pids and instance ids are the MIG device's own.
     let mut instance = (u32::MAX, u32::MAX, 0);
     let mig = mig_query(device, Field::Processes, count, |m, t| {
@@ -65,7 +75,10 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
         rc
     } else {
         query(device, Field::Processes, count, |g, t| {
-            let n = g.process_count(t);
+            real = g.pids();
+            let n = real
+                .as_ref()
+                .map_or_else(|| g.process_count(t), |p| p.len() as u32);
             let per = g.memory_used_bytes(t) / u64::from(n.max(1));
             listed = (0..n).map(|k| (k, per)).collect();
             n
@@ -89,8 +102,12 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     for (i, (k, used)) in listed.into_iter().enumerate() {
         // SAFETY: `infos` is non-null and holds `capacity` entries (NVML's contract), and
         // `i < n <= capacity`.
+        let pid = match &real {
+            Some(pids) => pids[k as usize],
+            None => process_pid(gpu_index, k) + instance.2,
+        };
         infos.add(i).write(nvmlProcessInfo_t {
-            pid: process_pid(gpu_index, k) + instance.2,
+            pid,
             usedGpuMemory: used,
             gpuInstanceId: instance.0,
             computeInstanceId: instance.1,

@@ -19,6 +19,9 @@ pub struct Gpu {
     pub sm_clock_mhz: Series,
     pub memory_clock_mhz: Series,
     pub processes: Series,
+    /// A file of pids (whitespace apart), read at every call: the GPU's processes are those,
+    /// for tests that put real processes on a GPU. `processes` is then ignored.
+    pub pids_file: Option<std::path::PathBuf>,
     pub process_name: String,
     pub ecc_corrected: Series,
     pub ecc_uncorrected: Series,
@@ -79,7 +82,26 @@ impl Gpu {
     }
 
     pub fn process_count(&self, t: f64) -> u32 {
-        to_u32(self.processes.at(t).round())
+        match self.pids() {
+            Some(p) => p.len() as u32,
+            None => to_u32(self.processes.at(t).round()),
+        }
+    }
+
+    /// The pids in `pids_file`, when the GPU has one (none while it cannot be read).
+    pub fn pids(&self) -> Option<Vec<u32>> {
+        use std::io::Read;
+        let path = self.pids_file.as_ref()?;
+        let mut text = String::new();
+        if let Ok(f) = std::fs::File::open(path) {
+            let _ = f.take(64 * 1024).read_to_string(&mut text);
+        }
+        Some(
+            text.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .take(1024)
+                .collect(),
+        )
     }
 }
 

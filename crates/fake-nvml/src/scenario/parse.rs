@@ -77,6 +77,7 @@ struct RawGpu {
     sm_clock_mhz: Option<RawSeries>,
     memory_clock_mhz: Option<RawSeries>,
     processes: Option<RawSeries>,
+    pids_file: Option<String>,
     #[serde(default = "default_process_name")]
     process_name: String,
     ecc_corrected: Option<RawSeries>,
@@ -431,6 +432,7 @@ impl RawGpu {
                 None => None,
             },
             process_name: self.process_name,
+            pids_file: self.pids_file.map(|f| base.join(f)),
             name: self.name,
         })
     }

@@ -16,10 +16,10 @@ use serde::{Deserialize, Serialize};
 pub struct Rule {
     pub name: String,
     pub trigger: Trigger,
-    /// Whether the rule judges the node's GPUs, or each pod's.
+    /// Whether the rule judges the node's GPUs, or each pod's, job's or user's.
     pub scope: Scope,
-    /// For a pod-scoped rule expanded for one pod (`namespace/pod`): that pod. The step makes
-    /// these; a configured rule has none.
+    /// For a rule of a pod, job or user scope expanded for one of them: which (`namespace/pod`,
+    /// a job id, a user name). The step makes these; a configured rule has none.
     pub subject: Option<String>,
     pub lifecycle: Option<Lifecycle>,
     pub action: Action,
@@ -38,6 +38,31 @@ pub enum Scope {
     /// Each pod's GPUs, on Kubernetes: a pod that holds GPUs it does not use. Alerts and
     /// `exec` only; the cluster autoscaler owns the node.
     Pod,
+    /// Each Slurm job's GPUs: a job that holds GPUs it does not use. Alerts and `exec` only.
+    Job,
+    /// Each user's GPUs (those their processes, or their jobs, run on). Alerts and `exec` only.
+    User,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Node => "node",
+            Scope::Pod => "pod",
+            Scope::Job => "job",
+            Scope::User => "user",
+        }
+    }
+
+    /// Who holds a device, as this scope counts holders: its pods, jobs or users.
+    pub fn holders(self, g: &GpuReading) -> &[String] {
+        match self {
+            Scope::Node => &[],
+            Scope::Pod => &g.holders,
+            Scope::Job => &g.jobs,
+            Scope::User => &g.users,
+        }
+    }
 }
 
 /// What makes a rule breach.
@@ -60,6 +85,34 @@ impl Rule {
                 .strip_prefix(self.name.as_str())
                 .and_then(|rest| rest.strip_prefix(' '))
                 .is_some_and(|pod| pod.contains('/')),
+            Scope::Job | Scope::User => name
+                .strip_prefix(self.name.as_str())
+                .and_then(|rest| rest.strip_prefix(' '))
+                .and_then(|rest| rest.strip_prefix(self.scope.as_str()))
+                .and_then(|rest| rest.strip_prefix(' '))
+                .is_some_and(|who| !who.is_empty()),
+        }
+    }
+
+    /// The name of this rule expanded for one subject: `rule namespace/pod`, `rule job 42`,
+    /// `rule user alice`.
+    pub fn name_for(&self, subject: &str) -> String {
+        match self.scope {
+            Scope::Node | Scope::Pod => format!("{} {subject}", self.name),
+            Scope::Job | Scope::User => format!("{} {} {subject}", self.name, self.scope.as_str()),
+        }
+    }
+
+    /// For a rule expanded for a job or a user: what a hold of that subject is keyed by
+    /// (`job 42`, `user alice`).
+    pub fn hold_key(&self) -> Option<String> {
+        match self.scope {
+            Scope::Job | Scope::User => Some(format!(
+                "{} {}",
+                self.scope.as_str(),
+                self.subject.as_deref()?
+            )),
+            Scope::Node | Scope::Pod => None,
         }
     }
 
@@ -87,6 +140,8 @@ impl Rule {
             Trigger::Idle(c) => {
                 let gpus = match (self.scope, c.gpus) {
                     (Scope::Pod, _) => "a pod's GPUs'",
+                    (Scope::Job, _) => "a job's GPUs'",
+                    (Scope::User, _) => "a user's GPUs'",
                     (_, Aggregation::Every) => "every GPU's",
                     (_, Aggregation::Any) => "any GPU's",
                 };
@@ -318,6 +373,10 @@ pub struct GpuReading {
     pub values: [Option<f64>; Metric::ALL.len()],
     /// The pods holding the device (`namespace/pod`), on Kubernetes.
     pub holders: Vec<String>,
+    /// The Slurm jobs holding the device (job ids).
+    pub jobs: Vec<String>,
+    /// The users whose processes (or jobs) run on the device.
+    pub users: Vec<String>,
     /// While the GPU is unhealthy: its problems in words, for a health rule's evidence.
     pub problems: Vec<String>,
 }

@@ -75,6 +75,10 @@ pub struct Assessment {
     /// 79: ..."), as the last sample showed them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,
+    /// For a job's or a user's rule: the devices it judged (`0`, or `0:1` for GPU instance 1
+    /// of GPU 0).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<String>,
 }
 
 impl Window {
@@ -189,6 +193,7 @@ impl Window {
             periods,
             budget: None,
             problems: Vec::new(),
+            gpus: Vec::new(),
         }
     }
 }

@@ -7,7 +7,7 @@
 //! with the order it must do so in around the save of the state (`order`). It does no I/O and
 //! reads no clock.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -17,14 +17,14 @@ use crate::cost::calendar::Period;
 use crate::cost::ledger::{Closed, Ledger};
 use crate::cost::price::{Price, Source};
 use crate::rules::engine::{self, Context, Event};
-use crate::rules::{Comparison, DeviceKey, Lifecycle, Metric, MigDevice, Observation, Rule};
+use crate::rules::{Comparison, DeviceKey, Lifecycle, Metric, MigDevice, Observation, Rule, Scope};
 
 mod health;
 pub mod order;
-mod pods;
+mod subjects;
 use order::Unsaved;
-use pods::pod_observation;
-pub use pods::rules_for;
+pub use subjects::rules_for;
+use subjects::subject_observation;
 
 /// Everything the step remembers between samples. The daemon keeps it in `state.json`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -52,6 +52,13 @@ pub struct State {
     /// reset. The sampler judges health; the state only keeps this for it.
     #[serde(default)]
     pub health: crate::health::Memory,
+    /// Each Slurm job holding a GPU now: how long its GPUs sat idle, and what that cost. A job
+    /// that holds no GPU any more is dropped.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub jobs: BTreeMap<String, Tally>,
+    /// The same for each user whose processes (or jobs) run on a GPU now.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub users: BTreeMap<String, Tally>,
     /// Since when each device (GPU or MIG device) has been idle (for the idle-time view; not
     /// persisted).
     #[serde(skip)]
@@ -190,6 +197,18 @@ pub struct Inputs {
     pub price: Option<Price>,
     /// Readings of external budgets, by budget name.
     pub external: BTreeMap<String, Reading>,
+    /// Holds in force of one job or one user (`job 42`, `user alice`), until when.
+    pub subject_holds: BTreeMap<String, f64>,
+}
+
+/// What a job's or a user's GPUs cost while idle.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Tally {
+    /// GPU-seconds idle while held: each idle GPU adds the time, a MIG device its share of it.
+    pub idle_seconds: f64,
+    /// USD: the node's price times each idle device's share of the node, split evenly among
+    /// the holders of the device.
+    pub idle_dollars: f64,
 }
 
 /// What one step produced.
@@ -225,6 +244,10 @@ pub struct View {
     pub idle_dollars: f64,
     /// USD spent on unhealthy GPUs so far (a counter).
     pub unhealthy_dollars: f64,
+    /// Each job holding a GPU now, with its tally.
+    pub jobs: BTreeMap<String, Tally>,
+    /// Each user holding a GPU now, with its tally.
+    pub users: BTreeMap<String, Tally>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -292,11 +315,15 @@ pub fn step(
         };
         match &rule.subject {
             None => engine::ingest(one, &mut state.engine, o),
-            Some(pod) => engine::ingest(one, &mut state.engine, &pod_observation(o, pod)),
+            Some(who) => engine::ingest(
+                one,
+                &mut state.engine,
+                &subject_observation(o, rule.scope, who),
+            ),
         }
     }
-    // A pod that holds no GPU any more is done with: its rules' state goes (unless an action
-    // of it is in flight, which the edge settles).
+    // A pod, job or user that holds no GPU any more is done with: its rules' state goes
+    // (unless an action of it is in flight, which the edge settles).
     state
         .engine
         .rules
@@ -350,6 +377,7 @@ pub fn step(
         now,
         grace_until: settings.grace_until,
         hold_until: inputs.hold_until,
+        subject_holds: inputs.subject_holds.clone(),
         lifecycle: inputs.lifecycle,
         interruption: inputs.interruption,
         budgets: ratios,
@@ -359,6 +387,21 @@ pub fn step(
         slack: settings.slack,
     };
     let mut events = engine::evaluate(&rules, &engine_settings, &mut state.engine, &ctx);
+    // A job's or user's rule names the devices it judged, for its evidence and its command.
+    for e in &mut events {
+        let Some(rule) = rules.iter().find(|r| r.name == e.rule()) else {
+            continue;
+        };
+        let (Scope::Job | Scope::User, Some(who)) = (rule.scope, &rule.subject) else {
+            continue;
+        };
+        if let Event::Breach { evidence, .. }
+        | Event::Warning { evidence, .. }
+        | Event::Action { evidence, .. } = e
+        {
+            evidence.gpus = subjects::devices(obs, rule.scope, who);
+        }
+    }
     // A rule on health names each problem in its evidence.
     if let Some(h) = &health_obs {
         let problems = health::problems(h);
@@ -398,14 +441,17 @@ pub fn step(
     let mut indices: Vec<u32> = obs.gpus.iter().map(|g| g.index).collect();
     indices.sort_unstable();
     indices.dedup();
-    accrue_waste(
+    let held = accrue_waste(
         settings,
         state,
         inputs,
-        &gpu_idle,
+        (&idle_obs.gpus, &gpu_idle),
         health::unhealthy_gpus(obs),
         indices.len(),
     );
+    // Holders that hold no GPU any more are done with.
+    state.jobs.retain(|j, _| held.0.contains(j.as_str()));
+    state.users.retain(|u, _| held.1.contains(u.as_str()));
     let views = rule_views(&rules, state, settings, now);
 
     Decision {
@@ -421,39 +467,68 @@ pub fn step(
             gpu_idle,
             idle_dollars: state.idle_dollars,
             unhealthy_dollars: state.unhealthy_dollars,
+            jobs: state.jobs.clone(),
+            users: state.users.clone(),
         },
     }
 }
 
 /// Accrues the money spent on idle GPUs since the last sample: the price times the share of the
 /// node's GPUs that are idle now (a MIG device counts as its share of its GPU); and on
-/// unhealthy GPUs, the price times their share. A gap longer than the slack, or an unknown
-/// price, accrues nothing (unknown is neither idle nor unhealthy).
-fn accrue_waste(
+/// unhealthy GPUs, the price times their share. Each idle device's time and cost also go to
+/// the jobs and users holding it. A gap longer than the slack, or an unknown price, accrues
+/// nothing (unknown is neither idle nor unhealthy; idle time needs no price).
+///
+/// Returns the jobs and the users that hold a device now.
+fn accrue_waste<'a>(
     settings: &Settings,
     state: &mut State,
     inputs: &Inputs,
-    gpu_idle: &[GpuIdle],
+    (readings, gpu_idle): (&'a [crate::rules::GpuReading], &[GpuIdle]),
     unhealthy: usize,
     gpus: usize,
-) {
+) -> (BTreeSet<&'a str>, BTreeSet<&'a str>) {
     let now = inputs.now;
     let dt = now - state.idle_accrued_until;
-    if let Some(price) = inputs.price {
-        if state.idle_accrued_until > 0.0 && dt > 0.0 && dt <= settings.slack && gpus > 0 {
-            let idle: f64 = gpu_idle
-                .iter()
-                .filter(|g| g.idle)
-                .map(|g| g.mig.map_or(1.0, |m| m.share))
-                .sum();
-            state.idle_dollars += price.usd_per_hour * idle / gpus as f64 * dt / 3600.0;
-            state.unhealthy_dollars +=
-                price.usd_per_hour * unhealthy as f64 / gpus as f64 * dt / 3600.0;
+    let accrues = state.idle_accrued_until > 0.0 && dt > 0.0 && dt <= settings.slack && gpus > 0;
+    if let (Some(price), true) = (inputs.price, accrues) {
+        let idle: f64 = gpu_idle
+            .iter()
+            .filter(|g| g.idle)
+            .map(|g| g.mig.map_or(1.0, |m| m.share))
+            .sum();
+        state.idle_dollars += price.usd_per_hour * idle / gpus as f64 * dt / 3600.0;
+        state.unhealthy_dollars +=
+            price.usd_per_hour * unhealthy as f64 / gpus as f64 * dt / 3600.0;
+    }
+    let mut held = (BTreeSet::new(), BTreeSet::new());
+    for g in readings {
+        held.0.extend(g.jobs.iter().map(String::as_str));
+        held.1.extend(g.users.iter().map(String::as_str));
+        let idle = gpu_idle
+            .iter()
+            .any(|i| i.idle && i.index == g.index && i.mig == g.mig);
+        let share = g.mig.map_or(1.0, |m| m.share);
+        let (seconds, dollars) = if idle && accrues {
+            let usd = inputs
+                .price
+                .map_or(0.0, |p| p.usd_per_hour * share / gpus as f64 * dt / 3600.0);
+            (dt * share, usd)
+        } else {
+            (0.0, 0.0)
+        };
+        for (holders, tallies) in [(&g.jobs, &mut state.jobs), (&g.users, &mut state.users)] {
+            for h in holders {
+                let t = tallies.entry(h.clone()).or_default();
+                t.idle_seconds += seconds;
+                t.idle_dollars += dollars / holders.len() as f64;
+            }
         }
     }
     if now > state.idle_accrued_until {
         state.idle_accrued_until = now;
     }
+    held
 }
 
 /// Whether a rule judges GPU health rather than idleness.

@@ -29,6 +29,9 @@ pub struct Context {
     pub grace_until: f64,
     /// A hold that postpones every action until it expires.
     pub hold_until: Option<f64>,
+    /// Holds of one job or user (`job 42`, `user alice`): they postpone that subject's rules'
+    /// actions only.
+    pub subject_holds: BTreeMap<String, f64>,
     pub lifecycle: Option<Lifecycle>,
     /// A spot interruption is announced: gpuwatch takes no competing action.
     pub interruption: bool,
@@ -249,7 +252,14 @@ pub fn evaluate(
         let blocked = if ctx.interruption {
             Some("a spot interruption is pending".to_string())
         } else {
-            ctx.hold_until.filter(|&h| h > ctx.now).map(|h| {
+            let subject = rule
+                .hold_key()
+                .and_then(|k| ctx.subject_holds.get(&k).copied());
+            let hold = match (ctx.hold_until, subject) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            hold.filter(|&h| h > ctx.now).map(|h| {
                 if h.is_finite() {
                     format!("a hold is in place until {}", crate::time::rfc3339(h))
                 } else {
@@ -337,6 +347,7 @@ fn exhausted(budget: &str, ctx: &Context) -> Assessment {
         periods: Vec::new(),
         budget: Some((budget.to_string(), ratio)),
         problems: Vec::new(),
+        gpus: Vec::new(),
     }
 }
 

@@ -387,6 +387,7 @@ fn every_event_has_its_phase() {
         periods: Vec::new(),
         budget: None,
         problems: Vec::new(),
+        gpus: Vec::new(),
     };
     let (rule, action, reason) = ("idle".to_string(), Action::Stop, String::new());
     let cases = [

@@ -1,0 +1,63 @@
+//! Rules of a pod, job or user scope: one rule per pod, job or user that holds a GPU now, each
+//! judged on that holder's GPUs only.
+
+use crate::rules::{Observation, Rule, Scope};
+
+/// The rules one sample is judged by: every node rule, and each rule of a pod, job or user
+/// scope once for each holder of that kind that holds a GPU now, named `rule namespace/pod`,
+/// `rule job 42` or `rule user alice` and judged on that holder's GPUs only.
+pub fn rules_for(rules: &[Rule], obs: &Observation) -> Vec<Rule> {
+    let holders = |scope: Scope| {
+        let mut all: Vec<&str> = obs
+            .gpus
+            .iter()
+            .flat_map(|g| scope.holders(g).iter().map(String::as_str))
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    };
+    let mut out = Vec::with_capacity(rules.len());
+    for rule in rules {
+        match rule.scope {
+            Scope::Node => out.push(rule.clone()),
+            scope => out.extend(holders(scope).into_iter().map(|who| Rule {
+                name: rule.name_for(who),
+                subject: Some(who.to_string()),
+                ..rule.clone()
+            })),
+        }
+    }
+    out
+}
+
+/// What a holder's rules see: the GPUs it holds, nothing else.
+pub(super) fn subject_observation(obs: &Observation, scope: Scope, who: &str) -> Observation {
+    Observation {
+        t: obs.t,
+        complete: obs.complete,
+        gpus: obs
+            .gpus
+            .iter()
+            .filter(|g| scope.holders(g).iter().any(|h| h == who))
+            .cloned()
+            .collect(),
+        veto: obs.veto.clone(),
+    }
+}
+
+/// The devices of a job's or user's rule, for its evidence and its command: `0`, or `0:1` for
+/// GPU instance 1 of GPU 0.
+pub(super) fn devices(obs: &Observation, scope: Scope, who: &str) -> Vec<String> {
+    obs.gpus
+        .iter()
+        .filter(|g| scope.holders(g).iter().any(|h| h == who))
+        .map(|g| match g.mig {
+            None => g.index.to_string(),
+            Some(m) => format!("{}:{}", g.index, m.gpu_instance),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

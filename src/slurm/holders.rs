@@ -1,0 +1,380 @@
+//! Who holds each GPU: the Slurm jobs (from their processes' cgroups and from the job mapping
+//! directory) and the users (the owners of the processes, and the jobs' users), joined with a
+//! snapshot. Refreshed after every sample, off the scrape path and off the decision step;
+//! scrapes and the decision loop read the last refresh.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::mapping::{self, Device};
+use super::users::Users;
+use super::Holder;
+use crate::gpu::sampler::Snapshots;
+use crate::gpu::Snapshot;
+use crate::metrics::Shared;
+
+/// A device as holders see it: the GPU's index, and the GPU instance for a MIG device.
+pub type DeviceKey = (u32, Option<u32>);
+
+/// What one refresh found.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Holders {
+    /// The snapshot it was read from.
+    pub seq: u64,
+    /// Each job holding a device: its user where known, and its devices.
+    pub jobs: BTreeMap<String, Job>,
+    /// Each device held: its jobs and its users, sorted.
+    pub devices: BTreeMap<DeviceKey, Held>,
+    /// With `[sampling] process_owners`: each GPU process's user, by pid.
+    pub owners: BTreeMap<u32, String>,
+    /// With `[sampling] process_owners`: GPU memory each user's processes use, in bytes.
+    pub user_memory: BTreeMap<String, u64>,
+    /// Jobs beyond `[slurm] max_jobs` (and users beyond it) at this refresh, left out.
+    pub dropped: usize,
+    /// Entries of the job mapping directory that were not read (bad names, lines, or files).
+    pub mapping_skipped: usize,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Job {
+    pub user: Option<String>,
+    /// Its devices, with their UUIDs (the MIG device's for a MIG device).
+    pub devices: Vec<(DeviceKey, String)>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Held {
+    pub jobs: Vec<String>,
+    pub users: Vec<String>,
+}
+
+impl Holders {
+    /// A device's holders; none when it has none.
+    pub fn of(&self, key: DeviceKey) -> Option<&Held> {
+        self.devices.get(&key)
+    }
+}
+
+pub type SharedHolders = Shared<Holders>;
+
+/// What to read.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `[slurm] enabled`: find each process's job.
+    pub slurm: bool,
+    pub mapping_dir: Option<PathBuf>,
+    /// `[sampling] process_owners`: name each process's user.
+    pub owners: bool,
+    pub max_jobs: usize,
+}
+
+/// What is known of one process.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Process {
+    pub job: Option<Holder>,
+    pub uid: Option<u32>,
+}
+
+/// Reads a process from `/proc`: its job (with Slurm) and its real uid.
+pub fn read_process(pid: u32, slurm: bool) -> Process {
+    Process {
+        job: slurm.then(|| super::of_process(pid)).flatten(),
+        uid: super::users::uid_of(pid),
+    }
+}
+
+/// Joins one snapshot's processes (each read by `process`) and the mapping directory's
+/// entries into who holds what.
+pub fn join(
+    settings: &Settings,
+    snap: &Snapshot,
+    mapping: &mapping::Mapping,
+    users: &mut Users,
+    mut process: impl FnMut(u32) -> Process,
+) -> Holders {
+    let mut out = Holders {
+        seq: snap.seq,
+        mapping_skipped: mapping.skipped,
+        ..Holders::default()
+    };
+    // Every device with its UUID and its processes (pid, memory used).
+    type Processes = Vec<(u32, Option<u64>)>;
+    let mut devices: Vec<(DeviceKey, &str, Processes)> = Vec::new();
+    for g in snap.gpus.iter().filter(|g| g.up) {
+        devices.push((
+            (g.index, None),
+            &g.uuid,
+            g.pids
+                .iter()
+                .map(|p| (p.pid, p.used_memory_bytes))
+                .collect(),
+        ));
+        for m in &g.mig {
+            let Some(gi) = m.gpu_instance else { continue };
+            devices.push((
+                (g.index, Some(gi)),
+                &m.uuid,
+                m.pids
+                    .iter()
+                    .map(|p| (p.pid, p.used_memory_bytes))
+                    .collect(),
+            ));
+        }
+    }
+    let mut job_of: BTreeMap<DeviceKey, BTreeSet<String>> = BTreeMap::new();
+    let mut user_of: BTreeMap<DeviceKey, BTreeSet<String>> = BTreeMap::new();
+    let mut job_user: BTreeMap<String, String> = BTreeMap::new();
+    for (key, _, pids) in &devices {
+        for &(pid, used) in pids {
+            let p = process(pid);
+            let owner = p.uid.map(|u| users.name(u));
+            if let Some(h) = &p.job {
+                job_of.entry(*key).or_default().insert(h.job.clone());
+                // The cgroup's uid names the job's user; else the process's owner.
+                if let Some(u) = h.uid.map(|u| users.name(u)).or_else(|| owner.clone()) {
+                    job_user.entry(h.job.clone()).or_insert(u);
+                }
+            }
+            if let Some(o) = &owner {
+                user_of.entry(*key).or_default().insert(o.clone());
+                if settings.owners {
+                    out.owners.insert(pid, o.clone());
+                    *out.user_memory.entry(o.clone()).or_default() += used.unwrap_or(0);
+                }
+            }
+        }
+    }
+    if settings.slurm {
+        for (device, jobs) in &mapping.jobs {
+            let key = match device {
+                Device::Index(i) => Some((*i, None)),
+                Device::Mig(i, gi) => Some((*i, Some(*gi))),
+                Device::Uuid(u) => devices.iter().find(|d| d.1 == u).map(|d| d.0),
+            };
+            let Some(key) = key.filter(|k| devices.iter().any(|d| d.0 == *k)) else {
+                continue;
+            };
+            job_of.entry(key).or_default().extend(jobs.iter().cloned());
+        }
+    }
+    // The jobs, bounded: the first `max_jobs` by id are kept.
+    let all: BTreeSet<&String> = job_of.values().flatten().collect();
+    let kept: BTreeSet<String> = all
+        .iter()
+        .take(settings.max_jobs)
+        .map(|j| (*j).clone())
+        .collect();
+    out.dropped = all.len() - kept.len();
+    for (key, uuid, _) in &devices {
+        let jobs: Vec<String> = job_of
+            .get(key)
+            .into_iter()
+            .flatten()
+            .filter(|j| kept.contains(*j))
+            .cloned()
+            .collect();
+        let mut users: BTreeSet<String> = user_of.get(key).cloned().unwrap_or_default();
+        users.extend(jobs.iter().filter_map(|j| job_user.get(j).cloned()));
+        for j in &jobs {
+            let job = out.jobs.entry(j.clone()).or_default();
+            job.user = job_user.get(j).cloned();
+            job.devices.push((*key, (*uuid).to_string()));
+        }
+        if !jobs.is_empty() || !users.is_empty() {
+            out.devices.insert(
+                *key,
+                Held {
+                    jobs,
+                    users: users.into_iter().collect(),
+                },
+            );
+        }
+    }
+    // The users, bounded the same way.
+    let all: BTreeSet<String> = out
+        .devices
+        .values()
+        .flat_map(|h| h.users.iter().cloned())
+        .collect();
+    if all.len() > settings.max_jobs {
+        let kept: BTreeSet<&String> = all.iter().take(settings.max_jobs).collect();
+        out.dropped += all.len() - kept.len();
+        for h in out.devices.values_mut() {
+            h.users.retain(|u| kept.contains(u));
+        }
+        out.owners.retain(|_, u| kept.contains(u));
+        out.user_memory.retain(|u, _| kept.contains(u));
+    }
+    out
+}
+
+/// Starts refreshing who holds what after every sample, when Slurm or process owners are on.
+/// Returns the view that the exposition, the decision loop and the status page read.
+pub fn spawn(
+    config: &crate::config::Config,
+    snapshots: &Snapshots,
+    tasks: &mut tokio::task::JoinSet<()>,
+) -> Option<Arc<SharedHolders>> {
+    let settings = Settings {
+        slurm: config.slurm.enabled,
+        mapping_dir: config.slurm.job_mapping_dir.clone(),
+        owners: config.sampling.process_owners,
+        max_jobs: config.slurm.max_jobs,
+    };
+    if !settings.slurm && !settings.owners {
+        return None;
+    }
+    let view = Arc::new(SharedHolders::default());
+    tasks.spawn(refresh(settings, snapshots.clone(), Arc::clone(&view)));
+    Some(view)
+}
+
+/// Refreshes the view after every sample until the daemon stops. The reads of `/proc`, the
+/// mapping directory and the password database (which may ask a directory service) run off
+/// the worker thread.
+async fn refresh(settings: Settings, snapshots: Snapshots, view: Arc<SharedHolders>) {
+    let mut seq = 0;
+    let mut users = Users::default();
+    let mut dropping = false;
+    loop {
+        let snap = snapshots.next_after(seq).await;
+        seq = snap.seq;
+        let s = settings.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            let mapping = s
+                .mapping_dir
+                .as_deref()
+                .filter(|_| s.slurm)
+                .map(mapping::read)
+                .unwrap_or_default();
+            let holders = join(&s, &snap, &mapping, &mut users, |pid| {
+                read_process(pid, s.slurm)
+            });
+            (holders, users)
+        });
+        let Ok((holders, back)) = task.await else {
+            return;
+        };
+        users = back;
+        if (holders.dropped > 0) != dropping {
+            dropping = holders.dropped > 0;
+            if dropping {
+                tracing::warn!(
+                    kept = settings.max_jobs,
+                    dropped = holders.dropped,
+                    "more jobs (or users) hold GPUs than [slurm] max_jobs; the rest are not tracked"
+                );
+            }
+        }
+        view.update(|v| *v = holders);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::{GpuSample, ProcessRef};
+
+    fn gpu(index: u32, pids: &[u32]) -> GpuSample {
+        GpuSample {
+            index,
+            uuid: format!("GPU-{index}"),
+            up: true,
+            pids: pids
+                .iter()
+                .map(|&pid| ProcessRef {
+                    pid,
+                    used_memory_bytes: Some(100),
+                })
+                .collect(),
+            ..GpuSample::default()
+        }
+    }
+
+    fn settings(max_jobs: usize) -> Settings {
+        Settings {
+            slurm: true,
+            mapping_dir: None,
+            owners: true,
+            max_jobs,
+        }
+    }
+
+    /// Pid 1 is job 10's (cgroup v1, uid 0), pid 2 job 11's (no uid in its path, owned by
+    /// uid 0), pid 3 no job's.
+    fn process(pid: u32) -> Process {
+        let job = |job: &str, uid| {
+            Some(Holder {
+                job: job.into(),
+                uid,
+            })
+        };
+        match pid {
+            1 => Process {
+                job: job("10", Some(0)),
+                uid: Some(0),
+            },
+            2 => Process {
+                job: job("11", None),
+                uid: Some(0),
+            },
+            _ => Process {
+                job: None,
+                uid: Some(4_000_000_001),
+            },
+        }
+    }
+
+    #[test]
+    fn processes_and_the_mapping_say_who_holds_each_gpu() {
+        let snap = Snapshot {
+            seq: 7,
+            gpus: vec![gpu(0, &[1, 3]), gpu(1, &[2]), gpu(2, &[])],
+            ..Snapshot::default()
+        };
+        let mut mapping = mapping::Mapping::default();
+        mapping
+            .jobs
+            .insert(Device::Uuid("GPU-2".into()), vec!["12".into()]);
+        // A GPU this node does not have maps nothing.
+        mapping.jobs.insert(Device::Index(9), vec!["13".into()]);
+        let h = join(
+            &settings(256),
+            &snap,
+            &mapping,
+            &mut Users::default(),
+            process,
+        );
+        assert_eq!(h.seq, 7);
+        assert_eq!(h.jobs.keys().collect::<Vec<_>>(), ["10", "11", "12"]);
+        assert_eq!(h.jobs["10"].user.as_deref(), Some("root"));
+        assert_eq!(h.jobs["11"].user.as_deref(), Some("root"));
+        assert_eq!(h.jobs["12"].user, None);
+        assert_eq!(h.jobs["12"].devices, [((2, None), "GPU-2".to_string())]);
+        let g0 = h.of((0, None)).unwrap();
+        assert_eq!(g0.jobs, ["10"]);
+        assert_eq!(g0.users, ["4000000001", "root"]);
+        assert_eq!(h.owners[&3], "4000000001");
+        assert_eq!(h.user_memory["root"], 200);
+        assert_eq!(h.dropped, 0);
+    }
+
+    #[test]
+    fn jobs_beyond_the_cap_are_counted_and_left_out() {
+        let snap = Snapshot {
+            gpus: vec![gpu(0, &[1]), gpu(1, &[2])],
+            ..Snapshot::default()
+        };
+        let h = join(
+            &settings(1),
+            &snap,
+            &mapping::Mapping::default(),
+            &mut Users::default(),
+            process,
+        );
+        assert_eq!(h.jobs.keys().collect::<Vec<_>>(), ["10"]);
+        assert_eq!(h.dropped, 1);
+        assert!(h.of((1, None)).is_some_and(|d| d.jobs.is_empty()));
+    }
+}

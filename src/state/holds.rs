@@ -1,0 +1,146 @@
+//! Holds of one Slurm job or one user (`gpuwatch hold 4h --job 1234`): a file each in the
+//! state directory, `hold-job-1234.json` or `hold-user-alice.json`, in `hold.json`'s format.
+//! They postpone that job's (or user's) rules only.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+
+use super::{HoldFile, HoldStatus, StateDir};
+
+/// The most subject holds read; beyond it, the rest are not seen (and logged by the caller).
+const MAX_SUBJECT_HOLDS: usize = 1024;
+
+/// What a hold may name besides the node.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Subject {
+    Job(String),
+    User(String),
+}
+
+impl Subject {
+    /// A job id (digits, a SLUID, `_` and `+` for array and heterogeneous jobs) or a user name
+    /// as holders name them; `None` for anything else.
+    pub fn job(id: &str) -> Option<Subject> {
+        let ok = !id.is_empty()
+            && id.len() <= 64
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'+');
+        ok.then(|| Subject::Job(id.to_string()))
+    }
+
+    pub fn user(name: &str) -> Option<Subject> {
+        crate::metrics::plain_name(name).then(|| Subject::User(name.to_string()))
+    }
+
+    /// What the step keys the hold by: `job 1234`, `user alice`.
+    pub fn key(&self) -> String {
+        match self {
+            Subject::Job(j) => format!("job {j}"),
+            Subject::User(u) => format!("user {u}"),
+        }
+    }
+
+    fn file(&self) -> String {
+        match self {
+            Subject::Job(j) => format!("hold-job-{j}.json"),
+            Subject::User(u) => format!("hold-user-{u}.json"),
+        }
+    }
+
+    /// The subject a file in the state directory holds, if it is a subject's hold file.
+    fn of_file(name: &str) -> Option<Subject> {
+        let stem = name.strip_prefix("hold-")?.strip_suffix(".json")?;
+        if let Some(j) = stem.strip_prefix("job-") {
+            Subject::job(j)
+        } else {
+            Subject::user(stem.strip_prefix("user-")?)
+        }
+    }
+}
+
+impl StateDir {
+    /// Writes the hold of one job or user.
+    pub fn set_subject_hold(&self, subject: &Subject, hold: &HoldFile) -> io::Result<()> {
+        self.set_hold_at(&subject.file(), hold)
+    }
+
+    /// Removes the hold of one job or user; `Ok(false)` when there was none.
+    pub fn release_subject(&self, subject: &Subject) -> io::Result<bool> {
+        self.release_at(&subject.file())
+    }
+
+    /// Every job's and user's hold in the directory, by subject. One whose expiry cannot be
+    /// read holds without end, as the node's does.
+    pub fn subject_holds(&self) -> BTreeMap<Subject, HoldStatus> {
+        let mut out = BTreeMap::new();
+        let Ok(entries) = fs::read_dir(self.path()) else {
+            return out;
+        };
+        for entry in entries.flatten() {
+            if out.len() >= MAX_SUBJECT_HOLDS {
+                break;
+            }
+            let name = entry.file_name();
+            let Some(subject) = name.to_str().and_then(Subject::of_file) else {
+                continue;
+            };
+            match self.hold_at(&entry.path()) {
+                HoldStatus::None => {}
+                h => {
+                    out.insert(subject, h);
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_subject_hold_is_written_read_and_released() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = StateDir::new(tmp.path().join("state"));
+        let job = Subject::job("1234").unwrap();
+        let hold = HoldFile {
+            until: "2030-01-01T00:00:00Z".into(),
+            reason: "training resumes".into(),
+        };
+        dir.set_subject_hold(&job, &hold).unwrap();
+        dir.set_subject_hold(&Subject::user("alice").unwrap(), &hold)
+            .unwrap();
+        let holds = dir.subject_holds();
+        assert_eq!(holds.len(), 2);
+        assert!(matches!(&holds[&job], HoldStatus::Until(_, r) if r == "training resumes"));
+        assert_eq!(job.key(), "job 1234");
+        // The node's hold is not a subject's.
+        dir.set_hold(&hold).unwrap();
+        assert_eq!(dir.subject_holds().len(), 2);
+        assert!(dir.release_subject(&job).unwrap());
+        assert!(!dir.release_subject(&job).unwrap());
+        assert_eq!(dir.subject_holds().len(), 1);
+        // A file that cannot be read as a hold holds without end.
+        std::fs::write(dir.path().join("hold-job-9.json"), "{").unwrap();
+        let holds = dir.subject_holds();
+        assert_eq!(
+            holds[&Subject::Job("9".into())].until(),
+            Some(f64::INFINITY)
+        );
+    }
+
+    #[test]
+    fn only_plain_ids_and_names_are_subjects() {
+        assert!(Subject::job("12_3+0").is_some());
+        assert!(Subject::user("alice@corp").is_some());
+        for bad in ["", "../x", "1 2", "a/b", &"9".repeat(65)] {
+            assert_eq!(Subject::job(bad), None, "{bad:?}");
+            assert_eq!(Subject::user(bad), None, "{bad:?}");
+        }
+        assert_eq!(Subject::of_file("hold-job-../x.json"), None);
+        assert_eq!(Subject::of_file("hold.json"), None);
+    }
+}
