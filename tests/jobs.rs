@@ -23,6 +23,7 @@ fn job_process(job: &str) -> Child {
 }
 
 fn me() -> String {
+    // SAFETY: getuid has no preconditions and cannot fail; std has no call for it.
     let uid = unsafe { libc::getuid() };
     gpuwatch::slurm::users::Users::default().name(uid)
 }
@@ -59,9 +60,12 @@ boot_grace = "0s"
 wall = false
 state_dir = "{state}"
 warning = "1s"
+[exposition]
+names = "both"
 [slurm]
 enabled = true
 job_mapping_dir = "{mapping}"
+job_label = true
 [[rules]]
 name = "idle-job"
 scope = "job"
@@ -106,6 +110,30 @@ command = ["sh", "-c", "env | grep ^GPUWATCH_ > {out}.$GPUWATCH_JOB.tmp; mv {out
     assert!(!unowned.labels.contains_key("user"), "{unowned:?}");
     // The busy GPU's process is no job's.
     assert_eq!(s.named("gpuwatch_job_gpu_allocated").len(), 2);
+    // `job_label`: the GPU series carry the job holding the GPU, in both naming modes, and a
+    // GPU of no job carries none.
+    for (name, want) in [
+        ("gpu_utilization_ratio", 0.0),
+        ("DCGM_FI_DEV_GPU_UTIL", 0.0),
+    ] {
+        metric(name)
+            .gpu(0)
+            .label("hpc_job", "4242")
+            .value(want)
+            .assert_in(&s);
+        metric(name)
+            .gpu(1)
+            .label("hpc_job", "777")
+            .value(want)
+            .assert_in(&s);
+        let busy: Vec<_> = s
+            .named(name)
+            .into_iter()
+            .filter(|x| x.labels.get("gpu").map(String::as_str) == Some("2"))
+            .collect();
+        assert_eq!(busy.len(), 1, "{busy:?}");
+        assert!(!busy[0].labels.contains_key("hpc_job"), "{busy:?}");
+    }
     // Per-process series name the user, and each user's memory is summed.
     let pid = job.id();
     metric("gpu_process_memory_used_bytes")
@@ -163,6 +191,16 @@ command = ["sh", "-c", "env | grep ^GPUWATCH_ > {out}.$GPUWATCH_JOB.tmp; mv {out
     assert!(j["idle_dollars"].as_f64().unwrap() > 0.0, "{j}");
     let page = d.get("/").body;
     assert!(page.contains("<h2>Jobs</h2>"), "{page}");
+    let text = Command::new(common::BIN)
+        .args(["status", "--url", &format!("http://{}", d.addr)])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(&format!("Job 4242 of {user} on GPU 0: idle "))),
+        "{text}"
+    );
 
     // The job's process ends: its series go at the next refresh (its cost with the step
     // after it).

@@ -228,3 +228,63 @@ proptest! {
         }
     }
 }
+
+/// A job id's shape: digits, or a SLUID.
+fn is_job_id(j: &str) -> bool {
+    (!j.is_empty() && j.len() <= 20 && j.bytes().all(|b| b.is_ascii_digit()))
+        || (j.len() == 14 && j.starts_with('s'))
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Every cgroup layout Slurm writes names its job (and v1 its user), whatever the prefix,
+    /// the node name, the step and what follows.
+    #[test]
+    fn slurm_cgroup_paths_name_their_job(
+        job in 1u64..=u64::from(u32::MAX),
+        uid in 0u32..=65_534,
+        step in prop_oneof![Just("batch".to_string()), Just("extern".to_string()), (0u32..100).prop_map(|s| s.to_string())],
+        prefix in "(/[a-z0-9._-]{1,12}){0,3}",
+        node in prop::option::of("[a-z0-9]{1,8}"),
+        tail in "(/task_[0-9]{1,3}|/user/task_0)?",
+    ) {
+        let slurm = node.as_ref().map_or("slurm".to_string(), |n| format!("slurm_{n}"));
+        let v1 = format!("4:memory:{prefix}/{slurm}/uid_{uid}/job_{job}/step_{step}{tail}\n");
+        let h = gpuwatch::slurm::from_cgroup(&v1).unwrap();
+        prop_assert_eq!(h.job, job.to_string());
+        prop_assert_eq!(h.uid, Some(uid));
+        let scope = node.as_ref().map_or("slurmstepd.scope".to_string(), |n| format!("{n}_slurmstepd.scope"));
+        let v2 = format!("0::{prefix}/system.slice/{scope}/job_{job}/step_{step}{tail}\n");
+        let h = gpuwatch::slurm::from_cgroup(&v2).unwrap();
+        prop_assert_eq!(h.job, job.to_string());
+        prop_assert_eq!(h.uid, None);
+    }
+
+    /// Any cgroup or environment text gives no job or a job id, never a panic; the job mapping
+    /// directory's names and lines likewise.
+    #[test]
+    fn slurm_inputs_of_any_shape_are_a_job_id_or_nothing(
+        text in prop_oneof![
+            "[ -~\n]{0,200}",
+            "([0-9]{1,2}:[a-z,=]{0,12}:(/[a-z0-9_.]{0,12}){0,6}\n){0,4}",
+            any::<Vec<u8>>().prop_map(|b| String::from_utf8_lossy(&b).into_owned()),
+        ],
+        environ in any::<Vec<u8>>(),
+    ) {
+        if let Some(h) = gpuwatch::slurm::from_cgroup(&text) {
+            prop_assert!(is_job_id(&h.job), "{:?} from {:?}", h.job, text);
+        }
+        let mut env = b"SLURM_JOB_ID=".to_vec();
+        env.extend(&environ);
+        if let Some(j) = gpuwatch::slurm::from_environ(&env) {
+            prop_assert!(is_job_id(&j), "{:?}", j);
+        }
+        let (jobs, _) = gpuwatch::slurm::mapping::jobs(&text);
+        prop_assert!(jobs.len() <= 64);
+        for j in jobs {
+            prop_assert!(j.len() <= 64 && !j.contains(['/', ' ', '\n']), "{:?}", j);
+        }
+        let _ = gpuwatch::slurm::mapping::device(&text);
+    }
+}

@@ -122,6 +122,8 @@ mod tests {
         assert_eq!(uid_from_status(status), Some(1000));
         assert_eq!(uid_from_status("Name:\tx\n"), None);
         assert_eq!(uid_from_status("Uid:\tx\n"), None);
-        assert_eq!(uid_of(std::process::id()), Some(unsafe { libc::getuid() }));
+        // SAFETY: getuid has no preconditions and cannot fail; std has no call for it.
+        let me = unsafe { libc::getuid() };
+        assert_eq!(uid_of(std::process::id()), Some(me));
     }
 }
