@@ -142,6 +142,11 @@ impl Executor {
                 Outcome::DryRun(format!("would run {:?}", rule.command))
             }
             Action::Exec => self.exec(rule, evidence).await,
+            // Config refuses these; this is the second lock.
+            _ if rule.scope != Scope::Node => Outcome::Refused(format!(
+                "a {}-scoped rule never acts on the instance",
+                rule.scope.as_str()
+            )),
             _ => self.instance_action(rule, action).await,
         };
         let (result, detail) = match &outcome {

@@ -370,6 +370,7 @@ fn observation(
             .all(|r| r.get(Metric::GpuUtilization).is_some()),
         gpus: readings,
         veto: None,
+        holders_unknown: false,
     }
 }
 

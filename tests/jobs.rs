@@ -32,14 +32,18 @@ fn me() -> String {
 fn jobs_and_users_are_attributed_priced_and_judged() {
     let dir = tempfile::tempdir().unwrap();
     let mut job = job_process("4242");
-    // A process of no job, owned by this user: a shared box's process.
-    let mut plain = Command::new("sleep").arg("600").spawn().unwrap();
+    // A process outside any job, owned by this user, that claims job 777 in its environment
+    // (anyone can): the prolog gave job 777 GPU 1, not this process's GPU 2, so it is no job's.
+    let mut plain = job_process("777");
     std::fs::write(dir.path().join("gpu0.pids"), job.id().to_string()).unwrap();
     std::fs::write(dir.path().join("gpu2.pids"), plain.id().to_string()).unwrap();
     // The prolog's record: job 777 holds GPU 1, which runs nothing.
     let mapping = dir.path().join("jobs");
     std::fs::create_dir(&mapping).unwrap();
     std::fs::write(mapping.join("1"), "777\n").unwrap();
+    // And job 4242 GPU 0: its process's environment, which alone anyone could claim, is
+    // believed for a GPU the prolog gave the job.
+    std::fs::write(mapping.join("0"), "4242\n").unwrap();
     let scenario = "[[gpu]]\nutilization = 0\nmemory_used_mib = 1024\npids_file = \"gpu0.pids\"\n\
          [[gpu]]\nutilization = 0\n\
          [[gpu]]\nutilization = 90\nmemory_used_mib = 2048\npids_file = \"gpu2.pids\"\n";
@@ -206,6 +210,7 @@ command = ["sh", "-c", "env | grep ^GPUWATCH_ > {out}.$GPUWATCH_JOB.tmp; mv {out
     // after it).
     job.kill().unwrap();
     job.wait().unwrap();
+    std::fs::remove_file(mapping.join("0")).unwrap(); // as its epilog does
     let s = d.await_scrape(LIMIT, |s| {
         [
             "gpuwatch_job_gpu_allocated",
@@ -233,14 +238,19 @@ fn a_hold_of_the_job_postpones_its_rule_only() {
     let mut b = job_process("502");
     std::fs::write(dir.path().join("gpu0.pids"), a.id().to_string()).unwrap();
     std::fs::write(dir.path().join("gpu1.pids"), b.id().to_string()).unwrap();
+    let mapping = dir.path().join("jobs");
+    std::fs::create_dir(&mapping).unwrap();
+    std::fs::write(mapping.join("0"), "501\n").unwrap();
+    std::fs::write(mapping.join("1"), "502\n").unwrap();
     let scenario = "[[gpu]]\nutilization = 0\npids_file = \"gpu0.pids\"\n\
                     [[gpu]]\nutilization = 0\npids_file = \"gpu1.pids\"\n";
     let state = dir.path().join("state");
     let config = format!(
-        "[nvml]\nlibrary = \"{}\"\n[sampling]\ninterval = \"200ms\"\n[actions]\nboot_grace = \"0s\"\nwall = false\nstate_dir = \"{}\"\nwarning = \"1s\"\n[slurm]\nenabled = true\n\
+        "[nvml]\nlibrary = \"{}\"\n[sampling]\ninterval = \"200ms\"\n[actions]\nboot_grace = \"0s\"\nwall = false\nstate_dir = \"{}\"\nwarning = \"1s\"\n[slurm]\nenabled = true\njob_mapping_dir = \"{}\"\n\
          [[rules]]\nname = \"idle\"\nscope = \"job\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\nthreshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 1\naction = \"alert\"\n",
         common::fake_library().display(),
-        state.display()
+        state.display(),
+        mapping.display()
     );
     let config_path = dir.path().join("hold.toml");
     std::fs::write(&config_path, &config).unwrap();

@@ -73,6 +73,21 @@ pub(super) fn load_rules_file(path: &Path) -> Result<Vec<RawRule>, ConfigErrors>
 
 pub(super) fn check_unique(rules: &[Rule], errors: &mut Vec<ConfigError>) {
     for (i, r) in rules.iter().enumerate() {
+        // A name a pod, job or user rule takes for one holder would share its state.
+        if let Some(o) = rules
+            .iter()
+            .find(|o| o.scope != Scope::Node && o.name != r.name && o.owns_state(&r.name))
+        {
+            errors.push(ConfigError::Invalid {
+                key: format!("rules[{i}].name"),
+                message: format!(
+                    "\"{}\" is the name rule \"{}\" takes for one {}; choose another",
+                    r.name,
+                    o.name,
+                    o.scope.as_str()
+                ),
+            });
+        }
         if rules[..i].iter().any(|o| o.name == r.name) {
             errors.push(ConfigError::Invalid {
                 key: format!("rules[{i}].name"),

@@ -56,7 +56,42 @@ impl Holders {
     }
 }
 
-pub type SharedHolders = Shared<Holders>;
+/// The last refresh, and the sample it was of, to await.
+#[derive(Debug)]
+pub struct SharedHolders {
+    view: Shared<Holders>,
+    seq: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for SharedHolders {
+    fn default() -> Self {
+        SharedHolders {
+            view: Shared::default(),
+            seq: tokio::sync::watch::channel(0).0,
+        }
+    }
+}
+
+impl SharedHolders {
+    /// The last refresh.
+    pub fn view(&self) -> Arc<Holders> {
+        self.view.view()
+    }
+
+    fn publish(&self, holders: Holders) {
+        let seq = holders.seq;
+        self.view.update(|v| *v = holders);
+        self.seq.send_replace(seq);
+    }
+
+    /// The holders of sample `seq`, once they are read; `None` when they are not within
+    /// `limit` (a slow directory service, a refresh that died), which is holders unknown.
+    pub async fn of_sample(&self, seq: u64, limit: std::time::Duration) -> Option<Arc<Holders>> {
+        let mut rx = self.seq.subscribe();
+        let _ = tokio::time::timeout(limit, rx.wait_for(|s| *s >= seq)).await;
+        Some(self.view()).filter(|h| h.seq == seq)
+    }
+}
 
 /// What to read.
 #[derive(Debug, Clone)]
@@ -73,13 +108,21 @@ pub struct Settings {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Process {
     pub job: Option<Holder>,
+    /// The job was read from the process's environment, which its owner sets: it counts only
+    /// where the job mapping directory (written by the prolog, as root) lists that job on the
+    /// same device.
+    pub claimed: bool,
     pub uid: Option<u32>,
 }
 
 /// Reads a process from `/proc`: its job (with Slurm) and its real uid.
 pub fn read_process(pid: u32, slurm: bool) -> Process {
+    let found = slurm.then(|| super::of_process(pid)).flatten();
     Process {
-        job: slurm.then(|| super::of_process(pid)).flatten(),
+        claimed: found
+            .as_ref()
+            .is_some_and(|(_, s)| *s == super::Source::Environ),
+        job: found.map(|(h, _)| h),
         uid: super::users::uid_of(pid),
     }
 }
@@ -125,9 +168,34 @@ pub fn join(
     let mut job_of: BTreeMap<DeviceKey, BTreeSet<String>> = BTreeMap::new();
     let mut user_of: BTreeMap<DeviceKey, BTreeSet<String>> = BTreeMap::new();
     let mut job_user: BTreeMap<String, String> = BTreeMap::new();
+    // What the prolog says each device holds.
+    if settings.slurm {
+        for (device, jobs) in &mapping.jobs {
+            let key = match device {
+                Device::Index(i) => Some((*i, None)),
+                Device::Mig(i, gi) => Some((*i, Some(*gi))),
+                Device::Uuid(u) => devices.iter().find(|d| d.1 == u).map(|d| d.0),
+            };
+            let Some(key) = key.filter(|k| devices.iter().any(|d| d.0 == *k)) else {
+                continue;
+            };
+            job_of.entry(key).or_default().extend(jobs.iter().cloned());
+        }
+    }
+    let mapped = job_of.clone();
     for (key, _, pids) in &devices {
         for &(pid, used) in pids {
-            let p = process(pid);
+            let mut p = process(pid);
+            // A job claimed through the environment only, that the prolog did not give this
+            // device, is not believed: anyone can set SLURM_JOB_ID.
+            if p.claimed
+                && !p
+                    .job
+                    .as_ref()
+                    .is_some_and(|h| mapped.get(key).is_some_and(|jobs| jobs.contains(&h.job)))
+            {
+                p.job = None;
+            }
             let owner = p.uid.map(|u| users.name(u));
             if let Some(h) = &p.job {
                 job_of.entry(*key).or_default().insert(h.job.clone());
@@ -143,19 +211,6 @@ pub fn join(
                     *out.user_memory.entry(o.clone()).or_default() += used.unwrap_or(0);
                 }
             }
-        }
-    }
-    if settings.slurm {
-        for (device, jobs) in &mapping.jobs {
-            let key = match device {
-                Device::Index(i) => Some((*i, None)),
-                Device::Mig(i, gi) => Some((*i, Some(*gi))),
-                Device::Uuid(u) => devices.iter().find(|d| d.1 == u).map(|d| d.0),
-            };
-            let Some(key) = key.filter(|k| devices.iter().any(|d| d.0 == *k)) else {
-                continue;
-            };
-            job_of.entry(key).or_default().extend(jobs.iter().cloned());
         }
     }
     // The jobs, bounded: the first `max_jobs` by id are kept.
@@ -254,6 +309,7 @@ async fn refresh(settings: Settings, snapshots: Snapshots, view: Arc<SharedHolde
             (holders, users)
         });
         let Ok((holders, back)) = task.await else {
+            tracing::error!("reading who holds the GPUs failed; job and user rules see unknown data from now on");
             return;
         };
         users = back;
@@ -267,7 +323,7 @@ async fn refresh(settings: Settings, snapshots: Snapshots, view: Arc<SharedHolde
                 );
             }
         }
-        view.update(|v| *v = holders);
+        view.publish(holders);
     }
 }
 
@@ -313,14 +369,29 @@ mod tests {
         match pid {
             1 => Process {
                 job: job("10", Some(0)),
+                claimed: false,
                 uid: Some(0),
             },
             2 => Process {
                 job: job("11", None),
+                claimed: false,
                 uid: Some(0),
+            },
+            // From the environment: job 12, which the mapping gives GPU 2, and job 10, which
+            // it does not give GPU 3.
+            4 => Process {
+                job: job("12", None),
+                claimed: true,
+                uid: Some(0),
+            },
+            5 => Process {
+                job: job("10", None),
+                claimed: true,
+                uid: Some(4_000_000_002),
             },
             _ => Process {
                 job: None,
+                claimed: false,
                 uid: Some(4_000_000_001),
             },
         }
@@ -330,7 +401,7 @@ mod tests {
     fn processes_and_the_mapping_say_who_holds_each_gpu() {
         let snap = Snapshot {
             seq: 7,
-            gpus: vec![gpu(0, &[1, 3]), gpu(1, &[2]), gpu(2, &[])],
+            gpus: vec![gpu(0, &[1, 3]), gpu(1, &[2]), gpu(2, &[4]), gpu(3, &[5])],
             ..Snapshot::default()
         };
         let mut mapping = mapping::Mapping::default();
@@ -350,13 +421,18 @@ mod tests {
         assert_eq!(h.jobs.keys().collect::<Vec<_>>(), ["10", "11", "12"]);
         assert_eq!(h.jobs["10"].user.as_deref(), Some("root"));
         assert_eq!(h.jobs["11"].user.as_deref(), Some("root"));
-        assert_eq!(h.jobs["12"].user, None);
+        // Its process's environment names it on a GPU the prolog gave it: believed, and the
+        // process names the job's user.
+        assert_eq!(h.jobs["12"].user.as_deref(), Some("root"));
         assert_eq!(h.jobs["12"].devices, [((2, None), "GPU-2".to_string())]);
+        // A process claiming job 10 on a GPU the prolog did not give it is not believed.
+        assert_eq!(h.jobs["10"].devices, [((0, None), "GPU-0".to_string())]);
+        assert_eq!(h.of((3, None)).unwrap().jobs, Vec::<String>::new());
         let g0 = h.of((0, None)).unwrap();
         assert_eq!(g0.jobs, ["10"]);
         assert_eq!(g0.users, ["4000000001", "root"]);
         assert_eq!(h.owners[&3], "4000000001");
-        assert_eq!(h.user_memory["root"], 200);
+        assert_eq!(h.user_memory["root"], 300);
         assert_eq!(h.dropped, 0);
     }
 

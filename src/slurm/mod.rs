@@ -112,16 +112,24 @@ pub fn from_environ(bytes: &[u8]) -> Option<String> {
     })
 }
 
+/// Where a process's job was read from. A cgroup is slurmstepd's to set (as root); the
+/// environment is the process owner's, who may claim any job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Cgroup,
+    Environ,
+}
+
 /// The job process `pid` belongs to: from its cgroup, else its environment. `None` when it has
 /// none, has gone, or cannot be read.
-pub fn of_process(pid: u32) -> Option<Holder> {
+pub fn of_process(pid: u32) -> Option<(Holder, Source)> {
     let dir = std::path::PathBuf::from(format!("/proc/{pid}"));
     let cgroup = read_bounded(&dir.join("cgroup"), MAX_CGROUP_BYTES)?;
     if let Some(h) = from_cgroup(&String::from_utf8_lossy(&cgroup)) {
-        return Some(h);
+        return Some((h, Source::Cgroup));
     }
     let environ = read_bounded(&dir.join("environ"), MAX_ENVIRON_BYTES)?;
-    from_environ(&environ).map(|job| Holder { job, uid: None })
+    from_environ(&environ).map(|job| (Holder { job, uid: None }, Source::Environ))
 }
 
 /// Reads at most `max` bytes. The files of `/proc` report no size, so the cap is what bounds

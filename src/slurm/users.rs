@@ -18,7 +18,12 @@ const MAX_PASSWD_BUFFER: usize = 1 << 20;
 #[derive(Debug, Default)]
 pub struct Users {
     names: HashMap<u32, String>,
+    /// Uids the database had no plain name for, and when it was asked: asked again after
+    /// `RETRY` (a directory service that was down may answer now).
+    unnamed: HashMap<u32, std::time::Instant>,
 }
+
+const RETRY: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Users {
     /// The name of `uid`, or the uid as a number where the password database has none (or one
@@ -27,9 +32,16 @@ impl Users {
         if let Some(n) = self.names.get(&uid) {
             return n.clone();
         }
-        let name = lookup(uid)
-            .filter(|n| plain(n))
-            .unwrap_or_else(|| uid.to_string());
+        if self.unnamed.get(&uid).is_some_and(|t| t.elapsed() < RETRY) {
+            return uid.to_string();
+        }
+        let Some(name) = lookup(uid).filter(|n| plain(n)) else {
+            if self.unnamed.len() >= MAX_CACHED {
+                self.unnamed.clear();
+            }
+            self.unnamed.insert(uid, std::time::Instant::now());
+            return uid.to_string();
+        };
         if self.names.len() >= MAX_CACHED {
             self.names.clear();
         }

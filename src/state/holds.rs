@@ -8,7 +8,7 @@ use std::io;
 
 use super::{HoldFile, HoldStatus, StateDir};
 
-/// The most subject holds read; beyond it, the rest are not seen (and logged by the caller).
+/// The most subject holds read (the first by name); beyond it, the rest are not seen.
 const MAX_SUBJECT_HOLDS: usize = 1024;
 
 /// What a hold may name besides the node.
@@ -78,15 +78,17 @@ impl StateDir {
         let Ok(entries) = fs::read_dir(self.path()) else {
             return out;
         };
-        for entry in entries.flatten() {
-            if out.len() >= MAX_SUBJECT_HOLDS {
-                break;
-            }
-            let name = entry.file_name();
-            let Some(subject) = name.to_str().and_then(Subject::of_file) else {
-                continue;
-            };
-            match self.hold_at(&entry.path()) {
+        // Sorted, so that past the cap the same holds are read every time.
+        let mut found: Vec<(Subject, std::path::PathBuf)> = entries
+            .flatten()
+            .filter_map(|e| {
+                let s = e.file_name().to_str().and_then(Subject::of_file)?;
+                Some((s, e.path()))
+            })
+            .collect();
+        found.sort();
+        for (subject, path) in found.into_iter().take(MAX_SUBJECT_HOLDS) {
+            match self.hold_at(&path) {
                 HoldStatus::None => {}
                 h => {
                     out.insert(subject, h);

@@ -222,14 +222,24 @@ impl Watch {
             names.dedup();
             names
         });
-        // The jobs and users holding each device, for their rules.
+        // The jobs and users holding each device, for their rules: this sample's, read just
+        // after it. Unknown while a process list failed or they are late.
         if let Some(h) = &self.holders {
-            let h = h.view();
-            for r in &mut obs.gpus {
-                if let Some(held) = h.of((r.index, r.mig.map(|m| m.gpu_instance))) {
-                    r.jobs.clone_from(&held.jobs);
-                    r.users.clone_from(&held.users);
+            let wait = self.config.sampling.interval.clamp(
+                std::time::Duration::from_millis(100),
+                std::time::Duration::from_secs(2),
+            );
+            match h.of_sample(snap.seq, wait).await {
+                Some(h) => {
+                    for r in &mut obs.gpus {
+                        if let Some(held) = h.of((r.index, r.mig.map(|m| m.gpu_instance))) {
+                            r.jobs.clone_from(&held.jobs);
+                            r.users.clone_from(&held.users);
+                        }
+                    }
+                    obs.holders_unknown = !processes_known(snap);
                 }
+                None => obs.holders_unknown = true,
             }
         }
         // Scanning /proc and reading the hold files block: keep them off the async worker.
@@ -651,4 +661,15 @@ impl Watch {
             u.actions.push(key);
         }
     }
+}
+
+/// Whether every device that is up listed its processes (the holders are read from them).
+fn processes_known(snap: &Snapshot) -> bool {
+    snap.gpus.iter().filter(|g| g.up).all(|g| {
+        if g.mig.is_empty() {
+            g.processes.is_some()
+        } else {
+            g.mig.iter().all(|m| m.processes.is_some())
+        }
+    })
 }

@@ -80,6 +80,7 @@ pub fn observation(
             && s.gpus.iter().all(|g| g.up && g.mig_unread == 0),
         gpus,
         veto: None,
+        holders_unknown: false,
     }
 }
 

@@ -433,4 +433,8 @@ pub struct Observation {
     pub gpus: Vec<GpuReading>,
     /// An activity veto that keeps the node busy (an SSH session, a named process).
     pub veto: Option<String>,
+    /// Who holds the devices (their jobs and users) is not known for this sample: a process
+    /// list failed, or the holders were not read in time. Rules of a job or user scope then
+    /// see incomplete data, and what they remember is kept, not dropped.
+    pub holders_unknown: bool,
 }

@@ -324,10 +324,17 @@ pub fn step(
     }
     // A pod, job or user that holds no GPU any more is done with: its rules' state goes
     // (unless an action of it is in flight, which the edge settles).
-    state
-        .engine
-        .rules
-        .retain(|name, rs| rules.iter().any(|r| &r.name == name) || rs.in_flight.is_some());
+    // While holders are unknown, a job's or user's state is kept: it may hold them still.
+    let keep = |name: &str| {
+        obs.holders_unknown
+            && settings
+                .rules
+                .iter()
+                .any(|r| matches!(r.scope, Scope::Job | Scope::User) && r.owns_state(name))
+    };
+    state.engine.rules.retain(|name, rs| {
+        rules.iter().any(|r| &r.name == name) || rs.in_flight.is_some() || keep(name)
+    });
 
     if let (Some(p), Some(Lifecycle::Spot)) = (inputs.price, inputs.lifecycle) {
         if p.source == Source::Spot {
@@ -449,9 +456,11 @@ pub fn step(
         health::unhealthy_gpus(obs),
         indices.len(),
     );
-    // Holders that hold no GPU any more are done with.
-    state.jobs.retain(|j, _| held.0.contains(j.as_str()));
-    state.users.retain(|u, _| held.1.contains(u.as_str()));
+    // Holders that hold no GPU any more are done with (unless holders are unknown now).
+    if !obs.holders_unknown {
+        state.jobs.retain(|j, _| held.0.contains(j.as_str()));
+        state.users.retain(|u, _| held.1.contains(u.as_str()));
+    }
     let views = rule_views(&rules, state, settings, now);
 
     Decision {

@@ -33,9 +33,12 @@ pub fn rules_for(rules: &[Rule], obs: &Observation) -> Vec<Rule> {
 
 /// What a holder's rules see: the GPUs it holds, nothing else.
 pub(super) fn subject_observation(obs: &Observation, scope: Scope, who: &str) -> Observation {
+    // Holders unknown: a job's or user's devices cannot be told, so its data is incomplete
+    // (a pod's come from the kubelet, which this does not concern).
+    let unknown = obs.holders_unknown && matches!(scope, Scope::Job | Scope::User);
     Observation {
         t: obs.t,
-        complete: obs.complete,
+        complete: obs.complete && !unknown,
         gpus: obs
             .gpus
             .iter()
@@ -43,6 +46,7 @@ pub(super) fn subject_observation(obs: &Observation, scope: Scope, who: &str) ->
             .cloned()
             .collect(),
         veto: obs.veto.clone(),
+        holders_unknown: obs.holders_unknown,
     }
 }
 

@@ -47,6 +47,7 @@ pub(super) fn obs(t: f64, u: f64) -> Observation {
         complete: true,
         gpus: vec![g],
         veto: None,
+        holders_unknown: false,
     }
 }
 
@@ -237,6 +238,7 @@ fn a_pod_rule_judges_each_pod_on_its_own_gpus_and_forgets_pods_that_go() {
                 gpu(2, 0.0, None),
             ],
             veto: None,
+            holders_unknown: false,
         }
     };
     let mut events = Vec::new();
@@ -315,6 +317,7 @@ fn mig_node(t: f64, sm: [Option<f64>; 3], gpu1: f64) -> Observation {
         complete: true,
         gpus,
         veto: None,
+        holders_unknown: false,
     }
 }
 
@@ -494,6 +497,7 @@ fn a_mig_layout_that_changes_within_a_period_is_unknown_never_mixed() {
             })
             .collect(),
         veto: None,
+        holders_unknown: false,
     };
     let mut state = State::default();
     let mut events = Vec::new();

@@ -51,6 +51,7 @@ fn obs(t: f64, utils: &[Option<f64>]) -> Observation {
             })
             .collect(),
         veto: None,
+        holders_unknown: false,
     }
 }
 

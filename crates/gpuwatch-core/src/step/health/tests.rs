@@ -56,6 +56,7 @@ fn two(t: f64, gpu1: Option<bool>, lost: bool) -> Observation {
         complete: !lost,
         gpus,
         veto: None,
+        holders_unknown: false,
     }
 }
 

@@ -30,6 +30,7 @@ fn node(t: f64, idle_1: bool) -> Observation {
             gpu(3, 0.0, &[], &[]),
         ],
         veto: None,
+        holders_unknown: false,
     }
 }
 
@@ -203,4 +204,58 @@ fn idle_time_and_money_go_to_the_jobs_and_users_holding_the_gpus() {
     );
     assert_eq!(d.view.jobs.keys().collect::<Vec<_>>(), ["7"]);
     assert!(!state.engine.rules.contains_key("idle job 8"));
+}
+
+#[test]
+fn while_holders_are_unknown_a_job_is_not_judged_and_keeps_its_state() {
+    let settings = scoped(Scope::Job);
+    let mut state = State::default();
+    let price = Some(Price {
+        usd_per_hour: 3600.0 * 4.0,
+        source: Source::Config,
+    });
+    let run = |state: &mut State, t: u32, unknown: bool| {
+        let mut o = node(f64::from(t), false);
+        if unknown {
+            // As the edge shows it: no holders read, and it says so.
+            for g in &mut o.gpus {
+                g.jobs.clear();
+                g.users.clear();
+            }
+            o.holders_unknown = true;
+        }
+        let d = step(
+            &settings,
+            state,
+            &o,
+            &Inputs {
+                now: f64::from(t),
+                price,
+                ..Inputs::default()
+            },
+        );
+        let kinds: Vec<&str> = d
+            .order
+            .on_saved(state, true)
+            .events()
+            .iter()
+            .map(|e| e.kind())
+            .collect();
+        (d.view, kinds)
+    };
+    for t in 0..12 {
+        run(&mut state, t, false);
+    }
+    assert!(state.engine.rules["idle job 7"].pending.is_some());
+    let before = state.jobs["7"];
+    // Unknown for a while: job 7's warning and tally stay, nothing acts, nothing is accrued.
+    for t in 12..30 {
+        let (view, kinds) = run(&mut state, t, true);
+        assert!(kinds.is_empty(), "{kinds:?}");
+        assert_eq!(view.jobs["7"], before);
+    }
+    assert!(state.engine.rules["idle job 7"].pending.is_some());
+    // Known again: the job is judged where it left off.
+    let (view, _) = run(&mut state, 30, false);
+    assert!(view.jobs.contains_key("7"));
 }
