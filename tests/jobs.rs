@@ -181,6 +181,12 @@ command = ["sh", "-c", "env | grep ^GPUWATCH_ > {out}.$GPUWATCH_JOB.tmp; mv {out
             .get(s)
             .is_some_and(|v| v > 0.0)
     });
+    // The user's idle money: alice's job's GPUs (0 idle; 1 is job 777's, no user known).
+    let user_dollars = metric("gpuwatch_user_idle_dollars_total")
+        .label("user", &user)
+        .get(&s)
+        .unwrap();
+    assert!(user_dollars > 0.0, "{user_dollars}");
     let seconds = metric("gpuwatch_job_gpu_idle_seconds")
         .label("job", "4242")
         .get(&s)
@@ -291,5 +297,59 @@ fn a_hold_of_the_job_postpones_its_rule_only() {
     for c in [&mut a, &mut b] {
         c.kill().unwrap();
         c.wait().unwrap();
+    }
+}
+
+#[test]
+fn a_mig_device_belongs_to_the_job_the_prolog_gave_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mapping = dir.path().join("jobs");
+    std::fs::create_dir(&mapping).unwrap();
+    // GPU instance 1 of GPU 0 is job 900's; GPU instance 2 is nobody's.
+    std::fs::write(mapping.join("0.1"), "900\n").unwrap();
+    let scenario = "[[gpu]]\n\
+         [[gpu.mig]]\nprofile = \"3g.40gb\"\nuuid = \"MIG-aaaaaaaa-0000-4000-8000-000000000001\"\ngpu_instance = 1\nmemory_used_mib = 100\n\
+         [[gpu.mig]]\nprofile = \"3g.40gb\"\nuuid = \"MIG-aaaaaaaa-0000-4000-8000-000000000002\"\ngpu_instance = 2\nmemory_used_mib = 200\n";
+    let config = format!(
+        "[nvml]\nlibrary = \"{}\"\n[sampling]\ninterval = \"200ms\"\n[exposition]\nnames = \"both\"\n\
+         [slurm]\nenabled = true\njob_label = true\njob_mapping_dir = \"{}\"\n",
+        common::fake_library().display(),
+        mapping.display()
+    );
+    let d = Daemon::start_scenario(dir, scenario, &config);
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_job_gpu_allocated")
+            .label("job", "900")
+            .get(s)
+            .is_some()
+    });
+    metric("gpuwatch_job_gpu_allocated")
+        .label("job", "900")
+        .gpu(0)
+        .label("gpu_instance", 1)
+        .label("uuid", "MIG-aaaaaaaa-0000-4000-8000-000000000001")
+        .value(1.0)
+        .assert_in(&s);
+    // The MIG device's series carry its job, in both naming modes; the other device's none.
+    metric("gpu_memory_used_bytes")
+        .label("gpu_instance", 1)
+        .label("hpc_job", "900")
+        .value(100.0 * 1024.0 * 1024.0)
+        .assert_in(&s);
+    metric("DCGM_FI_DEV_FB_USED")
+        .label("GPU_I_ID", 1)
+        .label("hpc_job", "900")
+        .value(100.0)
+        .assert_in(&s);
+    for name in ["gpu_memory_used_bytes", "DCGM_FI_DEV_FB_USED"] {
+        let other: Vec<_> = s
+            .named(name)
+            .into_iter()
+            .filter(|x| {
+                x.labels.get("gpu_instance").or(x.labels.get("GPU_I_ID")) == Some(&"2".to_string())
+            })
+            .collect();
+        assert_eq!(other.len(), 1, "{name}: {other:?}");
+        assert!(!other[0].labels.contains_key("hpc_job"), "{other:?}");
     }
 }

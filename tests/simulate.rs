@@ -527,3 +527,50 @@ fn simulate_replays_sm_activity() {
         .unwrap_or_else(|| panic!("the JSON rule never breached: {events:?}"));
     assert_eq!(Some(json_rule["at"].clone()), at("sm"));
 }
+
+#[test]
+fn job_and_user_rules_replay_per_job_and_per_user() {
+    let rule = |scope: &str| {
+        format!(
+            "[[rules]]\nname = \"{scope}-idle\"\nscope = \"{scope}\"\nmetric = \"gpu_utilization\"\n\
+             comparison = \"less_than\"\nthreshold = 0.05\nperiod = \"10m\"\nevaluation_periods = 2\naction = \"alert\"\n"
+        )
+    };
+    let config = Config::parse(
+        &format!(
+            "[actions]\nboot_grace = \"0s\"\nwarning = \"5m\"\n[slurm]\nenabled = true\n{}{}",
+            rule("job"),
+            rule("user")
+        ),
+        Path::new("jobs.toml"),
+    )
+    .unwrap();
+    // Half an hour: job 4242 of alice leaves GPU 0 idle, job 4243 of bob works GPU 1.
+    let mut trace = String::from(
+        "timestamp,gpu,utilization,memory_used_bytes,power_watts,pod,sm_active,tensor_active,job,user\n",
+    );
+    for m in 0..30 {
+        let t = 1_795_996_800 + m * 60;
+        trace.push_str(&format!(
+            "{t},0,0.01,,,,,,4242,alice\n{t},1,0.95,,,,,,4243,bob\n"
+        ));
+    }
+    let rows = gpuwatch::simulate::parse_trace(&trace).unwrap();
+    let reports = gpuwatch::simulate::replay_with(&config, &rows, &Default::default());
+    let seen: Vec<(&str, &str, &str)> = reports
+        .iter()
+        .map(|r| (r.time.as_str(), r.rule.as_str(), r.kind))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("2026-11-30T00:20:00Z", "job-idle job 4242", "breach"),
+            ("2026-11-30T00:20:00Z", "job-idle job 4242", "warning"),
+            ("2026-11-30T00:20:00Z", "user-idle user alice", "breach"),
+            ("2026-11-30T00:20:00Z", "user-idle user alice", "warning"),
+            ("2026-11-30T00:25:00Z", "job-idle job 4242", "action"),
+            ("2026-11-30T00:25:00Z", "user-idle user alice", "action"),
+        ],
+        "{reports:#?}"
+    );
+}

@@ -75,7 +75,7 @@ struct Gpus<'a> {
     views: &'a [GpuView<'a>],
     /// Each GPU instance of a GPU in MIG mode: its GPU, its first MIG device, and a pod holding
     /// any of its MIG devices (one entry per pod; one without a pod when none does).
-    instances: Vec<(&'a GpuSample, &'a MigSample, Option<&'a PodRef>)>,
+    instances: Vec<Instance<'a>>,
     driver: &'a str,
     hostname: (HostnameLabel, &'a str),
 }
@@ -118,10 +118,11 @@ fn family(
             };
             read(g.sample, None).map(|v| (l, v))
         });
-    let instances = gpus.instances.iter().filter_map(|&(gpu, mig, pod)| {
+    let instances = gpus.instances.iter().filter_map(|&(gpu, mig, (pod, job))| {
         let l = DcgmLabels {
             mig: Some(mig),
             pod: pod.map(PodRef::labels),
+            hpc_job: job,
             ..gpus.labels(gpu)
         };
         read(gpu, Some(mig)).map(|x| (l, x))
@@ -129,11 +130,18 @@ fn family(
     gauges(e, desc(name, help, None), whole.chain(instances))
 }
 
-/// The GPU instances of the MIG views, each with every pod holding one of its MIG devices.
-fn instances<'a>(
-    migs: &'a [MigView<'a>],
-) -> Vec<(&'a GpuSample, &'a MigSample, Option<&'a PodRef>)> {
-    let mut out: Vec<(&GpuSample, &MigSample, Option<&PodRef>)> = Vec::new();
+/// A GPU instance: its GPU, its first MIG device, and a pod and a job holding one of its MIG
+/// devices.
+type Instance<'a> = (
+    &'a GpuSample,
+    &'a MigSample,
+    (Option<&'a PodRef>, Option<&'a str>),
+);
+
+/// The GPU instances of the MIG views, each with every pod (and job) holding one of its MIG
+/// devices.
+fn instances<'a>(migs: &'a [MigView<'a>]) -> Vec<Instance<'a>> {
+    let mut out: Vec<Instance<'a>> = Vec::new();
     for v in migs {
         let first = v
             .gpu
@@ -141,19 +149,15 @@ fn instances<'a>(
             .iter()
             .find(|m| m.gpu_instance == v.mig.gpu_instance)
             .unwrap_or(v.mig);
+        let holder = (v.pod, v.job);
         let mut of_instance = out.iter().filter(|x| std::ptr::eq(x.1, first));
-        match v.pod {
-            Some(pod) => {
-                if !of_instance.any(|x| x.2 == Some(pod)) {
-                    out.retain(|x| !(std::ptr::eq(x.1, first) && x.2.is_none()));
-                    out.push((v.gpu, first, Some(pod)));
-                }
+        if holder == (None, None) {
+            if of_instance.next().is_none() {
+                out.push((v.gpu, first, holder));
             }
-            None => {
-                if of_instance.next().is_none() {
-                    out.push((v.gpu, first, None));
-                }
-            }
+        } else if !of_instance.any(|x| x.2 == holder) {
+            out.retain(|x| !(std::ptr::eq(x.1, first) && x.2 == (None, None)));
+            out.push((v.gpu, first, holder));
         }
     }
     out

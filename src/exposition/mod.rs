@@ -174,15 +174,23 @@ impl Collector for SnapshotCollector {
             .unwrap_or_default();
         // With `[slurm] job_label`, each GPU's series carry the job holding it, one per job.
         let holders = self.holders.as_ref().map(|h| (h.view.view(), h));
-        let jobs: BTreeMap<u32, Vec<String>> = match &holders {
-            Some((v, h)) if h.job_label => v
-                .devices
-                .iter()
-                .filter(|((_, gi), _)| gi.is_none())
-                .map(|((gpu, _), held)| (*gpu, held.jobs.clone()))
-                .collect(),
-            _ => BTreeMap::new(),
-        };
+        // A GPU's own series carry the jobs holding it or any of its MIG devices; a MIG
+        // device's, the jobs holding that device.
+        let mut jobs: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+        let mut mig_jobs: BTreeMap<(u32, u32), Vec<String>> = BTreeMap::new();
+        if let Some((v, _)) = holders.as_ref().filter(|(_, h)| h.job_label) {
+            for ((gpu, gi), held) in &v.devices {
+                let all = jobs.entry(*gpu).or_default();
+                for j in &held.jobs {
+                    if !all.contains(j) {
+                        all.push(j.clone());
+                    }
+                }
+                if let Some(gi) = gi {
+                    mig_jobs.insert((*gpu, *gi), held.jobs.clone());
+                }
+            }
+        }
         let owners = holders
             .as_ref()
             .filter(|(_, h)| h.owners)
@@ -190,7 +198,7 @@ impl Collector for SnapshotCollector {
         let views = views(&snap.gpus, &held.gpus, &jobs);
         let gpus = &views[..];
         // A MIG device's series carry the pods holding that device.
-        let migs = mig_views(&snap.gpus, &held.mig);
+        let migs = mig_views(&snap.gpus, &held.mig, &mig_jobs);
         // The series that identify or count GPUs, and per-process ones (a process is in one
         // pod, and NVML does not say which), stay one per GPU: no pod labels.
         let no_pods = BTreeMap::new();
@@ -362,6 +370,8 @@ pub(crate) struct MigView<'a> {
     pub(crate) gpu: &'a GpuSample,
     pub(crate) mig: &'a MigSample,
     pub(crate) pod: Option<&'a PodRef>,
+    /// The Slurm job holding it, with `[slurm] job_label`.
+    pub(crate) job: Option<&'a str>,
 }
 
 /// The views of the MIG devices of a snapshot's GPUs that are up, given who holds each (by MIG
@@ -369,21 +379,30 @@ pub(crate) struct MigView<'a> {
 pub(crate) fn mig_views<'a>(
     gpus: &'a [GpuSample],
     pods: &'a BTreeMap<String, Vec<PodRef>>,
+    jobs: &'a BTreeMap<(u32, u32), Vec<String>>,
 ) -> Vec<MigView<'a>> {
     let mut out = Vec::new();
     for gpu in gpus.iter().filter(|g| g.up) {
         for mig in &gpu.mig {
-            match pods.get(&mig.uuid).filter(|p| !p.is_empty()) {
-                Some(held) => out.extend(held.iter().map(|p| MigView {
+            let pods: Vec<Option<&PodRef>> = match pods.get(&mig.uuid).filter(|p| !p.is_empty()) {
+                Some(held) => held.iter().map(Some).collect(),
+                None => vec![None],
+            };
+            let held = mig
+                .gpu_instance
+                .and_then(|gi| jobs.get(&(gpu.index, gi)))
+                .filter(|j| !j.is_empty());
+            let jobs: Vec<Option<&str>> = match held {
+                Some(held) => held.iter().map(|j| Some(j.as_str())).collect(),
+                None => vec![None],
+            };
+            for pod in &pods {
+                out.extend(jobs.iter().map(|job| MigView {
                     gpu,
                     mig,
-                    pod: Some(p),
-                })),
-                None => out.push(MigView {
-                    gpu,
-                    mig,
-                    pod: None,
-                }),
+                    pod: *pod,
+                    job: *job,
+                }));
             }
         }
     }

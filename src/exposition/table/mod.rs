@@ -225,7 +225,7 @@ fn family_series<'a>(
                         gpu: v.gpu.index,
                         uuid: &v.mig.uuid,
                         pod: v.pod.map(PodRef::labels),
-                        hpc_job: None,
+                        hpc_job: v.job,
                         extra: (MigLabels(Some(v.mig)), Own(r.label)),
                     };
                     out.push((labels, x));
