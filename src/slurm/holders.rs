@@ -292,6 +292,7 @@ async fn refresh(settings: Settings, snapshots: Snapshots, view: Arc<SharedHolde
     let mut seq = 0;
     let mut users = Users::default();
     let mut dropping = false;
+    let mut refused: Option<String> = None;
     loop {
         let snap = snapshots.next_after(seq).await;
         seq = snap.seq;
@@ -306,13 +307,22 @@ async fn refresh(settings: Settings, snapshots: Snapshots, view: Arc<SharedHolde
             let holders = join(&s, &snap, &mapping, &mut users, |pid| {
                 read_process(pid, s.slurm)
             });
-            (holders, users)
+            (holders, users, mapping.refused)
         });
-        let Ok((holders, back)) = task.await else {
+        let Ok((holders, back, why)) = task.await else {
             tracing::error!("reading who holds the GPUs failed; job and user rules see unknown data from now on");
             return;
         };
         users = back;
+        if why != refused {
+            match &why {
+                Some(w) => {
+                    tracing::error!(reason = %w, "the job mapping directory is not read: no GPU is given a job through it")
+                }
+                None => tracing::info!("the job mapping directory is read again"),
+            }
+            refused = why;
+        }
         if (holders.dropped > 0) != dropping {
             dropping = holders.dropped > 0;
             if dropping {

@@ -31,6 +31,9 @@ pub enum Device {
 pub struct Mapping {
     pub jobs: BTreeMap<Device, Vec<String>>,
     pub skipped: usize,
+    /// Why the directory was not read at all: others could write it (and so name any job on
+    /// any GPU, for rules that may cancel it).
+    pub refused: Option<String>,
 }
 
 /// The device a file name names, if it names one.
@@ -51,6 +54,36 @@ pub fn device(name: &str) -> Option<Device> {
         None => digits(name).map(Device::Index),
         Some((gpu, gi)) => Some(Device::Mig(digits(gpu)?, digits(gi)?)),
     }
+}
+
+/// A directory only root (or gpuwatch's own user) can write: not a link, owned by one of them,
+/// and writable by neither its group nor others. A missing one is trusted (it maps nothing).
+fn trusted(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = match std::fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(format!("{}: {e}", dir.display())),
+    };
+    let me = crate::files::effective_uid();
+    if !meta.is_dir() {
+        return Err(format!("{} is not a directory", dir.display()));
+    }
+    if meta.uid() != 0 && meta.uid() != me {
+        return Err(format!(
+            "{} belongs to uid {}, neither root nor gpuwatch's uid {me}",
+            dir.display(),
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{} can be written by others (mode {:o}): make it writable by its owner only",
+            dir.display(),
+            meta.mode() & 0o7777
+        ));
+    }
+    Ok(())
 }
 
 /// The job ids of one file's text: one per line, trimmed; empty lines and `0` (what some
@@ -80,6 +113,10 @@ pub fn jobs(text: &str) -> (Vec<String>, usize) {
 /// (gone between the listing and the read, as an epilog removes it) is skipped.
 pub fn read(dir: &Path) -> Mapping {
     let mut m = Mapping::default();
+    if let Err(why) = trusted(dir) {
+        m.refused = Some(why);
+        return m;
+    }
     let Ok(entries) = std::fs::read_dir(dir) else {
         return m;
     };

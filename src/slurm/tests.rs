@@ -152,4 +152,28 @@ mod mapping {
         assert_eq!(m.skipped, 3);
         assert_eq!(read(&p.join("missing")), Mapping::default());
     }
+
+    #[test]
+    fn a_directory_others_can_write_is_not_read() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("jobs");
+        std::fs::create_dir(&p).unwrap();
+        std::fs::write(p.join("0"), "101\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(read(&p).jobs.len(), 1);
+        // Anyone could name any job on any GPU: nothing is read.
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let m = read(&p);
+        assert!(m.jobs.is_empty());
+        assert!(m
+            .refused
+            .unwrap()
+            .contains("can be written by others (mode 777)"));
+        // Nor through a link.
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&p, &link).unwrap();
+        assert!(read(&link).refused.unwrap().contains("is not a directory"));
+    }
 }
