@@ -313,8 +313,8 @@ fn dashboard_queries_exported_metrics() {
     assert!(checked >= 18);
 }
 
-/// The shipped Prometheus alert rules pass their own unit tests, and the fleet's recording rules
-/// are valid (`tests/fleet.rs` runs them on a real Prometheus).
+/// The shipped Prometheus alert rules and the fleet's recording rules pass their own unit tests
+/// (`tests/fleet.rs` also runs the recording rules on a real Prometheus).
 #[test]
 fn promtool_tests_the_shipped_alert_rules() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/prometheus");
@@ -322,6 +322,7 @@ fn promtool_tests_the_shipped_alert_rules() {
         &["check", "rules", "alerts.yml"][..],
         &["check", "rules", "fleet.yml"],
         &["test", "rules", "alerts_test.yml"],
+        &["test", "rules", "fleet_test.yml"],
     ] {
         let out = Command::new("promtool")
             .args(args)
