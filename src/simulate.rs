@@ -143,7 +143,7 @@ pub fn parse_trace(text: &str) -> Result<Vec<Row>, TraceError> {
         };
         let job = match cols.get(8).filter(|c| !c.is_empty()) {
             None => None,
-            Some(j) if crate::state::Subject::job(j).is_some() => Some(j.to_string()),
+            Some(j) if crate::state::is_job_id(j) => Some(j.to_string()),
             Some(j) => return Err(err(format!("job \"{j}\" is not a Slurm job id"))),
         };
         let user = match cols.get(9).filter(|c| !c.is_empty()) {

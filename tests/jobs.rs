@@ -151,11 +151,7 @@ command = ["sh", "-c", "env | grep ^GPUWATCH_ > {out}.$GPUWATCH_JOB.tmp; mv {out
         .assert_in(&s);
 
     // The job's rule warns, then runs its command with the job, its user and its GPU.
-    let wait = std::time::Instant::now();
-    while !job_out.exists() {
-        assert!(wait.elapsed() < LIMIT, "no exec:\n{}", d.log());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    d.await_action(LIMIT, "idle-job job 4242");
     let env = std::fs::read_to_string(&job_out).unwrap();
     for want in [
         "GPUWATCH_RULE=idle-job job 4242".to_string(),
@@ -282,11 +278,7 @@ fn a_hold_of_the_job_postpones_its_rule_only() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(64), "{bad:?}");
     let d = Daemon::start_scenario(dir, scenario, &config);
-    d.await_scrape(LIMIT, |_| {
-        events(&d.audit(), "action_result")
-            .iter()
-            .any(|r| r["rule"] == "idle job 502")
-    });
+    d.await_action(LIMIT, "idle job 502");
     let audit = d.audit();
     assert!(
         !events(&audit, "warning")

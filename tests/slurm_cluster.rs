@@ -30,14 +30,6 @@ fn program(name: &str) -> PathBuf {
         })
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A Slurm cluster of one node, stopped (jobs cancelled, daemons killed) when dropped.
 struct Cluster {
     dir: tempfile::TempDir,
@@ -109,8 +101,8 @@ impl Cluster {
              GresTypes=gpu\nNodeName=gw0 NodeHostname={host} NodeAddr=127.0.0.1 CPUs=2 Gres=gpu:{GPUS} State=UNKNOWN\n\
              PartitionName=main Nodes=gw0 Default=YES MaxTime=INFINITE State=UP\n",
             socket = socket.display(),
-            ctld = free_port(),
-            slurmd = free_port(),
+            ctld = common::free_port(),
+            slurmd = common::free_port(),
             d = d.display(),
         );
         std::fs::write(d.join("slurm.conf"), conf).unwrap();
@@ -336,15 +328,7 @@ command = ["sh", "-c", "env | grep ^GPUWATCH_ > {out}.$GPUWATCH_JOB.tmp; mv {out
 
     // The job rule warns, then runs its command with the job, its user and its GPU.
     let file = d.dir.path().join(format!("exec.{work}"));
-    let start = Instant::now();
-    while !file.exists() {
-        assert!(
-            start.elapsed() < LIMIT,
-            "no exec for job {work}:\n{}",
-            d.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    d.await_action(LIMIT, &format!("idle-job job {work}"));
     let env = std::fs::read_to_string(&file).unwrap();
     for want in [
         format!("GPUWATCH_JOB={work}"),

@@ -25,6 +25,11 @@ fn subject(
     }
 }
 
+/// " of job 42" for a subject's hold, nothing for the node's.
+fn of(subject: Option<&Subject>) -> String {
+    subject.map_or(String::new(), |s| format!(" of {}", s.key()))
+}
+
 pub fn hold(
     config: &Config,
     duration: &str,
@@ -63,9 +68,7 @@ pub fn hold(
         None => dir.set_hold(&hold),
         Some(s) => dir.set_subject_hold(s, &hold),
     };
-    let of = subject
-        .as_ref()
-        .map_or(String::new(), |s| format!(" of {}", s.key()));
+    let of = of(subject.as_ref());
     match written {
         Ok(()) => {
             println!("hold{of} until {} ({})", hold.until, dir.path().display());
@@ -88,9 +91,7 @@ pub fn release(config: &Config, who: (Option<&str>, Option<&str>)) -> ExitCode {
         None => dir.release(),
         Some(s) => dir.release_subject(s),
     };
-    let of = subject
-        .as_ref()
-        .map_or(String::new(), |s| format!(" of {}", s.key()));
+    let of = of(subject.as_ref());
     match released {
         Ok(true) => {
             println!("hold{of} released");

@@ -36,17 +36,6 @@ pub struct SlurmConfig {
     pub max_jobs: usize,
 }
 
-impl Default for SlurmConfig {
-    fn default() -> Self {
-        SlurmConfig {
-            enabled: false,
-            job_mapping_dir: None,
-            job_label: false,
-            max_jobs: 256,
-        }
-    }
-}
-
 /// The most jobs `max_jobs` may ask for.
 const MAX_MAX_JOBS: usize = 4096;
 

@@ -384,29 +384,28 @@ pub(crate) fn mig_views<'a>(
     let mut out = Vec::new();
     for gpu in gpus.iter().filter(|g| g.up) {
         for mig in &gpu.mig {
-            let pods: Vec<Option<&PodRef>> = match pods.get(&mig.uuid).filter(|p| !p.is_empty()) {
-                Some(held) => held.iter().map(Some).collect(),
-                None => vec![None],
-            };
-            let held = mig
-                .gpu_instance
-                .and_then(|gi| jobs.get(&(gpu.index, gi)))
-                .filter(|j| !j.is_empty());
-            let jobs: Vec<Option<&str>> = match held {
-                Some(held) => held.iter().map(|j| Some(j.as_str())).collect(),
-                None => vec![None],
-            };
+            let pods = each_or_none(pods.get(&mig.uuid));
+            let jobs = each_or_none(mig.gpu_instance.and_then(|gi| jobs.get(&(gpu.index, gi))));
             for pod in &pods {
                 out.extend(jobs.iter().map(|job| MigView {
                     gpu,
                     mig,
                     pod: *pod,
-                    job: *job,
+                    job: (*job).map(String::as_str),
                 }));
             }
         }
     }
     out
+}
+
+/// Each holder of a device, or one `None` where it has none: a device's series are one per
+/// holder, or one without.
+fn each_or_none<T>(held: Option<&Vec<T>>) -> Vec<Option<&T>> {
+    match held.filter(|h| !h.is_empty()) {
+        Some(held) => held.iter().map(Some).collect(),
+        None => vec![None],
+    }
 }
 
 /// The views of a snapshot's GPUs, given the pods and the jobs holding each (by GPU index): one
@@ -418,19 +417,13 @@ pub(crate) fn views<'a>(
 ) -> Vec<GpuView<'a>> {
     let mut out = Vec::with_capacity(gpus.len());
     for g in gpus {
-        let pods: Vec<Option<&PodRef>> = match pods.get(&g.index).filter(|p| !p.is_empty()) {
-            Some(held) => held.iter().map(Some).collect(),
-            None => vec![None],
-        };
-        let jobs: Vec<Option<&str>> = match jobs.get(&g.index).filter(|j| !j.is_empty()) {
-            Some(held) => held.iter().map(|j| Some(j.as_str())).collect(),
-            None => vec![None],
-        };
+        let pods = each_or_none(pods.get(&g.index));
+        let jobs = each_or_none(jobs.get(&g.index));
         for pod in &pods {
             out.extend(jobs.iter().map(|job| GpuView {
                 sample: g,
                 pod: *pod,
-                job: *job,
+                job: (*job).map(String::as_str),
             }));
         }
     }

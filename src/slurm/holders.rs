@@ -11,7 +11,7 @@ use super::mapping::{self, Device};
 use super::users::Users;
 use super::Holder;
 use crate::gpu::sampler::Snapshots;
-use crate::gpu::Snapshot;
+use crate::gpu::{ProcessRef, Snapshot};
 use crate::metrics::Shared;
 
 /// A device as holders see it: the GPU's index, and the GPU instance for a MIG device.
@@ -141,30 +141,18 @@ pub fn join(
         mapping_skipped: mapping.skipped,
         ..Holders::default()
     };
-    // Every device with its UUID and its processes (pid, memory used).
-    type Processes = Vec<(u32, Option<u64>)>;
-    let mut devices: Vec<(DeviceKey, &str, Processes)> = Vec::new();
+    // Every device with its UUID and its processes.
+    let mut devices: Vec<(DeviceKey, &str, &[ProcessRef])> = Vec::new();
     for g in snap.gpus.iter().filter(|g| g.up) {
-        devices.push((
-            (g.index, None),
-            &g.uuid,
-            g.pids
-                .iter()
-                .map(|p| (p.pid, p.used_memory_bytes))
-                .collect(),
-        ));
+        devices.push(((g.index, None), &g.uuid, &g.pids));
         for m in &g.mig {
             let Some(gi) = m.gpu_instance else { continue };
-            devices.push((
-                (g.index, Some(gi)),
-                &m.uuid,
-                m.pids
-                    .iter()
-                    .map(|p| (p.pid, p.used_memory_bytes))
-                    .collect(),
-            ));
+            devices.push(((g.index, Some(gi)), &m.uuid, &m.pids));
         }
     }
+    // A process on several devices (a GPU in MIG mode lists its MIG devices' processes too)
+    // is read once.
+    let mut seen: BTreeMap<u32, Process> = BTreeMap::new();
     let mut job_of: BTreeMap<DeviceKey, BTreeSet<String>> = BTreeMap::new();
     let mut user_of: BTreeMap<DeviceKey, BTreeSet<String>> = BTreeMap::new();
     let mut job_user: BTreeMap<String, String> = BTreeMap::new();
@@ -184,8 +172,12 @@ pub fn join(
     }
     let mapped = job_of.clone();
     for (key, _, pids) in &devices {
-        for &(pid, used) in pids {
-            let mut p = process(pid);
+        for &ProcessRef {
+            pid,
+            used_memory_bytes: used,
+        } in pids.iter()
+        {
+            let mut p = seen.entry(pid).or_insert_with(|| process(pid)).clone();
             // A job claimed through the environment only, that the prolog did not give this
             // device, is not believed: anyone can set SLURM_JOB_ID.
             if p.claimed
@@ -340,7 +332,7 @@ async fn refresh(settings: Settings, snapshots: Snapshots, view: Arc<SharedHolde
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::{GpuSample, ProcessRef};
+    use crate::gpu::GpuSample;
 
     fn gpu(index: u32, pids: &[u32]) -> GpuSample {
         GpuSample {

@@ -12,8 +12,6 @@ use std::path::Path;
 const MAX_FILES: usize = 1024;
 const MAX_FILE_BYTES: u64 = 4096;
 const MAX_JOBS_PER_GPU: usize = 64;
-/// A job id: digits (or a SLUID), with `_` and `+` for array and heterogeneous jobs.
-const MAX_JOB_ID: usize = 64;
 
 /// The device a mapping file names.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -96,11 +94,7 @@ pub fn jobs(text: &str) -> (Vec<String>, usize) {
         .map(str::trim)
         .filter(|l| !l.is_empty() && *l != "0")
     {
-        let ok = line.len() <= MAX_JOB_ID
-            && line
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'+');
-        if !ok || out.len() >= MAX_JOBS_PER_GPU {
+        if !crate::state::is_job_id(line) || out.len() >= MAX_JOBS_PER_GPU {
             skipped += 1;
         } else if !out.iter().any(|j| j == line) {
             out.push(line.to_string());

@@ -35,7 +35,7 @@ impl Users {
         if self.unnamed.get(&uid).is_some_and(|t| t.elapsed() < RETRY) {
             return uid.to_string();
         }
-        let Some(name) = lookup(uid).filter(|n| plain(n)) else {
+        let Some(name) = lookup(uid).filter(|n| crate::metrics::plain_name(n)) else {
             if self.unnamed.len() >= MAX_CACHED {
                 self.unnamed.clear();
             }
@@ -48,11 +48,6 @@ impl Users {
         self.names.insert(uid, name.clone());
         name
     }
-}
-
-/// A name fit to be a label value and a word in a message (`metrics::plain_name`).
-pub fn plain(name: &str) -> bool {
-    crate::metrics::plain_name(name)
 }
 
 /// The real uid a process runs as (`Uid:` in `/proc/PID/status`); `None` when it has gone.
@@ -121,10 +116,10 @@ mod tests {
     #[test]
     fn only_plain_names_are_label_values() {
         for ok in ["alice", "a.b-c_d", "alice@corp.example", "HOST$", "u1"] {
-            assert!(plain(ok), "{ok}");
+            assert!(crate::metrics::plain_name(ok), "{ok}");
         }
         for bad in ["", "$", "a b", "a\"b", "a\nb", "é", "a/b", &"x".repeat(65)] {
-            assert!(!plain(bad), "{bad:?}");
+            assert!(!crate::metrics::plain_name(bad), "{bad:?}");
         }
     }
 

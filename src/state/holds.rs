@@ -18,16 +18,20 @@ pub enum Subject {
     User(String),
 }
 
+/// A Slurm job id as holders name it: digits or a SLUID, with `_` and `+` for array and
+/// heterogeneous jobs; at most 64 bytes.
+pub fn is_job_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'+')
+}
+
 impl Subject {
-    /// A job id (digits, a SLUID, `_` and `+` for array and heterogeneous jobs) or a user name
-    /// as holders name them; `None` for anything else.
+    /// A job id or a user name as holders name them; `None` for anything else.
     pub fn job(id: &str) -> Option<Subject> {
-        let ok = !id.is_empty()
-            && id.len() <= 64
-            && id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'+');
-        ok.then(|| Subject::Job(id.to_string()))
+        is_job_id(id).then(|| Subject::Job(id.to_string()))
     }
 
     pub fn user(name: &str) -> Option<Subject> {

@@ -13,7 +13,7 @@ mod io_thread;
 pub mod metrics;
 
 pub use audit::{AuditLog, AuditRecord};
-pub use holds::Subject;
+pub use holds::{is_job_id, Subject};
 pub use io_thread::{drain, off_async, on_io_thread};
 
 use std::fs::{self, File};

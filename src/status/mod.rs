@@ -491,10 +491,7 @@ fn jobs(
                 gpus: j
                     .devices
                     .iter()
-                    .map(|((gpu, gi), _)| match gi {
-                        None => gpu.to_string(),
-                        Some(gi) => format!("{gpu}:{gi}"),
-                    })
+                    .map(|((gpu, gi), _)| crate::rules::device_label(*gpu, *gi))
                     .collect(),
                 idle_seconds: tally.map_or(0.0, |t| t.idle_seconds),
                 idle_dollars: cost.price.map(|_| tally.map_or(0.0, |t| t.idle_dollars)),

@@ -534,14 +534,13 @@ impl Watch {
         let Some(rule) = rules.iter().find(|r| r.name == rule_name) else {
             return;
         };
-        let evidence = match &event {
+        let mut evidence = match &event {
             Event::Breach { evidence, .. }
             | Event::Warning { evidence, .. }
             | Event::Action { evidence, .. } => serde_json::to_value(evidence).unwrap_or_default(),
             _ => serde_json::Value::Null,
         };
         // A job's rule names the job's user in its evidence, for the record and the command.
-        let mut evidence = evidence;
         if let (Scope::Job, Some(job), Some(h), Some(map)) = (
             rule.scope,
             &rule.subject,
@@ -552,7 +551,6 @@ impl Watch {
                 map.insert("user".into(), user.into());
             }
         }
-        let evidence = evidence;
         match &event {
             Event::Breach { evidence: e, .. } => {
                 tracing::info!(rule = %rule.name, periods = e.breaching_periods, "rule breaching");
@@ -570,21 +568,28 @@ impl Watch {
                 });
             }
             Event::Warning { action, due_at, .. } => {
-                let text = match (rule.scope, &rule.subject) {
-                    (Scope::Job | Scope::User, Some(who)) => format!(
-                        "gpuwatch: the GPUs of {0} {who} are idle; gpuwatch will {action} for it at {1} (rule \"{2}\", {3}) unless they are used again. `gpuwatch hold 2h --{0} {who} --reason ...` postpones it.",
-                        rule.scope.as_str(),
-                        crate::time::rfc3339(*due_at),
-                        rule.name,
-                        self.executor.mode.as_str()
+                // A job's or user's rule names whose GPUs, and holds only that one.
+                let (whose, them, hold) = match (rule.scope, &rule.subject) {
+                    (Scope::Job | Scope::User, Some(who)) => (
+                        format!(
+                            "the GPUs of {} {who} are idle; gpuwatch will {action} for it",
+                            rule.scope.as_str()
+                        ),
+                        "they are",
+                        format!("--{} {who} ", rule.scope.as_str()),
                     ),
-                    _ => format!(
-                        "gpuwatch: GPUs idle; this instance will {action} at {} (rule \"{}\", {}) unless the GPUs are used again. `gpuwatch hold 2h --reason ...` postpones it.",
-                        crate::time::rfc3339(*due_at),
-                        rule.name,
-                        self.executor.mode.as_str()
+                    _ => (
+                        format!("GPUs idle; this instance will {action}"),
+                        "the GPUs are",
+                        String::new(),
                     ),
                 };
+                let text = format!(
+                    "gpuwatch: {whose} at {} (rule \"{}\", {}) unless {them} used again. `gpuwatch hold 2h {hold}--reason ...` postpones it.",
+                    crate::time::rfc3339(*due_at),
+                    rule.name,
+                    self.executor.mode.as_str()
+                );
                 tracing::warn!("{text}");
                 self.executor.audit(AuditRecord::Warning {
                     rule: rule.name.clone(),

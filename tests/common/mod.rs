@@ -193,6 +193,19 @@ impl Daemon {
         });
     }
 
+    /// Awaits samples until the audit log records the result of rule `rule`'s action (its
+    /// command has then run), and returns that record; fails after `limit`.
+    pub fn await_action(&self, limit: Duration, rule: &str) -> Value {
+        let found = || {
+            events(&self.audit(), "action_result")
+                .into_iter()
+                .find(|r| r["rule"] == rule)
+                .cloned()
+        };
+        self.await_scrape(limit, |_| found().is_some());
+        found().unwrap()
+    }
+
     /// The audit log's records, in order.
     pub fn audit(&self) -> Vec<serde_json::Value> {
         audit_records(&self.dir.path().join("state/audit.jsonl"))

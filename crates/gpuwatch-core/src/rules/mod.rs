@@ -391,6 +391,15 @@ pub struct MigDevice {
     pub share: f64,
 }
 
+/// A device as a job's command and the status page name it: `0`, or `0:1` for GPU instance 1
+/// of GPU 0.
+pub fn device_label(index: u32, gpu_instance: Option<u32>) -> String {
+    match gpu_instance {
+        None => index.to_string(),
+        Some(gi) => format!("{index}:{gi}"),
+    }
+}
+
 /// Which device a reading is of: the GPU's index, and the MIG device's GPU and compute
 /// instance ids.
 pub type DeviceKey = (u32, Option<(u32, u32)>);

@@ -56,10 +56,7 @@ pub(super) fn devices(obs: &Observation, scope: Scope, who: &str) -> Vec<String>
     obs.gpus
         .iter()
         .filter(|g| scope.holders(g).iter().any(|h| h == who))
-        .map(|g| match g.mig {
-            None => g.index.to_string(),
-            Some(m) => format!("{}:{}", g.index, m.gpu_instance),
-        })
+        .map(|g| crate::rules::device_label(g.index, g.mig.map(|m| m.gpu_instance)))
         .collect()
 }
 

@@ -255,10 +255,10 @@ pub fn evaluate(
             let subject = rule
                 .hold_key()
                 .and_then(|k| ctx.subject_holds.get(&k).copied());
-            let hold = match (ctx.hold_until, subject) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            };
+            let hold = [ctx.hold_until, subject]
+                .into_iter()
+                .flatten()
+                .reduce(f64::max);
             hold.filter(|&h| h > ctx.now).map(|h| {
                 if h.is_finite() {
                     format!("a hold is in place until {}", crate::time::rfc3339(h))
