@@ -21,3 +21,22 @@ pub fn http_client() -> reqwest::ClientBuilder {
     });
     reqwest::Client::builder()
 }
+
+/// Reads a response's body, at most `max` bytes of it: `Ok(None)` when there is more (a
+/// declared length over the bound is refused before any of it is read).
+pub async fn read_capped(
+    mut response: reqwest::Response,
+    max: usize,
+) -> Result<Option<Vec<u8>>, reqwest::Error> {
+    if response.content_length().is_some_and(|n| n > max as u64) {
+        return Ok(None);
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        if body.len() + chunk.len() > max {
+            return Ok(None);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Some(body))
+}

@@ -1,6 +1,29 @@
 //! Keeps secrets out of logs and audit records. A webhook URL is a credential (a Slack
 //! incoming-webhook URL lets anyone post), and HTTP clients put the URL in their error text.
 
+/// Text from outside (GPU and process names, tags, reasons, an error body) made safe for a
+/// terminal: control characters, escape sequences' start among them, become U+FFFD.
+pub fn plain(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+        .collect()
+}
+
+/// Text from outside, made plain, and cut to at most `max` bytes (at a character boundary),
+/// with `…` where it was cut: an error body in a message.
+pub fn brief(text: &str, max: usize) -> String {
+    let mut text = plain(text);
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}
+
 /// Replaces the userinfo, path, query and fragment of every `http://` or `https://` URL in
 /// `text` with `…`, keeping the scheme and host so that a person can still tell which
 /// endpoint failed.

@@ -9,50 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::aws::{self, rt, Kind, ProxyMode};
+use common::receiver::Receiver;
 use common::{events, metric, secs, Daemon};
 use serde_json::Value;
 
 const LIMIT: Duration = Duration::from_secs(60);
 const ACCOUNT: &str = "123456789012";
-
-/// An HTTP receiver that records every POST body, by path.
-struct Receiver {
-    addr: SocketAddr,
-    got: Arc<Mutex<Vec<(String, String)>>>,
-}
-
-impl Receiver {
-    fn start() -> Receiver {
-        use axum::extract::State;
-        type S = Arc<Mutex<Vec<(String, String)>>>;
-        async fn record(State(s): State<S>, uri: axum::http::Uri, body: String) -> &'static str {
-            s.lock().unwrap().push((uri.path().to_string(), body));
-            "ok"
-        }
-        let got: S = Arc::default();
-        let app = axum::Router::new()
-            .fallback(axum::routing::post(record))
-            .with_state(Arc::clone(&got));
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let addr = listener.local_addr().unwrap();
-        rt().spawn(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            let _ = axum::serve(listener, app).await;
-        });
-        Receiver { addr, got }
-    }
-
-    fn bodies(&self, path: &str) -> Vec<String> {
-        self.got
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(p, _)| p == path)
-            .map(|(_, b)| b.clone())
-            .collect()
-    }
-}
 
 fn base_config(
     dir: &std::path::Path,
@@ -501,14 +463,7 @@ fn pricing_fixture(usd: &str) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
             }
         },
     ));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let addr = listener.local_addr().unwrap();
-    rt().spawn(async move {
-        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-        let _ = axum::serve(listener, app).await;
-    });
-    (addr, requests)
+    (common::receiver::serve(app), requests)
 }
 
 #[test]

@@ -198,3 +198,336 @@ fn a_fleet_sums_by_team_on_a_real_prometheus() {
         rss_kib as f64 / 1024.0 / NODES as f64,
     );
 }
+
+/// Seconds between a node's queries of its team's spend.
+const POLL: f64 = 2.0;
+/// Team a's limit: a few dollars, which its twelve nodes at $1/h take hours to spend, and the
+/// $10,000/h node that joins later a second or two.
+const TEAM_A_LIMIT: f64 = 5.0;
+
+/// A node of `team` whose budget is the team's spend, read from the fleet's Prometheus at
+/// `prom`, and whose idle rule stops it (in dry-run) once that budget is spent.
+fn team_node(
+    dir: &Path,
+    team: &str,
+    prom: std::net::SocketAddr,
+    price: f64,
+    webhook: std::net::SocketAddr,
+) -> String {
+    let limit = if team == "a" { TEAM_A_LIMIT } else { 1e9 };
+    format!(
+        r#"[actions]
+state_dir = "{state}"
+boot_grace = "0s"
+warning = "1s"
+webhook_url = "http://{webhook}/node"
+[cost]
+hourly_price_usd = {price:.1}
+[node]
+labels = {{ team = "{team}" }}
+[[budgets]]
+name = "team"
+source = "prometheus"
+url = "http://{prom}"
+query = 'team:gpuwatch_spend_dollars:sum{{team="{team}"}}'
+limit_usd = {limit}
+thresholds = [0.5, 0.8, 1.0]
+poll_interval = "{POLL}s"
+timeout = "1s"
+[[budgets]]
+name = "every-team"
+source = "prometheus"
+url = "http://{prom}"
+query = "team:gpuwatch_spend_dollars:sum"
+limit_usd = 1000000
+poll_interval = "{POLL}s"
+timeout = "1s"
+[[rules]]
+name = "idle-once-the-team-budget-is-gone"
+metric = "gpu_utilization"
+comparison = "less_than"
+threshold = 0.05
+period = "1s"
+evaluation_periods = 2
+action = "stop"
+budget = {{ name = "team", spent_at_least = 1.0 }}
+"#,
+        state = dir.join("state").display(),
+    )
+}
+
+/// The node's `team` budget in its status: the spent ratio, or why it is unknown.
+fn team_budget(d: &Daemon) -> Result<f64, String> {
+    let status = d.get("/api/v1/status").json();
+    let b = status["cost"]["budgets"]
+        .as_array()
+        .and_then(|bs| bs.iter().find(|b| b["name"] == "team").cloned())
+        .ok_or_else(|| "no budget yet".to_string())?;
+    match (b["spent_ratio"].as_f64(), b["unknown"].as_str()) {
+        (Some(r), None) => Ok(r),
+        (_, Some(why)) => Err(why.to_string()),
+        _ => Err(format!("neither known nor unknown: {b}")),
+    }
+}
+
+/// Polls `cond` on every node until it holds on all of them; fails after `limit`.
+fn await_all(
+    fleet: &[Daemon],
+    limit: std::time::Duration,
+    what: &str,
+    cond: impl Fn(&Daemon) -> bool,
+) {
+    let deadline = std::time::Instant::now() + limit;
+    for (i, d) in fleet.iter().enumerate() {
+        while !cond(d) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "node {i}: never {what}: {:?}\n{}",
+                team_budget(d),
+                d.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+}
+
+const IDLE_RULE: &str = "idle-once-the-team-budget-is-gone";
+
+/// The rule's records in the node's audit log (breach, warning, attempt, result).
+fn rule_records(d: &Daemon) -> Vec<serde_json::Value> {
+    d.audit()
+        .into_iter()
+        .filter(|r| r["rule"] == IDLE_RULE)
+        .collect()
+}
+
+#[test]
+fn a_team_budget_is_enforced_on_every_node_of_the_team_and_alerts_once() {
+    use std::time::{Duration, Instant};
+    if common::prometheus::near_a_month_boundary() {
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    const LIMIT: Duration = Duration::from_secs(90);
+
+    // The webhook that the shipped Alertmanager route sends team budget alerts to, timed for
+    // a test (a second, not minutes) and pointed here.
+    let webhook = common::receiver::Receiver::start();
+    let route = std::fs::read_to_string(root.join("config/alertmanager/gpuwatch.yml"))
+        .unwrap()
+        .replace(
+            "http://127.0.0.1:9095/alerts",
+            &format!("http://{}/alerts", webhook.addr),
+        )
+        .replace("group_wait: 30s", "group_wait: 1s")
+        .replace("group_interval: 5m", "group_interval: 1s");
+    assert!(route.contains(&webhook.addr.to_string()), "{route}");
+    let am = common::alertmanager::Alertmanager::start(&route);
+
+    // Prometheus first, with no targets yet: the nodes need its address.
+    let dir = tempfile::tempdir().unwrap();
+    let targets = dir.path().join("targets.json");
+    std::fs::write(&targets, "[]").unwrap();
+    let config = format!(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+         rule_files:\n  - {fleet}\n  - {alerts}\n\
+         alerting:\n  alertmanagers:\n    - static_configs:\n        - targets: ['{am}']\n\
+         scrape_configs:\n  - job_name: gpuwatch\n    file_sd_configs:\n      - files: ['{targets}']\n",
+        fleet = root.join("config/prometheus/fleet.yml").display(),
+        alerts = root.join("config/prometheus/alerts.yml").display(),
+        am = am.addr,
+        targets = targets.display(),
+    );
+    let mut prom = Prometheus::start(dir, &config);
+
+    // 24 nodes, teams a and b alternately; in each team every other pair of nodes is idle.
+    let idle = |i: usize| (i / 2) % 2 == 0;
+    let team = |i: usize| if i % 2 == 0 { "a" } else { "b" };
+    let mut fleet = Vec::new();
+    for i in 0..NODES {
+        let util = if idle(i) { 0 } else { 80 };
+        let scenario = format!("[[gpu]]\nutilization = {util}\n[[gpu]]\nutilization = {util}\n");
+        let dir = tempfile::tempdir().unwrap();
+        let config = team_node(dir.path(), team(i), prom.addr, 1.0, webhook.addr);
+        fleet.push(Daemon::start_in(dir, &scenario, &config));
+    }
+    let write_targets = |fleet: &[Daemon]| {
+        let t: Vec<String> = fleet.iter().map(|d| d.addr.to_string()).collect();
+        std::fs::write(&targets, serde_json::json!([{ "targets": t }]).to_string()).unwrap();
+    };
+    write_targets(&fleet);
+
+    // Every node reads its team's spend, below its limit; the query over every team gives two
+    // series, which is no one budget's spend.
+    await_all(&fleet, LIMIT, "knew its team's spend", |d| {
+        team_budget(d).is_ok_and(|r| r < 1.0)
+    });
+    await_all(&fleet, LIMIT, "refused two series", |d| {
+        common::metric("gpuwatch_budget_query_failures_total")
+            .label("budget", "every-team")
+            .label("reason", "several_series")
+            .get(&d.scrape())
+            .is_some_and(|n| n >= 1.0)
+    });
+    for d in &fleet {
+        let s = d.scrape();
+        common::metric("gpuwatch_budget_info")
+            .label("budget", "team")
+            .label("source", "prometheus")
+            .value(1.0)
+            .assert_in(&s);
+        common::metric("gpuwatch_budget_spent_ratio")
+            .label("budget", "every-team")
+            .absent()
+            .assert_in(&s);
+    }
+
+    // Prometheus goes away: every node's team spend goes unknown, and nothing tightens.
+    prom.stop();
+    let stopped = Instant::now();
+    await_all(&fleet, LIMIT, "lost its team's spend", |d| {
+        team_budget(d).is_err_and(|why| why.contains("cannot ask"))
+    });
+    println!(
+        "team budgets: Prometheus stopped; all {NODES} nodes showed the spend unknown within {:.1} s",
+        stopped.elapsed().as_secs_f64()
+    );
+    let text = common::gpuwatch(&[&"status", &"--url", &format!("http://{}/", fleet[0].addr)]);
+    assert!(
+        text.contains(
+            "Budget team: spend unknown, so no rule tightens on it (limit $5.00): cannot ask"
+        ),
+        "{text}"
+    );
+    prom.restart();
+    await_all(&fleet, LIMIT, "knew its team's spend again", |d| {
+        team_budget(d).is_ok_and(|r| r < 1.0)
+    });
+    for d in &fleet {
+        assert!(rule_records(d).is_empty(), "{:?}", rule_records(d));
+    }
+
+    // A $10,000/h node (busy) joins team a: the team's spend crosses its limit in seconds.
+    let dir = tempfile::tempdir().unwrap();
+    let config = team_node(dir.path(), "a", prom.addr, 10_000.0, webhook.addr);
+    fleet.push(Daemon::start_in(
+        dir,
+        "[[gpu]]\nutilization = 90\n[[gpu]]\nutilization = 90\n",
+        &config,
+    ));
+    write_targets(&fleet);
+    prom.await_query("team:gpuwatch_spend_dollars:sum{team=\"a\"}", |r| {
+        r.first().is_some_and(|s| value(s) >= TEAM_A_LIMIT)
+    });
+    let crossed = Instant::now();
+    // Every idle node of team a sees it within two poll intervals (and the time a loaded
+    // machine adds), and its gated rule acts, with the budget as its evidence.
+    let mut seen = Vec::new();
+    for (i, d) in fleet.iter().enumerate().filter(|(i, _)| team(*i) == "a") {
+        let deadline = crossed + LIMIT;
+        while !team_budget(d).is_ok_and(|r| r >= 1.0) {
+            assert!(Instant::now() < deadline, "node {i}: {:?}", team_budget(d));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        seen.push(crossed.elapsed().as_secs_f64());
+    }
+    let slowest = seen.iter().copied().fold(0.0, f64::max);
+    println!(
+        "team budgets: team a crossed its limit; its {} nodes saw it within {slowest:.1} s (poll interval {POLL} s)",
+        seen.len()
+    );
+    assert!(slowest <= 2.0 * POLL + 10.0, "{seen:?}");
+    for (i, d) in fleet.iter().enumerate().take(NODES) {
+        if team(i) == "a" && idle(i) {
+            let result = d.await_action(LIMIT, IDLE_RULE);
+            assert_eq!(result["result"], "dry_run", "{result}");
+            let attempt = common::events(&d.audit(), "action_attempt")[0].clone();
+            assert_eq!(attempt["evidence"]["budget"][0], "team", "{attempt}");
+            assert!(attempt["evidence"]["budget"][1].as_f64().unwrap() >= 1.0);
+        }
+    }
+    // The busy nodes of team a, and all of team b, have not acted: b is far from its limit.
+    for (i, d) in fleet.iter().enumerate().take(NODES) {
+        if team(i) == "b" {
+            assert!(team_budget(d).is_ok_and(|r| r < 1.0), "node {i}");
+        }
+        if team(i) == "b" || !idle(i) {
+            assert!(
+                common::events(&d.audit(), "action_attempt").is_empty(),
+                "node {i}: {:?}",
+                rule_records(d)
+            );
+        }
+    }
+
+    // A node of team b is killed mid-period: the team's total keeps what it spent.
+    let before = value(
+        &prom.await_query("team:gpuwatch_spend_dollars:sum{team=\"b\"}", |r| {
+            !r.is_empty()
+        })[0],
+    );
+    fleet[1].kill();
+    prom.await_query("up{job=\"gpuwatch\"} == 0", |r| r.len() == 1);
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(5) {
+        let now = value(
+            &prom.await_query("team:gpuwatch_spend_dollars:sum{team=\"b\"}", |r| {
+                !r.is_empty()
+            })[0],
+        );
+        assert!(now >= before - 1e-9, "team b fell from {before} to {now}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    // The fleet's alerts went through Alertmanager once each: one notification per threshold
+    // for team a (of 13 nodes reading it), none for team b; and no node sent its own.
+    let deadline = Instant::now() + LIMIT;
+    let thresholds = || {
+        let mut got: Vec<(String, String)> = webhook
+            .bodies("/alerts")
+            .iter()
+            .flat_map(|b| {
+                let v: serde_json::Value = serde_json::from_str(b).unwrap();
+                v["alerts"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|a| {
+                        (
+                            a["labels"]["team"].as_str().unwrap_or("").to_string(),
+                            a["labels"]["threshold"].as_str().unwrap_or("").to_string(),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        got.sort();
+        got
+    };
+    let want: Vec<(String, String)> = ["0.5", "0.8", "1"]
+        .iter()
+        .map(|t| ("a".to_string(), t.to_string()))
+        .collect();
+    while thresholds() != want {
+        assert!(
+            Instant::now() < deadline && thresholds().len() <= want.len(),
+            "{:?}",
+            webhook.bodies("/alerts")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Several more group intervals and Prometheus evaluations bring no repeat.
+    let notified = webhook.bodies("/alerts").len();
+    assert_eq!(notified, 3, "{:?}", webhook.bodies("/alerts"));
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(thresholds(), want, "{:?}", webhook.bodies("/alerts"));
+    // Each node of team a still audited the crossing it acts on.
+    for (i, d) in fleet.iter().enumerate() {
+        let alerts = common::events(&d.audit(), "budget_alert").len();
+        assert_eq!(alerts > 0, team(i) == "a", "node {i}: {alerts}");
+    }
+    // The nodes' webhook had their rules' warnings and actions, and no spend "at 50%".
+    let sent = webhook.bodies("/node");
+    assert!(sent.iter().any(|b| b.contains(IDLE_RULE)), "{sent:?}");
+    assert!(!sent.iter().any(|b| b.contains("spend is at")), "{sent:?}");
+}

@@ -172,6 +172,7 @@ fn the_package_installs_a_working_daemon_that_is_not_enabled() {
         "/usr/share/doc/gpuwatch/copyright",
         "/usr/share/doc/gpuwatch/examples/aws-spot.toml",
         "/usr/share/doc/gpuwatch/examples/iam-policy.json",
+        "/usr/share/doc/gpuwatch/examples/alertmanager.yml",
         "/usr/share/gpuwatch/prometheus/alerts.yml",
         "/usr/share/gpuwatch/prometheus/fleet.yml",
         "/usr/share/gpuwatch/dashboards/provisioning.yml",

@@ -136,18 +136,9 @@ fn ask_daemon(
         let code = response.status();
         let body = read_body(response, &url).await?;
         if !code.is_success() {
-            let mut body = body.trim().to_string();
-            if body.len() > 300 {
-                let mut end = 300;
-                while !body.is_char_boundary(end) {
-                    end -= 1;
-                }
-                body.truncate(end);
-                body.push('…');
-            }
             return Err(format!(
                 "{url} answered {code}: {}",
-                crate::status::text::plain(&body)
+                crate::redact::brief(body.trim(), 300)
             ));
         }
         serde_json::from_str(&body).map_err(|e| format!("{url} answered what is not a status: {e}"))
@@ -167,30 +158,16 @@ pub const MAX_ANSWER_BYTES: usize = 4 << 20;
 const ANSWER_TIME: Duration = Duration::from_secs(15);
 
 /// Reads an answer's body, at most `MAX_ANSWER_BYTES` of it, as text.
-async fn read_body(mut response: reqwest::Response, url: &str) -> Result<String, String> {
-    let too_large = || {
-        format!(
-            "{url} answered more than {} MiB; that is no status",
-            MAX_ANSWER_BYTES >> 20
-        )
-    };
-    if response
-        .content_length()
-        .is_some_and(|n| n > MAX_ANSWER_BYTES as u64)
-    {
-        return Err(too_large());
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = response
-        .chunk()
+async fn read_body(response: reqwest::Response, url: &str) -> Result<String, String> {
+    let body = crate::crypto::read_capped(response, MAX_ANSWER_BYTES)
         .await
         .map_err(|e| format!("{url}: {}", crate::notify::error_chain(&e)))?
-    {
-        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
-            return Err(too_large());
-        }
-        body.extend_from_slice(&chunk);
-    }
+        .ok_or_else(|| {
+            format!(
+                "{url} answered more than {} MiB; that is no status",
+                MAX_ANSWER_BYTES >> 20
+            )
+        })?;
     Ok(String::from_utf8_lossy(&body).into_owned())
 }
 

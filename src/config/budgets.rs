@@ -1,6 +1,11 @@
 //! `[[budgets]]`: the raw budget, its validation, and the rule its `on_exhausted` stands for.
 
+use std::collections::BTreeMap;
+
 use super::*;
+
+mod query;
+pub use query::{read_ca, read_secret, resolve_files, PrometheusSource, QueryAuth};
 
 /// One `[[budgets]]` table.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -21,8 +26,34 @@ pub struct RawBudget {
     pub on_exhausted: String,
     #[serde(default)]
     pub sns_topic_arn: Option<String>,
-    #[serde(default = "five_minutes")]
-    pub poll_interval: String,
+    /// How often an external budget is read: 5m for AWS Budgets, 60s for Prometheus.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll_interval: Option<String>,
+    /// Whether a crossed threshold is sent (webhook, SNS) as well as logged and audited: on,
+    /// except for a Prometheus budget, whose fleet alert goes through Alertmanager once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify: Option<bool>,
+    /// `source = "prometheus"`: where and what to ask, and how.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forecast_query: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer_token_file: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
 }
 
 pub(super) fn local() -> String {
@@ -31,10 +62,6 @@ pub(super) fn local() -> String {
 
 pub(super) fn none() -> String {
     "none".into()
-}
-
-pub(super) fn five_minutes() -> String {
-    "5m".into()
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -46,6 +73,19 @@ pub enum BudgetSource {
         budget_name: String,
         account_id: String,
     },
+    /// The fleet's Prometheus (or an API like it), asked with an instant query.
+    Prometheus(PrometheusSource),
+}
+
+impl BudgetSource {
+    /// The source as `source =` names it (and the `source` label of `gpuwatch_budget_info`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            BudgetSource::Local => "local",
+            BudgetSource::AwsBudgets { .. } => "aws_budgets",
+            BudgetSource::Prometheus(_) => "prometheus",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -58,6 +98,8 @@ pub struct BudgetConfig {
     pub on_exhausted: Option<Action>,
     pub sns_topic_arn: Option<String>,
     pub poll_interval: Duration,
+    /// Whether crossed thresholds are sent (webhook, SNS), not only logged and audited.
+    pub notify: bool,
 }
 
 pub(super) fn default_thresholds() -> Vec<f64> {
@@ -118,14 +160,18 @@ impl RawBudget {
                     None
                 }
             },
+            "prometheus" => query::validate(self, &mut invalid).map(BudgetSource::Prometheus),
             other => {
                 invalid(
                     "source",
-                    format!("\"{other}\" is not one of \"local\", \"aws_budgets\""),
+                    format!("\"{other}\" is not one of \"local\", \"aws_budgets\", \"prometheus\""),
                 );
                 None
             }
         };
+        if self.source != "prometheus" {
+            query::refuse_elsewhere(self, &mut invalid);
+        }
         match self.limit_usd {
             Some(l) if !(l > 0.0 && l.is_finite()) => invalid(
                 "limit_usd",
@@ -134,6 +180,11 @@ impl RawBudget {
             None if self.source == "local" => {
                 invalid("limit_usd", "a local budget needs a limit_usd".into())
             }
+            None if self.source == "prometheus" => invalid(
+                "limit_usd",
+                "a prometheus budget needs a limit_usd: the query gives the spend, not the limit"
+                    .into(),
+            ),
             _ => {}
         }
         for t in &self.thresholds {
@@ -155,6 +206,19 @@ impl RawBudget {
                 ("terminate", Some(Action::Terminate)),
             ],
         );
+        if self.source == "prometheus" && self.on_exhausted == "terminate" {
+            invalid(
+                "on_exhausted",
+                "\"terminate\" is refused on a prometheus budget: one wrong team figure would terminate every node of the team; use \"stop\" or \"hibernate\"".into(),
+            );
+        }
+        if self.sns_topic_arn.is_some() && self.source == "prometheus" && self.notify != Some(true)
+        {
+            invalid(
+                "sns_topic_arn",
+                "a prometheus budget sends no threshold alerts of its own (the fleet's Alertmanager does); set notify = true to publish them here too".into(),
+            );
+        }
         if let Some(arn) = &self.sns_topic_arn {
             if !arn.starts_with("arn:") {
                 invalid(
@@ -163,22 +227,41 @@ impl RawBudget {
                 );
             }
         }
+        let every = match self.source.as_str() {
+            "prometheus" => "60s",
+            _ => "5m",
+        };
         let poll_interval = duration(
             &mut invalid,
             "poll_interval",
-            &self.poll_interval,
+            self.poll_interval.as_deref().unwrap_or(every),
             Duration::from_secs(1)..=DAY,
         );
+        if let (Some(every), Some(BudgetSource::Prometheus(q))) = (poll_interval, &source) {
+            if q.timeout > every {
+                invalid(
+                    "timeout",
+                    format!(
+                        "\"{}\" is longer than the poll_interval ({})",
+                        humantime::format_duration(q.timeout),
+                        humantime::format_duration(every)
+                    ),
+                );
+            }
+        }
         match (source, on_exhausted, poll_interval) {
             (Some(source), Some(on_exhausted), Some(poll_interval)) if errors.is_empty() => {
                 Ok(BudgetConfig {
                     name: self.name.clone(),
                     limit_usd: self.limit_usd,
-                    source,
                     thresholds: self.thresholds.clone(),
                     on_exhausted,
                     sns_topic_arn: self.sns_topic_arn.clone(),
                     poll_interval,
+                    notify: self
+                        .notify
+                        .unwrap_or(!matches!(source, BudgetSource::Prometheus(_))),
+                    source,
                 })
             }
             _ => Err(errors),

@@ -23,9 +23,11 @@ pub mod slurm;
 pub mod web;
 
 pub use actions::{ActionsConfig, Mode, Rotation, SpotConfig, SpotStop, VetoesConfig};
-pub use budgets::{BudgetConfig, BudgetSource, RawBudget};
+pub use budgets::{
+    read_ca, read_secret, BudgetConfig, BudgetSource, PrometheusSource, QueryAuth, RawBudget,
+};
 use check::*;
-pub use check::{file_path, read_capped, MAX_FILE_BYTES};
+pub use check::{file_path, read_capped, MAX_FILE_BYTES, MAX_SECRET_BYTES};
 pub use cloud::{CloudConfig, CloudWatchConfig, CostConfig, Provider};
 pub use error::{ConfigError, ConfigErrors};
 pub use health::RawHealth;
@@ -123,6 +125,11 @@ impl Config {
             }
             let file = check::file_path(base, &webhook_file);
             config.actions.webhook_url = Some(read_webhook_url(&file)?);
+        }
+        for (i, b) in config.budgets.iter_mut().enumerate() {
+            if let BudgetSource::Prometheus(q) = &mut b.source {
+                budgets::resolve_files(q, base, &format!("budgets[{i}]"))?;
+            }
         }
         config.path = path.to_path_buf();
         Ok(config)
@@ -242,8 +249,8 @@ impl RawConfig {
         });
 
         let mut budgets = Vec::new();
-        for (i, b) in self.budgets.iter().enumerate() {
-            match b.validate(&format!("budgets[{i}]")) {
+        for (i, raw) in self.budgets.iter().enumerate() {
+            match raw.validate(&format!("budgets[{i}]")) {
                 Ok(b) => budgets.push(b),
                 Err(e) => errors.extend(e),
             }
@@ -363,7 +370,9 @@ impl Config {
                 name: b.name.clone(),
                 source: match b.source {
                     BudgetSource::Local => step::BudgetSource::Local,
-                    BudgetSource::AwsBudgets { .. } => step::BudgetSource::External,
+                    BudgetSource::AwsBudgets { .. } | BudgetSource::Prometheus(_) => {
+                        step::BudgetSource::External
+                    }
                 },
                 limit_usd: b.limit_usd,
                 thresholds: b.thresholds.clone(),

@@ -45,11 +45,15 @@ pub type SharedCostView = Shared<CostView>;
 
 /// The cost and budget series.
 #[derive(Debug)]
-pub struct CostCollector(pub std::sync::Arc<SharedCostView>);
+pub struct CostCollector {
+    pub view: std::sync::Arc<SharedCostView>,
+    /// Each configured budget and its source (`local`, `aws_budgets`, `prometheus`).
+    pub sources: Vec<(String, &'static str)>,
+}
 
 impl Collector for CostCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
-        let v = self.0.view();
+        let v = self.view.view();
         let e = &mut enc;
         if let Some(price) = v.price {
             gauges(
@@ -84,6 +88,17 @@ impl Collector for CostCollector {
                 f,
             )?;
         }
+        gauges(
+            e,
+            desc(
+                "gpuwatch_budget_info",
+                "Each configured budget, and where its spend comes from: local (this node), aws_budgets, or prometheus (a team's spend, read from the fleet's Prometheus; its alerts are the fleet's)",
+                None,
+            ),
+            self.sources
+                .iter()
+                .map(|(b, s)| ([("budget", Text(b)), ("source", Text(s))], 1)),
+        )?;
         gauges(
             e,
             desc("gpuwatch_budget_limit_dollars", "The budget's limit", None),

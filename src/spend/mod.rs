@@ -2,6 +2,7 @@
 //! the per-sample accrual and budget check the watch loop runs.
 
 pub mod metrics;
+pub mod query;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -24,6 +25,8 @@ pub struct PollerReadings {
     pub pricing_api: Mutex<Option<f64>>,
     /// AWS Budgets readings, by gpuwatch budget name.
     pub aws_budgets: Mutex<BTreeMap<String, Reading>>,
+    /// Prometheus budgets' answers, by gpuwatch budget name.
+    pub prometheus: Arc<query::QueryReadings>,
 }
 
 pub struct Tracker {
@@ -90,6 +93,18 @@ impl Tracker {
             .lock()
             .map(|m| m.clone())
             .unwrap_or_default();
+        for b in &self.config.budgets {
+            if matches!(b.source, BudgetSource::Prometheus(_)) {
+                match self.readings.prometheus.reading(b, inputs.now) {
+                    Ok(r) => {
+                        inputs.external.insert(b.name.clone(), r);
+                    }
+                    Err(why) => {
+                        inputs.unknown.insert(b.name.clone(), why);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -197,6 +212,11 @@ pub fn send_alert(
         ratio: c.ratio,
         limit: c.limit,
     });
+    // A team budget's threshold is the fleet's alert (through Alertmanager, once), unless
+    // `notify = true`: every node of the team crossing it would send one otherwise.
+    if budget.is_some_and(|b| !b.notify) {
+        return;
+    }
     executor.notify(&text, false);
     if let (Some(topic), Some(s)) = (budget.and_then(|b| b.sns_topic_arn.clone()), services) {
         let (s, executor, name) = (s.clone(), std::sync::Arc::clone(executor), c.budget.clone());

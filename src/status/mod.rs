@@ -310,6 +310,10 @@ pub struct BudgetStatus {
     pub spent_ratio: Option<f64>,
     pub forecast_ratio: Option<f64>,
     pub thresholds: Vec<f64>,
+    /// Why the spend is unknown (a Prometheus budget that gave no usable answer): such a
+    /// budget tightens no rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unknown: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -442,6 +446,7 @@ impl Sources {
                     spent_ratio: b.spent_ratio,
                     forecast_ratio: b.forecast_ratio,
                     thresholds: self.thresholds.get(&b.name).cloned().unwrap_or_default(),
+                    unknown: b.unknown.clone(),
                 })
                 .collect(),
         };

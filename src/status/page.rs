@@ -337,6 +337,17 @@ fn main(o: &mut String, s: &Status, now: f64) {
             let thresholds: Vec<String> = b.thresholds.iter().map(|t| percent(Some(*t))).collect();
             let low = b.thresholds.first().copied().unwrap_or(1.0);
             let high = b.thresholds.last().copied().unwrap_or(1.0);
+            if let Some(why) = &b.unknown {
+                let _ = write!(
+                    o,
+                    "<div class=\"budget unknown\" data-budget=\"{name}\"><p>{name}: spend <b>unknown</b>, so no rule tightens on it \
+                     (limit ${limit:.2}): <span class=\"why\">{why}</span></p></div>",
+                    name = escape(&b.name),
+                    limit = b.limit_usd,
+                    why = escape(why),
+                );
+                continue;
+            }
             let _ = write!(
                 o,
                 "<div class=\"budget\" data-budget=\"{name}\"><p>{name}: {spent} of ${limit:.2} spent, forecast {forecast}; \

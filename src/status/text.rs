@@ -82,13 +82,7 @@ pub fn spinning_hint(g: &super::GpuStatus) -> String {
     )
 }
 
-/// Text from outside (GPU and process names, tags, reasons, an error body) made safe for a
-/// terminal: control characters, escape sequences' start among them, become U+FFFD.
-pub fn plain(text: &str) -> String {
-    text.chars()
-        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
-        .collect()
-}
+pub use crate::redact::plain;
 
 /// The status as lines for a terminal. `now` is the reader's clock, for countdowns. Every
 /// control character but the line ends is replaced, so no name can drive the terminal.
@@ -280,6 +274,16 @@ fn render_lines(s: &Status, now: f64) -> String {
             c.unhealthy_dollars
         );
         for b in &c.budgets {
+            if let Some(why) = &b.unknown {
+                let _ = writeln!(
+                    out,
+                    "Budget {}: spend unknown, so no rule tightens on it (limit ${:.2}): {}",
+                    plain(&b.name),
+                    b.limit_usd,
+                    plain(why)
+                );
+                continue;
+            }
             let _ = writeln!(
                 out,
                 "Budget {}: {} of ${:.2} spent, forecast {}",

@@ -73,7 +73,14 @@ pub async fn spawn(
             .collect();
     });
     registry.register_collector(Box::new(WatchCollector(Arc::clone(&metrics))));
-    registry.register_collector(Box::new(CostCollector(Arc::clone(&cost))));
+    registry.register_collector(Box::new(CostCollector {
+        view: Arc::clone(&cost),
+        sources: config
+            .budgets
+            .iter()
+            .map(|b| (b.name.clone(), b.source.as_str()))
+            .collect(),
+    }));
     if config.cloudwatch.enabled {
         registry.register_collector(Box::new(CloudWatchCollector(Arc::clone(&cloudwatch))));
     }
@@ -114,6 +121,23 @@ pub async fn spawn(
     let mut imds = None;
     let mut services = None;
     let readings = Arc::new(crate::spend::PollerReadings::default());
+    // Team budgets read from Prometheus need no cloud: each has its poller.
+    let queried: Vec<_> = config
+        .budgets
+        .iter()
+        .filter(|b| matches!(b.source, crate::config::BudgetSource::Prometheus(_)))
+        .collect();
+    if !queried.is_empty() {
+        registry.register_collector(Box::new(crate::spend::query::QueryCollector(Arc::clone(
+            &readings.prometheus,
+        ))));
+    }
+    for b in queried {
+        tasks.spawn(crate::spend::query::poll(
+            b.clone(),
+            Arc::clone(&readings.prometheus),
+        ));
+    }
     if config.cloud.provider == Provider::Aws {
         let client = Arc::new(Imds::new(&config.cloud.imds_endpoint));
         match client.identity().await {

@@ -2,11 +2,13 @@
 //! and reads its exposition.
 #![allow(dead_code)]
 
+pub mod alertmanager;
 pub mod aws;
 pub mod browser;
 pub mod certs;
 pub mod dashboards;
 pub mod prometheus;
+pub mod receiver;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};

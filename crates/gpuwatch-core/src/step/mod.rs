@@ -197,6 +197,9 @@ pub struct Inputs {
     pub price: Option<Price>,
     /// Readings of external budgets, by budget name.
     pub external: BTreeMap<String, Reading>,
+    /// Why an external budget has no reading, by budget name: shown in its view. An unknown
+    /// spend crosses no threshold, opens no gate and exhausts nothing.
+    pub unknown: BTreeMap<String, String>,
     /// Holds in force of one job or one user (`job 42`, `user alice`), until when.
     pub subject_holds: BTreeMap<String, f64>,
 }
@@ -267,6 +270,8 @@ pub struct BudgetView {
     pub limit: f64,
     pub spent_ratio: Option<f64>,
     pub forecast_ratio: Option<f64>,
+    /// Why the spend is unknown, for an external budget without a reading.
+    pub unknown: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -366,7 +371,18 @@ pub fn step(
                 ..r.clone()
             }),
         };
-        let Some(reading) = reading else { continue };
+        let Some(reading) = reading else {
+            if let (BudgetSource::External, Some(why)) = (b.source, inputs.unknown.get(&b.name)) {
+                budgets.push(BudgetView {
+                    name: b.name.clone(),
+                    limit: b.limit_usd.unwrap_or(0.0),
+                    spent_ratio: None,
+                    forecast_ratio: None,
+                    unknown: Some(why.clone()),
+                });
+            }
+            continue;
+        };
         state.alerted.prune(&b.name, reading.period_start);
         crossings.extend(state.alerted.crossings(&b.name, &b.thresholds, &reading));
         if let Some(r) = reading.spent_ratio() {
@@ -377,6 +393,7 @@ pub fn step(
             limit: reading.limit,
             spent_ratio: reading.spent_ratio(),
             forecast_ratio: reading.forecast_ratio(),
+            unknown: None,
         });
     }
 

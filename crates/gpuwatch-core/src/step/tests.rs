@@ -165,6 +165,101 @@ fn budgets_cross_once_with_one_text_and_external_limits_apply() {
     );
 }
 
+/// A team budget whose spend goes unknown after it was exhausted: its view says why, the
+/// gated idle rule recovers at once, and its hard limit is not breached, so nothing acts on
+/// the last figure seen.
+#[test]
+fn an_unknown_external_spend_opens_no_gate_and_exhausts_nothing() {
+    let team = Budget {
+        name: "team-ml".into(),
+        source: BudgetSource::External,
+        limit_usd: Some(100.0),
+        thresholds: vec![1.0],
+    };
+    let mut settings = settings(vec![team]);
+    settings.rules[0].budget = Some(crate::rules::BudgetGate {
+        name: "team-ml".into(),
+        spent_at_least: 1.0,
+    });
+    settings.rules.push(Rule {
+        name: "budget team-ml exhausted".into(),
+        scope: Scope::Node,
+        subject: None,
+        trigger: Trigger::BudgetExhausted {
+            budget: "team-ml".into(),
+        },
+        lifecycle: None,
+        action: Action::Stop,
+        command: Vec::new(),
+        budget: None,
+    });
+    let spent: BTreeMap<String, Reading> = [(
+        "team-ml".to_string(),
+        Reading {
+            spent: 150.0,
+            forecast: None,
+            limit: 100.0,
+            period_start: 0.0,
+        },
+    )]
+    .into();
+    let unknown: BTreeMap<String, String> = [(
+        "team-ml".to_string(),
+        "Prometheus is unreachable".to_string(),
+    )]
+    .into();
+    let mut state = State::default();
+    let mut kinds = Vec::new();
+    let mut last = None;
+    for t in 0..40 {
+        let now = 1_796_000_000.0 + f64::from(t);
+        // Known and exhausted for the first 3 s (less than the warning), then unknown.
+        let inputs = if t < 3 {
+            Inputs {
+                now,
+                external: spent.clone(),
+                ..Inputs::default()
+            }
+        } else {
+            Inputs {
+                now,
+                unknown: unknown.clone(),
+                ..Inputs::default()
+            }
+        };
+        let out = step(&settings, &mut state, &obs(now, 0.0), &inputs);
+        let saved = out.order.on_saved(&mut state, true);
+        for e in saved.events() {
+            kinds.push((t, e.rule().to_string(), e.kind()));
+        }
+        last = Some(out.view);
+    }
+    let view = last.unwrap();
+    assert_eq!(
+        view.budgets,
+        vec![BudgetView {
+            name: "team-ml".into(),
+            limit: 100.0,
+            spent_ratio: None,
+            forecast_ratio: None,
+            unknown: Some("Prometheus is unreachable".into()),
+        }]
+    );
+    // While known, the limit breaches and warns; once unknown it recovers, and neither it nor
+    // the gated idle rule (idle all along, its periods complete from 10 s) breaches again.
+    let exhausted = "budget team-ml exhausted".to_string();
+    assert_eq!(
+        kinds,
+        vec![
+            (0, exhausted.clone(), "breach"),
+            (0, exhausted.clone(), "warning"),
+            (3, exhausted.clone(), "recovered"),
+            // Due at 5 s, on a limit no longer breached: withdrawn, never carried out.
+            (5, exhausted, "cancelled"),
+        ]
+    );
+}
+
 #[test]
 fn idle_dollars_are_the_price_times_the_idle_share_and_skip_gaps_and_unknown_prices() {
     let settings = settings(Vec::new());
