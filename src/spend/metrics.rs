@@ -132,7 +132,7 @@ impl Collector for CostCollector {
             e,
             desc(
                 "gpuwatch_budget_alerts",
-                "Budget threshold alerts sent",
+                "Budget thresholds crossed, each logged and audited, and sent unless the budget has notify = false",
                 None,
             ),
             v.alerts.iter().map(|(k, n)| {

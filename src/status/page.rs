@@ -421,6 +421,27 @@ mod tests {
     }
 
     #[test]
+    fn a_budget_whose_spend_is_unknown_says_why_escaped() {
+        let mut s = super::super::from_snapshot(&crate::gpu::Snapshot::default());
+        s.cost.budgets.push(super::super::BudgetStatus {
+            name: "team-ml".into(),
+            limit_usd: 40000.0,
+            thresholds: vec![0.5, 1.0],
+            unknown: Some("the API answered <b>503</b>".into()),
+            ..Default::default()
+        });
+        let live = fragment(&s, 0.0);
+        assert!(
+            live.contains(
+                "team-ml: spend <b>unknown</b>, so no rule tightens on it (limit $40000.00): \
+                 <span class=\"why\">the API answered &lt;b&gt;503&lt;/b&gt;</span>"
+            ),
+            "{live}"
+        );
+        assert!(!live.contains("<meter"), "{live}");
+    }
+
+    #[test]
     fn the_page_names_no_other_host() {
         for text in [render(&Status::default(), 0.0).as_str(), SCRIPT, STYLE] {
             assert!(!text.contains("http://"), "{text}");
