@@ -23,6 +23,16 @@
 //! window (from /proc/PID/stat), and the latency of sequential scrapes over one keep-alive
 //! connection (p50, p99, max). Figures, not assertions: the machine may be shared; compare rows
 //! of one run.
+//!
+//! With `GPUWATCH_BENCH_ALL_SMI` naming all-smi's binary (`cargo install all-smi`, 0.22 was
+//! compared; it needs Debian's protobuf-compiler, libprotobuf-dev and libdrm-dev), all-smi's
+//! exporter (`all-smi api`) runs beside the exporter-alone row over the same fake GPUs: it finds
+//! GPUs through `lspci`, so a stand-in that prints one NVIDIA 3D controller goes first on its
+//! PATH, and its NVML is the fake library, through LD_LIBRARY_PATH. Both are scraped once a
+//! second through the window, and two more lines give both processes' memory at its end, and
+//! the ratios:
+//!
+//!     GPUWATCH_BENCH_ALL_SMI=all-smi GPUWATCH_BENCH_SECS=40 GPUWATCH_BENCH_GPUS=8 cargo bench --bench exporter
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -229,6 +239,7 @@ fn main() {
         // A smoke run: the exporter and the whole cost watch, on 8 GPUs.
         setups.retain(|s| s.gpus == 8 && s.gpm && !s.bare);
     }
+    let all_smi = std::env::var("GPUWATCH_BENCH_ALL_SMI").ok();
     let imds = imds();
     println!(
         "{:>4} {:>3} {:>4} {:>4}  {:>8} {:>8} {:>8} {:>8}  {:>9}  {:>7} {:>7} {:>7} {:>8}",
@@ -250,7 +261,27 @@ fn main() {
         .into_iter()
         .filter(|s| only.is_none_or(|n| n == s.gpus))
     {
-        run(window, setup, imds);
+        // all-smi exports what NVML reads, no GPM and no cost: it sits beside the exporter alone.
+        let exporter_alone = !setup.gpm && !setup.cost && !setup.bare;
+        run(
+            window,
+            setup,
+            imds,
+            all_smi.as_deref().filter(|_| exporter_alone),
+        );
+    }
+}
+
+/// The fake NVML library that cargo built beside the binary.
+fn fake_library() -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_BIN_EXE_gpuwatch"))
+        .parent()
+        .unwrap();
+    let lib = dir.join("libgpuwatch_fake_nvml.so");
+    if lib.is_file() {
+        lib
+    } else {
+        dir.join("deps/libgpuwatch_fake_nvml.so")
     }
 }
 
@@ -262,18 +293,7 @@ fn start(
     wrapper: &[String],
 ) -> (Daemon, SocketAddr, tempfile::TempDir) {
     let bin = env!("CARGO_BIN_EXE_gpuwatch");
-    let lib = std::path::Path::new(bin)
-        .parent()
-        .unwrap()
-        .join("libgpuwatch_fake_nvml.so");
-    let lib = if lib.is_file() {
-        lib
-    } else {
-        std::path::Path::new(bin)
-            .parent()
-            .unwrap()
-            .join("deps/libgpuwatch_fake_nvml.so")
-    };
+    let lib = fake_library();
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("scenario.toml"), scenario(setup)).unwrap();
     let config = dir.path().join("gpuwatch.toml");
@@ -335,15 +355,31 @@ fn start(
     (child, addr, dir)
 }
 
-/// Runs the daemon for `window` seconds, then scrapes it, and prints one row.
-fn run(window: u64, setup: Setup, imds: SocketAddr) {
-    let (child, addr, _dir) = start(setup, imds, &[]);
+/// Runs the daemon for `window` seconds, then scrapes it, and prints one row. With `all_smi`,
+/// all-smi's exporter runs beside it over the same GPUs, both are scraped once a second
+/// through the window, and both processes' memory at its end follows the row.
+fn run(window: u64, setup: Setup, imds: SocketAddr, all_smi: Option<&str>) {
+    let (child, addr, dir) = start(setup, imds, &[]);
     let pid = child.0.id();
+    let peer = all_smi.map(|program| start_all_smi(program, dir.path(), setup.gpus));
 
     let ticks = clock_ticks_per_second();
     let cpu0 = proc_stat_cpu_ticks(pid);
     let t0 = Instant::now();
-    std::thread::sleep(Duration::from_secs(window));
+    match &peer {
+        None => std::thread::sleep(Duration::from_secs(window)),
+        Some((_, peer_addr)) => {
+            let mut conn = BufReader::new(TcpStream::connect(addr).unwrap());
+            while t0.elapsed() < Duration::from_secs(window) {
+                scrape(&mut conn, addr);
+                get(*peer_addr, "/metrics");
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    }
+    let beside = peer
+        .as_ref()
+        .map(|(smi, _)| (memory(pid), memory(smi.0.id())));
     let cpu1 = proc_stat_cpu_ticks(pid);
     let elapsed = t0.elapsed().as_secs_f64();
     let cpu_secs = (cpu1 - cpu0) as f64 / ticks;
@@ -378,6 +414,98 @@ fn run(window: u64, setup: Setup, imds: SocketAddr) {
         us(*lat.last().unwrap()),
         bytes
     );
+    if let Some((gw, smi)) = beside {
+        let describe = |m: &Memory| {
+            format!(
+                "{:.1} MiB resident, {:.2} MiB anonymous, {:.1} MiB file-backed",
+                mib(m.rss),
+                mib(m.rss_anon),
+                mib(m.rss_file)
+            )
+        };
+        let ratio = |a: u64, b: u64| a as f64 / b as f64;
+        println!(
+            "      beside all-smi, at the window's end: gpuwatch {}; all-smi {}",
+            describe(&gw),
+            describe(&smi)
+        );
+        println!(
+            "      gpuwatch / all-smi: resident {:.2}, anonymous {:.2}, file-backed {:.2}",
+            ratio(gw.rss, smi.rss),
+            ratio(gw.rss_anon, smi.rss_anon),
+            ratio(gw.rss_file, smi.rss_file)
+        );
+    }
+}
+
+/// Starts all-smi's exporter over the scenario in `dir`, and waits until it serves `gpus` GPUs.
+fn start_all_smi(program: &str, dir: &std::path::Path, gpus: usize) -> (Daemon, SocketAddr) {
+    let bin = dir.join("all-smi-bin");
+    let lib = dir.join("all-smi-lib");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&lib).unwrap();
+    let lspci = bin.join("lspci");
+    std::fs::write(
+        &lspci,
+        "#!/bin/sh\necho '00:1e.0 3D controller: NVIDIA Corporation GH100 [H100 SXM5 80GB] (rev a1)'\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&lspci, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    for name in ["libnvidia-ml.so.1", "libnvidia-ml.so"] {
+        std::os::unix::fs::symlink(fake_library(), lib.join(name)).unwrap();
+    }
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let smi = Daemon(
+        Command::new(program)
+            .args(["api", "--port", &port.to_string(), "--interval", "1"])
+            .env("PATH", path)
+            .env("LD_LIBRARY_PATH", &lib)
+            .env("GPUWATCH_FAKE_NVML_SCENARIO", dir.join("scenario.toml"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("GPUWATCH_BENCH_ALL_SMI={program}: {e}")),
+    );
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    // all-smi says nothing when it serves: ask until it answers with every GPU, or give up.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let seen = get(addr, "/metrics")
+            .lines()
+            .filter(|l| l.starts_with("all_smi_gpu_temperature_celsius{"))
+            .count();
+        if seen == gpus {
+            return (smi, addr);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "all-smi serves {seen} of the {gpus} GPUs after 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// One GET on a connection of its own; the whole response, or nothing if nobody answers.
+fn get(addr: SocketAddr, path: &str) -> String {
+    let Ok(mut c) = TcpStream::connect(addr) else {
+        return String::new();
+    };
+    let _ = write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    );
+    let mut response = String::new();
+    let _ = c.read_to_string(&mut response);
+    response
 }
 
 /// The `Environment=` settings of the systemd unit.
