@@ -347,10 +347,7 @@ fn start(
     std::thread::spawn(move || out.for_each(drop));
 
     // Wait for the first sample through the daemon's own long-poll.
-    let mut c = TcpStream::connect(addr).unwrap();
-    write!(c, "GET /api/v1/snapshot?after=0&timeout=30s HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut first = String::new();
-    c.read_to_string(&mut first).unwrap();
+    let first = get(addr, "/api/v1/snapshot?after=0&timeout=30s");
     assert!(first.contains("\"seq\":"), "{first}");
     (child, addr, dir)
 }
