@@ -1,6 +1,8 @@
 //! Carrying out decisions: notifications (log, webhook, wall), commands, and EC2 actions, each
 //! written to the audit log with its evidence, its mode and the AWS request ids.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -102,6 +104,8 @@ impl Executor {
     }
 
     /// Carries out `action` for `rule`, exactly once, as decided on the sample taken `at`.
+    /// Before each retry of an EC2 call, `recheck` says whether the action has been called off
+    /// since (a hold placed, a spot interruption announced): then it stops there, refused.
     /// Returns what happened.
     pub async fn execute(
         &self,
@@ -109,6 +113,7 @@ impl Executor {
         action: Action,
         evidence: &serde_json::Value,
         at: f64,
+        recheck: Recheck<'_>,
     ) -> Outcome {
         let recorded = self.audit(AuditRecord::ActionAttempt {
             rule: rule.name.clone(),
@@ -147,7 +152,7 @@ impl Executor {
                 "a {}-scoped rule never acts on the instance",
                 rule.scope.as_str()
             )),
-            _ => self.instance_action(rule, action).await,
+            _ => self.instance_action(rule, action, recheck).await,
         };
         let (result, detail) = match &outcome {
             Outcome::Done => ("done", String::new()),
@@ -226,7 +231,7 @@ impl Executor {
         }
     }
 
-    async fn instance_action(&self, rule: &Rule, action: Action) -> Outcome {
+    async fn instance_action(&self, rule: &Rule, action: Action, recheck: Recheck<'_>) -> Outcome {
         let Some(Cloud { node, ec2 }) = &self.cloud else {
             return match self.mode {
                 Mode::DryRun => Outcome::DryRun(format!(
@@ -238,9 +243,12 @@ impl Executor {
             };
         };
         let spot = if node.lifecycle == Some(Lifecycle::Spot) {
-            match self.retry(|| ec2.spot_request()).await {
+            match self.retry(recheck, || ec2.spot_request()).await {
                 Ok(s) => s,
-                Err(e) => return Outcome::Failed(format!("cannot tell the spot request: {e}")),
+                Err(Stopped::Cloud(e)) => {
+                    return Outcome::Failed(format!("cannot tell the spot request: {e}"))
+                }
+                Err(Stopped::CalledOff(why)) => return called_off(why),
             }
         } else {
             None
@@ -254,7 +262,7 @@ impl Executor {
             return Outcome::DryRun(format!("would {}", described.join(", then ")));
         }
         match self
-            .retry(|| ec2.tag_action(action.as_str(), &rule.name))
+            .retry(recheck, || ec2.tag_action(action.as_str(), &rule.name))
             .await
         {
             Ok(id) => {
@@ -264,13 +272,15 @@ impl Executor {
                     request_id: id,
                 });
             }
-            Err(e) => return self.failed(rule, e),
+            Err(e) => return self.stopped(rule, e),
         }
         for step in &steps {
             let result = match step {
-                Step::CancelSpotRequest(id) => self.retry(|| ec2.cancel_spot_request(id)).await,
-                Step::Stop { hibernate } => self.retry(|| ec2.stop(*hibernate)).await,
-                Step::Terminate => self.retry(|| ec2.terminate()).await,
+                Step::CancelSpotRequest(id) => {
+                    self.retry(recheck, || ec2.cancel_spot_request(id)).await
+                }
+                Step::Stop { hibernate } => self.retry(recheck, || ec2.stop(*hibernate)).await,
+                Step::Terminate => self.retry(recheck, || ec2.terminate()).await,
             };
             match result {
                 Ok(id) => {
@@ -280,13 +290,17 @@ impl Executor {
                         request_id: id,
                     });
                 }
-                Err(e) => return self.failed(rule, e),
+                Err(e) => return self.stopped(rule, e),
             }
         }
         Outcome::Done
     }
 
-    fn failed(&self, rule: &Rule, e: CloudError) -> Outcome {
+    fn stopped(&self, rule: &Rule, stopped: Stopped) -> Outcome {
+        let e = match stopped {
+            Stopped::Cloud(e) => e,
+            Stopped::CalledOff(why) => return called_off(why),
+        };
         self.audit(AuditRecord::ApiError {
             rule: rule.name.clone(),
             operation: e.operation.to_string(),
@@ -296,12 +310,13 @@ impl Executor {
         Outcome::Failed(e.to_string())
     }
 
-    /// Retries throttling, 5xx and unreachable endpoints with backoff for up to `retry_for`.
-    /// Access denied is reported once, loudly, and not retried.
-    async fn retry<T, F, Fut>(&self, call: F) -> Result<T, CloudError>
+    /// Retries throttling, 5xx and unreachable endpoints with backoff for up to `retry_for`,
+    /// unless `recheck` calls the action off before a retry. Access denied is reported once,
+    /// loudly, and not retried.
+    async fn retry<T, F, Fut>(&self, recheck: Recheck<'_>, call: F) -> Result<T, Stopped>
     where
         F: Fn() -> Fut,
-        Fut: std::future::Future<Output = Result<T, CloudError>>,
+        Fut: Future<Output = Result<T, CloudError>>,
     {
         let started = Instant::now();
         let mut delay = Duration::from_millis(500);
@@ -312,6 +327,10 @@ impl Executor {
                     tracing::warn!(error = %e, retry_in = ?delay, "EC2 call failed; retrying");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(30));
+                    // The decision is older now: what came since may call it off.
+                    if let Some(why) = recheck().await {
+                        return Err(Stopped::CalledOff(why));
+                    }
                 }
                 Err(e) => {
                     if e.kind == ErrorKind::AccessDenied
@@ -322,11 +341,28 @@ impl Executor {
                             "EC2 denied access: grant the calls in config/iam-policy.json to the instance role"
                         );
                     }
-                    return Err(e);
+                    return Err(Stopped::Cloud(e));
                 }
             }
         }
     }
+}
+
+/// Says, before an EC2 call is retried, whether the action has been called off since it was
+/// decided, and why.
+pub type Recheck<'a> =
+    &'a (dyn Fn() -> Pin<Box<dyn Future<Output = Option<String>> + Send + 'a>> + Send + Sync);
+
+/// Why an action's EC2 calls ended before they all succeeded.
+enum Stopped {
+    /// A call failed for good, or its retries ran out.
+    Cloud(CloudError),
+    /// A hold or a spot interruption came while a call was being retried.
+    CalledOff(String),
+}
+
+fn called_off(why: String) -> Outcome {
+    Outcome::Refused(format!("called off while EC2 calls were retried: {why}"))
 }
 
 fn describe(step: &Step) -> String {

@@ -10,9 +10,16 @@
 //! - a process veto that is an absolute path matches the executable; a bare name matches
 //!   `comm` as before, which is spoofable, and is said so at start. `process_uid` restricts
 //!   process vetoes to one user.
+//!
+//! Another user's executable can be read only with ptrace rights, which the systemd unit's
+//! sandbox does not grant. Such a process is judged by its name instead (`comm`, and the
+//! title for sshd), and that is logged once: an imitated veto costs money, a missed one a
+//! user's work.
 
+use std::io;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::config::VetoesConfig;
 
@@ -53,16 +60,63 @@ fn process_veto(cfg: &VetoesConfig, dir: &Path) -> Option<String> {
             return None;
         }
     }
-    let exe = std::fs::read_link(dir.join("exe")).ok();
+    let exe = executable(dir);
     let comm = std::fs::read_to_string(dir.join("comm")).ok();
-    let comm = comm.as_deref().map(str::trim);
-    cfg.processes.iter().find_map(|p| {
-        if p.starts_with('/') {
-            (exe.as_deref() == Some(Path::new(p))).then(|| format!("{p} is running"))
-        } else {
-            (comm == Some(p.as_str())).then(|| format!("process \"{p}\" is running"))
+    matching(&cfg.processes, &exe, comm.as_deref().map(str::trim))
+}
+
+/// The first of `processes` that a process running `exe`, named `comm`, matches.
+fn matching(processes: &[String], exe: &Exe, comm: Option<&str>) -> Option<String> {
+    processes.iter().find_map(|p| {
+        if !p.starts_with('/') {
+            return (comm == Some(p.as_str())).then(|| format!("process \"{p}\" is running"));
+        }
+        match exe {
+            Exe::Path(exe) => (exe == Path::new(p)).then(|| format!("{p} is running")),
+            Exe::Hidden => {
+                // The kernel keeps 15 bytes of the executable's name.
+                let name = Path::new(p).file_name()?.to_string_lossy();
+                let name: String = name
+                    .chars()
+                    .scan(0, |n, c| {
+                        *n += c.len_utf8();
+                        (*n <= 15).then_some(c)
+                    })
+                    .collect();
+                (comm == Some(name.as_str())).then(|| {
+                    format!("{p} is running (known by its name: its executable cannot be read)")
+                })
+            }
+            Exe::None => None,
         }
     })
+}
+
+/// What a process's executable is, as far as this process may know.
+#[derive(Debug, PartialEq)]
+enum Exe {
+    Path(PathBuf),
+    /// Another user's process, without ptrace rights to read its executable.
+    Hidden,
+    /// A kernel thread, a zombie, or a process gone.
+    None,
+}
+
+fn executable(dir: &Path) -> Exe {
+    match std::fs::read_link(dir.join("exe")) {
+        Ok(p) => Exe::Path(p),
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            static SAID: AtomicBool = AtomicBool::new(false);
+            if !SAID.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "other users' executables cannot be read here (that needs ptrace rights): \
+                     SSH and process vetoes know their processes by name, which any user can imitate"
+                );
+            }
+            Exe::Hidden
+        }
+        Err(_) => Exe::None,
+    }
 }
 
 /// The user of an sshd session process, if `dir` is one running the real sshd.
@@ -71,8 +125,18 @@ fn process_veto(cfg: &VetoesConfig, dir: &Path) -> Option<String> {
 /// process's command line reads its memory, which a local user could make block (an argument
 /// area backed by a file on a FUSE mount): the real sshd's is its own.
 fn sshd_session(dir: &Path) -> Option<String> {
-    let exe = std::fs::read_link(dir.join("exe")).ok()?;
-    if !is_real_sshd(&exe) {
+    session_of(dir, executable(dir))
+}
+
+fn session_of(dir: &Path, exe: Exe) -> Option<String> {
+    let sshd = match exe {
+        Exe::Path(exe) => is_real_sshd(&exe),
+        // Without ptrace rights, its name must do (a session process runs as its user).
+        Exe::Hidden => std::fs::read_to_string(dir.join("comm"))
+            .is_ok_and(|c| matches!(c.trim(), "sshd" | "sshd-session")),
+        Exe::None => false,
+    };
+    if !sshd {
         return None;
     }
     let cmdline = std::fs::read(dir.join("cmdline")).ok()?;
@@ -171,6 +235,26 @@ mod tests {
     }
 
     #[test]
+    fn a_process_whose_executable_is_hidden_is_known_by_its_name() {
+        let vetoes = [
+            "/usr/bin/jupyter-lab".to_string(),
+            "/opt/a/very-long-trainer-name".into(),
+        ];
+        let hidden = |comm| matching(&vetoes, &Exe::Hidden, Some(comm));
+        assert_eq!(
+            hidden("jupyter-lab").as_deref(),
+            Some("/usr/bin/jupyter-lab is running (known by its name: its executable cannot be read)")
+        );
+        // The kernel's 15 bytes of a long name.
+        assert!(hidden("very-long-train").is_some());
+        assert_eq!(hidden("python3"), None);
+        // A readable executable is matched on its path alone; a kernel thread never matches.
+        let shown = Exe::Path("/usr/bin/python3".into());
+        assert_eq!(matching(&vetoes, &shown, Some("jupyter-lab")), None);
+        assert_eq!(matching(&vetoes, &Exe::None, Some("jupyter-lab")), None);
+    }
+
+    #[test]
     fn a_process_named_like_an_ssh_session_is_not_one() {
         // Any user can do this; it once held the node busy.
         use std::os::unix::process::CommandExt;
@@ -191,6 +275,8 @@ mod tests {
             std::thread::yield_now();
         }
         assert_eq!(sshd_session(&dir), None);
+        // Nor when its executable is hidden: its name is still `sleep`.
+        assert_eq!(session_of(&dir, Exe::Hidden), None);
         let cfg = VetoesConfig {
             ssh_sessions: true,
             ..VetoesConfig::default()
@@ -198,6 +284,43 @@ mod tests {
         assert!(!check(&cfg).is_some_and(|why| why.contains("mallory")));
         let _ = child.kill();
         let _ = child.wait();
+    }
+
+    #[test]
+    fn a_session_process_whose_executable_is_hidden_is_known_by_its_name() {
+        // sshd's session process, as a sandboxed daemon sees another user's: named `sshd`,
+        // titled with its user, its executable unreadable.
+        use std::os::unix::process::CommandExt;
+        let bin = tempfile::tempdir().unwrap();
+        let sshd = bin.path().join("sshd");
+        std::os::unix::fs::symlink(which("sleep"), &sshd).unwrap();
+        let mut child = std::process::Command::new(&sshd)
+            .arg0("sshd: alice@notty")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let dir = PathBuf::from(format!("/proc/{}", child.id()));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !std::fs::read(dir.join("cmdline")).is_ok_and(|t| t.starts_with(b"sshd: alice@")) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the title never appeared"
+            );
+            std::thread::yield_now();
+        }
+        assert_eq!(session_of(&dir, Exe::Hidden).as_deref(), Some("alice"));
+        // Its executable readable, it is not the real sshd.
+        assert_eq!(sshd_session(&dir), None);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    fn which(name: &str) -> PathBuf {
+        ["/usr/bin", "/bin"]
+            .iter()
+            .map(|d| Path::new(d).join(name))
+            .find(|p| p.is_file())
+            .unwrap()
     }
 
     #[test]

@@ -460,6 +460,48 @@ fn aws_outage_then_errors_then_recovery_acts_exactly_once() {
 }
 
 #[test]
+fn a_hold_placed_while_ec2_calls_are_retried_calls_the_action_off() {
+    let inst = aws::launch(Kind::OnDemand);
+    let imds = aws::imds(&inst.id, "on-demand");
+    let proxy = aws::Proxy::start(ProxyMode::Unavailable);
+    let mut setup = Setup::new(&imds, "stop");
+    setup.endpoint = proxy.addr;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("hold.toml");
+    std::fs::write(&config, setup.config(dir.path())).unwrap();
+    let d = setup.start_in(dir, IDLE4);
+    // The action was decided, and its first call is being retried through 503s.
+    let unavailable = || {
+        proxy
+            .unavailable_answers
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
+    d.await_sample(LIMIT, |_| {
+        !events(&d.audit(), "action_attempt").is_empty() && unavailable() >= 2
+    });
+    // The user sees the warning and holds the node; then EC2 recovers.
+    common::gpuwatch(&[
+        &"hold",
+        &"1h",
+        &"--reason",
+        &"still needed",
+        &"--config",
+        &config,
+    ]);
+    proxy.set(ProxyMode::Forward);
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "refused") == 1.0);
+    let audit = d.audit();
+    let result = events(&audit, "action_result")[0];
+    let detail = result["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("called off") && detail.contains("still needed"),
+        "{detail}"
+    );
+    assert!(!api_calls(&audit).contains(&"StopInstances".to_string()));
+    assert_eq!(aws::instance_state(&inst.id), "running");
+}
+
+#[test]
 fn a_spot_interruption_notice_sets_the_metric_runs_the_hook_and_blocks_actions() {
     let inst = aws::launch(Kind::OneTimeSpot);
     let imds = aws::imds(&inst.id, "spot");

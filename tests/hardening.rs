@@ -209,13 +209,26 @@ fn with_a_full_disk_no_action_runs_until_its_record_is_durable() {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("acted");
     let config = format!(
-        "[actions]\nmode = \"enforce\"\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\nstate_dir = \"{state}\"\n\
+        "[actions]\nmode = \"enforce\"\nboot_grace = \"0s\"\nwarning = \"10s\"\nwall = false\nstate_dir = \"{state}\"\n\
          [[rules]]\nname = \"idle\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\nthreshold = 0.05\n\
          period = \"1s\"\nevaluation_periods = 2\naction = \"exec\"\ncommand = [\"/bin/sh\", \"-c\", \"echo ran >> {marker}\"]\n",
         state = dir.path().join("state").display(),
         marker = marker.display(),
     );
     let mut d = Daemon::start_in(dir, IDLE2, &config);
+    set_file_size_limit(d.pid(), Some(0));
+    // No warning can be recorded: none is given, and so no action falls due.
+    let s = d.await_scrape(LIMIT, |s| {
+        counter(s, "gpuwatch_state_errors_total", ("op", "audit")) >= 3.0
+    });
+    assert_eq!(
+        counter(&s, "gpuwatch_actions_total", ("result", "not_recorded")),
+        0.0
+    );
+    assert!(common::events(&d.audit(), "warning").is_empty());
+    // Space returns long enough for the warning to be recorded; then the disk fills again.
+    set_file_size_limit(d.pid(), None);
+    d.await_sample(LIMIT, |_| !common::events(&d.audit(), "warning").is_empty());
     set_file_size_limit(d.pid(), Some(0));
     // The action falls due again and again, and never runs while nothing can be recorded.
     let s = d.await_scrape(LIMIT, |s| {
@@ -251,15 +264,17 @@ fn with_a_full_disk_no_action_runs_until_its_record_is_durable() {
 fn dry_run_withholds_an_unrecorded_action_as_enforcement_would() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    std::fs::create_dir(&state).unwrap();
-    std::fs::create_dir(state.join("audit.jsonl")).unwrap();
     let config = format!(
-        "[actions]\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\nstate_dir = \"{state}\"\n\
+        "[actions]\nboot_grace = \"0s\"\nwarning = \"10s\"\nwall = false\nstate_dir = \"{state}\"\n\
          [[rules]]\nname = \"idle\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\nthreshold = 0.05\n\
          period = \"1s\"\nevaluation_periods = 2\naction = \"exec\"\ncommand = [\"/bin/true\"]\n",
         state = state.display(),
     );
     let d = Daemon::start_in(dir, IDLE2, &config);
+    // The warning is on record; then the audit log goes (a directory in its place).
+    d.await_sample(LIMIT, |_| !common::events(&d.audit(), "warning").is_empty());
+    std::fs::remove_file(state.join("audit.jsonl")).unwrap();
+    std::fs::create_dir(state.join("audit.jsonl")).unwrap();
     let s = d.await_scrape(LIMIT, |s| {
         counter(s, "gpuwatch_actions_total", ("result", "not_recorded")) >= 2.0
     });

@@ -108,9 +108,9 @@ pub struct Settings {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Process {
     pub job: Option<Holder>,
-    /// The job was read from the process's environment, which its owner sets: it counts only
-    /// where the job mapping directory (written by the prolog, as root) lists that job on the
-    /// same device.
+    /// The job was read from the process's environment, which its owner sets (or from a
+    /// cgroup that root does not own): it counts only where the job mapping directory (written
+    /// by the prolog, as root) lists that job on the same device.
     pub claimed: bool,
     pub uid: Option<u32>,
 }
@@ -119,9 +119,7 @@ pub struct Process {
 pub fn read_process(pid: u32, slurm: bool) -> Process {
     let found = slurm.then(|| super::of_process(pid)).flatten();
     Process {
-        claimed: found
-            .as_ref()
-            .is_some_and(|(_, s)| *s == super::Source::Environ),
+        claimed: found.as_ref().is_some_and(|(_, s)| s.is_claim()),
         job: found.map(|(h, _)| h),
         uid: super::users::uid_of(pid),
     }

@@ -11,6 +11,11 @@
 //!   characters) rather than `job_J`, unless `CgroupJobIdPaths=yes`.
 //!
 //! Every read is bounded, and a process that has gone is no error: it has no job.
+//!
+//! A cgroup is believed only where root owns the Slurm directory it names (`slurm`, or
+//! `slurmstepd.scope`, under `/sys/fs/cgroup`): a user with a delegated subtree (rootless
+//! containers, `systemd-run --user`) can make directories named like Slurm's. A job read from
+//! one that root does not own is a claim, as an environment's is.
 
 pub mod holders;
 pub mod mapping;
@@ -49,16 +54,48 @@ pub struct Holder {
 
 /// The job a process's cgroup file (`/proc/PID/cgroup`) places it in, if any line does.
 pub fn from_cgroup(text: &str) -> Option<Holder> {
+    located(text).map(|(h, _)| h)
+}
+
+/// The job a cgroup file places a process in, with the directories (under `/sys/fs/cgroup`)
+/// that may hold the Slurm directory its path names.
+fn located(text: &str) -> Option<(Holder, Vec<std::path::PathBuf>)> {
     text.lines().find_map(|line| {
         // `hierarchy-id:controllers:path`; the path may itself hold colons.
-        let path = line.splitn(3, ':').nth(2)?;
-        from_path(path)
+        let mut fields = line.splitn(3, ':');
+        let (id, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        let (holder, slurm_dir) = from_path(path)?;
+        // cgroup v2 is mounted at the root (or at `unified` beside v1); a v1 hierarchy at its
+        // controllers' name (`memory`, `cpu,cpuacct`, `systemd` for `name=systemd`).
+        let mounts: Vec<&str> = if id == "0" && controllers.is_empty() {
+            vec!["", "unified"]
+        } else {
+            vec![controllers.strip_prefix("name=").unwrap_or(controllers)]
+        };
+        // A path outside this cgroup namespace's root (`/../..`) cannot be looked at.
+        let outside = slurm_dir.split('/').any(|p| p == "..");
+        let dirs = mounts
+            .into_iter()
+            .filter(|m| !outside && !m.contains('/') && *m != "..")
+            .map(|m| std::path::Path::new(m).join(&slurm_dir))
+            .collect();
+        Some((holder, dirs))
     })
 }
 
-/// The job of one cgroup path.
-fn from_path(path: &str) -> Option<Holder> {
+/// Whether root owns one of `dirs` (relative to `root`): a Slurm directory that slurmd or
+/// slurmstepd made, not one that a user named so.
+fn owned_by_root(root: &std::path::Path, dirs: &[std::path::PathBuf]) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    dirs.iter()
+        .any(|d| std::fs::symlink_metadata(root.join(d)).is_ok_and(|m| m.is_dir() && m.uid() == 0))
+}
+
+/// The job of one cgroup path, and the path of its Slurm directory (`.../slurm`,
+/// `.../slurmstepd.scope`).
+fn from_path(path: &str) -> Option<(Holder, String)> {
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    let dir = |i: usize| parts[..=i].join("/");
     // cgroup v1: .../slurm[_node]/uid_U/job_J/step_S
     if let Some(i) = parts
         .iter()
@@ -66,10 +103,11 @@ fn from_path(path: &str) -> Option<Holder> {
     {
         if let (Some(uid), Some(job)) = (parts.get(i + 1), parts.get(i + 2)) {
             if let (Some(uid), Some(job)) = (uid.strip_prefix("uid_"), job_id(job)) {
-                return Some(Holder {
+                let holder = Holder {
                     job,
                     uid: uid.parse().ok(),
-                });
+                };
+                return Some((holder, dir(i)));
             }
         }
     }
@@ -87,7 +125,7 @@ fn from_path(path: &str) -> Option<Holder> {
         }
         None => return None,
     };
-    Some(Holder { job, uid: None })
+    Some((Holder { job, uid: None }, dir(i)))
 }
 
 /// `job_42` as `42`; a SLUID as itself (with a step after it, checked by the caller).
@@ -112,24 +150,48 @@ pub fn from_environ(bytes: &[u8]) -> Option<String> {
     })
 }
 
-/// Where a process's job was read from. A cgroup is slurmstepd's to set (as root); the
-/// environment is the process owner's, who may claim any job.
+/// Where a process's job was read from. A cgroup under a Slurm directory that root owns is
+/// slurmstepd's to set; the environment, or a cgroup that its user made, is the process owner's
+/// claim, who may claim any job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
     Cgroup,
+    /// A cgroup named like Slurm's that root does not own (or that cannot be looked at).
+    ForeignCgroup,
     Environ,
 }
+
+impl Source {
+    /// Whether the job is only claimed: it counts where the prolog gave the device that job.
+    pub fn is_claim(self) -> bool {
+        self != Source::Cgroup
+    }
+}
+
+/// Where the cgroup hierarchies are mounted.
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 /// The job process `pid` belongs to: from its cgroup, else its environment. `None` when it has
 /// none, has gone, or cannot be read.
 pub fn of_process(pid: u32) -> Option<(Holder, Source)> {
     let dir = std::path::PathBuf::from(format!("/proc/{pid}"));
     let cgroup = read_bounded(&dir.join("cgroup"), MAX_CGROUP_BYTES)?;
-    if let Some(h) = from_cgroup(&String::from_utf8_lossy(&cgroup)) {
-        return Some((h, Source::Cgroup));
+    if let Some(found) = of_cgroup(std::path::Path::new(CGROUP_ROOT), &cgroup) {
+        return Some(found);
     }
     let environ = read_bounded(&dir.join("environ"), MAX_ENVIRON_BYTES)?;
     from_environ(&environ).map(|job| (Holder { job, uid: None }, Source::Environ))
+}
+
+/// The job a cgroup file names, and whether root owns its Slurm directory under `root`.
+fn of_cgroup(root: &std::path::Path, cgroup: &[u8]) -> Option<(Holder, Source)> {
+    let (holder, dirs) = located(&String::from_utf8_lossy(cgroup))?;
+    let source = if owned_by_root(root, &dirs) {
+        Source::Cgroup
+    } else {
+        Source::ForeignCgroup
+    };
+    Some((holder, source))
 }
 
 /// Reads at most `max` bytes. The files of `/proc` report no size, so the cap is what bounds

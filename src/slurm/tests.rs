@@ -71,6 +71,66 @@ fn slurms_own_processes_and_other_cgroups_are_no_job() {
 }
 
 #[test]
+fn a_cgroup_is_believed_only_under_a_slurm_directory_that_root_owns() {
+    use std::os::unix::fs::chown;
+    let root = tempfile::tempdir().unwrap();
+    let v2 = "0::/system.slice/slurmstepd.scope/job_77/step_0/user/task_0\n";
+    let v1 = "12:memory:/slurm/uid_1000/job_4242/step_0\n";
+    // Nothing there (another mount namespace, say): a claim.
+    assert_eq!(
+        of_cgroup(root.path(), v2.as_bytes()),
+        Some((holder("77", None).unwrap(), Source::ForeignCgroup))
+    );
+    for dir in [
+        "system.slice/slurmstepd.scope/job_77",
+        "memory/slurm/uid_1000/job_4242",
+    ] {
+        std::fs::create_dir_all(root.path().join(dir)).unwrap();
+    }
+    let me = crate::files::effective_uid();
+    let want = |source| Some(if me == 0 { Source::Cgroup } else { source });
+    assert_eq!(
+        of_cgroup(root.path(), v2.as_bytes()).map(|f| f.1),
+        want(Source::ForeignCgroup)
+    );
+    assert_eq!(
+        of_cgroup(root.path(), v1.as_bytes()).map(|f| f.1),
+        want(Source::ForeignCgroup)
+    );
+    if me != 0 {
+        return;
+    }
+    // A user's delegated subtree with a directory named like slurmstepd's: the user owns it.
+    let spoof =
+        "0::/user.slice/user-1000.slice/user@1000.service/x_slurmstepd.scope/job_4242/step_0\n";
+    let theirs = root
+        .path()
+        .join("user.slice/user-1000.slice/user@1000.service/x_slurmstepd.scope");
+    std::fs::create_dir_all(theirs.join("job_4242/step_0")).unwrap();
+    chown(&theirs, Some(1000), Some(1000)).unwrap();
+    assert_eq!(
+        of_cgroup(root.path(), spoof.as_bytes()),
+        Some((holder("4242", None).unwrap(), Source::ForeignCgroup))
+    );
+    chown(root.path().join("memory/slurm"), Some(1000), None).unwrap();
+    assert_eq!(
+        of_cgroup(root.path(), v1.as_bytes()).map(|f| f.1),
+        Some(Source::ForeignCgroup)
+    );
+    // A path outside the namespace's root cannot be looked at: a claim.
+    let outside = "0::/../../system.slice/slurmstepd.scope/job_77/step_0\n";
+    assert_eq!(
+        of_cgroup(root.path(), outside.as_bytes()).map(|f| f.1),
+        Some(Source::ForeignCgroup)
+    );
+    assert!(
+        Source::ForeignCgroup.is_claim()
+            && Source::Environ.is_claim()
+            && !Source::Cgroup.is_claim()
+    );
+}
+
+#[test]
 fn the_environment_says_the_job_where_the_cgroup_does_not() {
     let env = b"HOME=/home/a\0SLURM_JOB_ID=31337\0CUDA_VISIBLE_DEVICES=0\0";
     assert_eq!(from_environ(env).as_deref(), Some("31337"));

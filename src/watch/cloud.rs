@@ -1,6 +1,6 @@
 //! The spot and tag poller: reads spot interruption notices, rebalance recommendations and the
 //! `gpuwatch:hold` tag from instance metadata (or EC2), and hands them to the decision loop
-//! through `NodeSignals`.
+//! through `NodeSignals`; and what of them calls off an action still being carried out.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -207,4 +207,29 @@ async fn run_hook(hook: &[String], timeout: Duration, executor: &Executor) {
         command: hook.to_vec(),
         result,
     });
+}
+
+impl super::Watch {
+    /// What calls off an action whose EC2 calls are still being retried: a spot interruption
+    /// announced, or a hold (local or tag) placed since it was decided.
+    pub(super) async fn called_off(&self) -> Option<String> {
+        if self.signals.interruption.lock().is_ok_and(|i| i.is_some()) {
+            return Some("a spot interruption was announced".into());
+        }
+        let dir = self.state_dir.clone();
+        let local = crate::state::on_io_thread(move || dir.hold()).await;
+        let tag = self
+            .signals
+            .tag_hold
+            .lock()
+            .map(|h| h.clone())
+            .unwrap_or_default();
+        let hold = crate::state::holds_in_force(crate::time::now(), &local, &tag)
+            .into_iter()
+            .next()?;
+        Some(format!(
+            "a {} hold was placed ({})",
+            hold.source, hold.reason
+        ))
+    }
 }

@@ -24,7 +24,7 @@ use crate::gpu::Snapshot;
 use crate::spend::metrics::{AlertKey, SharedCostView};
 use gpuwatch_core::cost::budget::Crossing;
 use gpuwatch_core::cost::ledger::Closed;
-use gpuwatch_core::step::order::{on_executed, settle_in_flight, Executed};
+use gpuwatch_core::step::order::{on_executed, on_warned, settle_in_flight, Executed};
 use gpuwatch_core::step::{rule_views, step, Decision, Inputs, RuleView, Settings, View};
 
 use crate::rules::engine::Event;
@@ -590,15 +590,20 @@ impl Watch {
                     rule.name,
                     self.executor.mode.as_str()
                 );
-                tracing::warn!("{text}");
-                self.executor.audit(AuditRecord::Warning {
+                let recorded = self.executor.audit(AuditRecord::Warning {
                     rule: rule.name.clone(),
                     at,
                     action: *action,
                     due_at: crate::time::rfc3339(*due_at),
                     evidence: evidence.clone(),
                 });
-                self.executor.notify(&text, true);
+                // A warning not on record is taken back, not sent: it comes again once the
+                // audit log can be written, and no action follows an unrecorded one.
+                on_warned(persisted, &rule.name, recorded);
+                if recorded {
+                    tracing::warn!("{text}");
+                    self.executor.notify(&text, true);
+                }
             }
             Event::Cancelled { action, reason, .. } => {
                 let text = format!(
@@ -631,7 +636,11 @@ impl Watch {
                     let _acting = self
                         .progress
                         .acting(self.action_limit(), crate::watch::progress::ACTED_GRACE);
-                    self.executor.execute(rule, *action, &evidence, at).await
+                    self.executor
+                        .execute(rule, *action, &evidence, at, &|| {
+                            Box::pin(self.called_off())
+                        })
+                        .await
                 };
                 let executed = if let Outcome::NotRecorded(_) = outcome {
                     self.not_recorded(&rule.name, *action, "audit.jsonl");

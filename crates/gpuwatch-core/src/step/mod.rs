@@ -319,11 +319,12 @@ pub fn step(
             _ => &idle_obs,
         };
         match &rule.subject {
-            None => engine::ingest(one, &mut state.engine, o),
+            None => engine::ingest(one, &mut state.engine, o, settings.slack),
             Some(who) => engine::ingest(
                 one,
                 &mut state.engine,
                 &subject_observation(o, rule.scope, who),
+                settings.slack,
             ),
         }
     }

@@ -64,6 +64,22 @@ pub struct Pending {
     pub activity: Option<String>,
     /// The postponement by a hold or an interruption has been reported.
     pub postponed: bool,
+    /// The time of the latest observation since the warning (0 until one arrives): a gap
+    /// longer than the slack between observations, or before the due time, is missing data,
+    /// and missing data during a warning calls the action off.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub seen_until: f64,
+}
+
+fn is_zero(t: &f64) -> bool {
+    *t == 0.0
+}
+
+impl Pending {
+    /// The end of the data seen since the warning: the warning itself, or a later observation.
+    fn seen(&self) -> f64 {
+        self.seen_until.max(self.warned_at)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -137,8 +153,10 @@ impl Event {
     }
 }
 
-/// Feeds one observation to every rule, and notes activity against pending actions.
-pub fn ingest(rules: &[Rule], state: &mut State, obs: &Observation) {
+/// Feeds one observation to every rule, and notes activity against pending actions: a sample
+/// that shows the GPUs in use, or one that comes more than `slack` seconds after the last, as
+/// the GPUs were unknown in between.
+pub fn ingest(rules: &[Rule], state: &mut State, obs: &Observation, slack: f64) {
     for rule in rules {
         let rs = state.rules.entry(rule.name.clone()).or_default();
         // A budget limit has no GPU window: it acts even when busy.
@@ -148,10 +166,22 @@ pub fn ingest(rules: &[Rule], state: &mut State, obs: &Observation) {
         rs.window.ingest(condition, obs);
         if let Some(p) = rs.pending.as_mut() {
             if p.activity.is_none() && obs.t >= p.warned_at {
-                p.activity = activity(condition, obs);
+                p.activity = gap(p.seen(), obs.t, slack).or_else(|| activity(condition, obs));
             }
+            p.seen_until = p.seen_until.max(obs.t);
         }
     }
+}
+
+/// Missing data between two times: the GPUs were unknown for longer than the slack, and unknown
+/// is busy.
+fn gap(from: f64, to: f64, slack: f64) -> Option<String> {
+    (to - from > slack).then(|| {
+        format!(
+            "no GPU data for {:.0} s during the warning (unknown is busy)",
+            to - from
+        )
+    })
 }
 
 /// Why one observation shows the node active for a condition, if it does.
@@ -251,6 +281,12 @@ pub fn evaluate(
         }
         let blocked = if ctx.interruption {
             Some("a spot interruption is pending".to_string())
+        } else if ctx.now < ctx.grace_until {
+            // The grace after a start holds back an action carried over from before it too.
+            Some(format!(
+                "the start-up grace lasts until {}",
+                crate::time::rfc3339(ctx.grace_until)
+            ))
         } else {
             let subject = rule
                 .hold_key()
@@ -270,7 +306,7 @@ pub fn evaluate(
 
         match rs.pending.take() {
             None => {
-                if armed.breaching && ctx.now >= ctx.grace_until && blocked.is_none() {
+                if armed.breaching && blocked.is_none() {
                     let due_at = ctx.now + settings.warning.as_secs_f64();
                     rs.pending = Some(Pending {
                         action: rule.action,
@@ -278,6 +314,7 @@ pub fn evaluate(
                         due_at,
                         activity: None,
                         postponed: false,
+                        seen_until: 0.0,
                     });
                     events.push(Event::Warning {
                         rule: name(),
@@ -288,7 +325,13 @@ pub fn evaluate(
                 }
             }
             Some(mut pending) => {
-                if let Some(reason) = pending.activity.take() {
+                let missing = match &rule.trigger {
+                    Trigger::Idle(_) if ctx.now >= pending.due_at => {
+                        gap(pending.seen(), ctx.now, settings.slack)
+                    }
+                    _ => None,
+                };
+                if let Some(reason) = pending.activity.take().or(missing) {
                     rs.not_before = ctx.now;
                     events.push(Event::Cancelled {
                         rule: name(),
@@ -360,6 +403,14 @@ pub fn withdraw(state: &mut State, rule: &str) {
             rs.pending = f.pending;
             rs.not_before = f.not_before;
         }
+    }
+}
+
+/// Takes back a warning that is not on record: the rule has nothing pending, and warns again
+/// at its next evaluation if it still breaches.
+pub fn unwarn(state: &mut State, rule: &str) {
+    if let Some(rs) = state.rules.get_mut(rule) {
+        rs.pending = None;
     }
 }
 

@@ -67,7 +67,12 @@ fn run(
 ) -> Vec<(u64, &'static str)> {
     let mut out = Vec::new();
     for t in from..to {
-        ingest(std::slice::from_ref(r), state, &obs(t as f64, &util(t)));
+        ingest(
+            std::slice::from_ref(r),
+            state,
+            &obs(t as f64, &util(t)),
+            settings().slack,
+        );
         let c = Context {
             now: t as f64,
             ..ctx.clone()
@@ -148,7 +153,7 @@ fn unknown_is_busy() {
 fn warns_then_acts_once() {
     let r = rule(10, 2, 2);
     let mut state = State::default();
-    let events = run(&r, &mut state, &Context::default(), 0, 120, |_| {
+    let events = run(&r, &mut state, &Context::default(), 0, 51, |_| {
         vec![Some(0.01)]
     });
     // Two complete idle periods by t=20; the warning lasts 30 s.
@@ -157,14 +162,18 @@ fn warns_then_acts_once() {
         vec![(20, "breach"), (20, "warning"), (50, "action")]
     );
     assert!(state.rules["idle"].in_flight.is_some());
-    // An action withdrawn (its record was not durable) falls due again at once.
+    // An action withdrawn (its record was not durable) falls due again at the next sample.
     let mut withdrawn = state.clone();
     withdraw(&mut withdrawn, "idle");
     assert!(withdrawn.rules["idle"].in_flight.is_none());
-    let again = run(&r, &mut withdrawn, &Context::default(), 120, 121, |_| {
+    let again = run(&r, &mut withdrawn, &Context::default(), 51, 52, |_| {
         vec![Some(0.01)]
     });
-    assert_eq!(again, vec![(120, "action")]);
+    assert_eq!(again, vec![(51, "action")]);
+    let events = run(&r, &mut state, &Context::default(), 51, 120, |_| {
+        vec![Some(0.01)]
+    });
+    assert!(events.is_empty(), "{events:?}");
     complete(&mut state, "idle");
     // After the action, a completely fresh window is needed: next warning at 50+20.
     let events = run(&r, &mut state, &Context::default(), 120, 130, |_| {
@@ -238,6 +247,83 @@ fn boot_grace_holds_and_interruptions_block() {
 }
 
 #[test]
+fn a_grace_after_a_restart_holds_back_an_action_carried_over() {
+    // Warned before the restart; the daemon comes back at 30 with a grace until 100.
+    let r = rule(10, 1, 1);
+    let mut state = State::default();
+    let events = run(&r, &mut state, &Context::default(), 0, 30, |_| {
+        vec![Some(0.0)]
+    });
+    assert_eq!(events, vec![(10, "breach"), (10, "warning")]);
+    let grace = Context {
+        grace_until: 100.0,
+        ..Context::default()
+    };
+    let events = run(&r, &mut state, &grace, 30, 100, |_| vec![Some(0.0)]);
+    assert_eq!(events, vec![(40, "postponed")]);
+    let events = run(&r, &mut state, &grace, 100, 101, |_| vec![Some(0.0)]);
+    assert_eq!(events, vec![(100, "action")]);
+}
+
+#[test]
+fn missing_data_during_a_warning_calls_the_action_off() {
+    // A period longer than the warning: at the due time the window still judges the periods
+    // that raised the warning, so only the data seen since then can call it off.
+    let r = rule(100, 1, 1);
+    let slack = settings().slack;
+    let warned = |state: &mut State| {
+        let events = run(&r, state, &Context::default(), 0, 101, |_| vec![Some(0.0)]);
+        assert_eq!(events, vec![(100, "breach"), (100, "warning")]);
+    };
+    let at = |state: &mut State, t: f64| {
+        let ctx = Context {
+            now: t,
+            ..Context::default()
+        };
+        evaluate(std::slice::from_ref(&r), &settings(), state, &ctx)
+    };
+
+    // No sample from 101 to 129 (a hung NVML, a stopped daemon); the first one after is idle.
+    let mut state = State::default();
+    warned(&mut state);
+    ingest(
+        std::slice::from_ref(&r),
+        &mut state,
+        &obs(130.0, &[Some(0.0)]),
+        slack,
+    );
+    let events = at(&mut state, 130.0);
+    let [Event::Cancelled { reason, .. }] = events.as_slice() else {
+        panic!("{events:?}")
+    };
+    assert!(reason.contains("no GPU data for 30 s"), "{reason}");
+
+    // No sample at all since the warning: at the due time the data is missing, not idle.
+    let mut state = State::default();
+    warned(&mut state);
+    let events = at(&mut state, 130.0);
+    assert!(
+        matches!(events.as_slice(), [Event::Cancelled { .. }]),
+        "{events:?}"
+    );
+
+    // Gaps within the slack are not missing data: the action runs when due.
+    let mut state = State::default();
+    warned(&mut state);
+    let mut kinds = Vec::new();
+    for t in (102..=130).step_by(2) {
+        ingest(
+            std::slice::from_ref(&r),
+            &mut state,
+            &obs(t as f64, &[Some(0.0)]),
+            slack,
+        );
+        kinds.extend(at(&mut state, t as f64).iter().map(Event::kind));
+    }
+    assert_eq!(kinds, ["action"]);
+}
+
+#[test]
 fn lifecycle_filter() {
     let mut r = rule(10, 1, 1);
     r.lifecycle = Some(Lifecycle::Spot);
@@ -268,6 +354,7 @@ fn bursty_training_never_breaches_a_two_hour_rule() {
             std::slice::from_ref(&r),
             &mut state,
             &obs(t as f64, &[Some(u), Some(u)]),
+            settings().slack,
         );
         if t % 60 == 0 {
             let ctx = Context {

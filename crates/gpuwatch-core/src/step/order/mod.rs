@@ -5,7 +5,8 @@
 //!
 //! - A warning is on record and sent before the state that makes its action possible is saved
 //!   (as are the breaches, recoveries and postponements beside it): a crash in between means a
-//!   repeated warning after the restart, never an action without one.
+//!   repeated warning after the restart, never an action without one. A warning whose record
+//!   cannot be written is taken back (`on_warned`) and given again at the next step.
 //! - A cancellation and an action follow the save. An action must not run that a restart could
 //!   not know about: one whose in-flight mark could not be saved did not run; it is withdrawn,
 //!   and falls due again once the disk recovers (if the rule still breaches then). A cancellation
@@ -200,6 +201,16 @@ pub enum Executed {
     /// Its audit record could not be written, so it did not run: it is withdrawn, and falls
     /// due again at the next step if the rule still breaches.
     NotRecorded,
+}
+
+/// Settles a warning the edge handled before the save. One whose record could not be written
+/// (a full disk, an I/O error) is taken back, and not sent: nothing is pending, and the rule
+/// warns again at its next step once the record can be made, so that no action ever follows a
+/// warning that is not on record.
+pub fn on_warned(state: &mut State, rule: &str, recorded: bool) {
+    if !recorded {
+        engine::unwarn(&mut state.engine, rule);
+    }
 }
 
 /// Settles the rule's in-flight action after the edge carried it out. Either way the state

@@ -20,6 +20,8 @@ struct World {
     disk: bool,
     /// Whether an action's audit record can be written.
     audit: bool,
+    /// Whether a warning's audit record can be written.
+    warning_recorded: bool,
     /// The process dies once the state is saved, before the step's actions run.
     crash_before_actions: bool,
 }
@@ -28,6 +30,7 @@ const NORMAL: World = World {
     utilization: 0.0,
     disk: true,
     audit: true,
+    warning_recorded: true,
     crash_before_actions: false,
 };
 
@@ -111,6 +114,12 @@ impl Edge {
         .order;
         for e in order.before_save() {
             self.note(t, format!("before: {}", e.kind()));
+            if let Event::Warning { rule, .. } = e {
+                if !world.warning_recorded {
+                    self.note(t, "warning not recorded");
+                }
+                on_warned(&mut self.state, rule, world.warning_recorded);
+            }
         }
         let save = order.save();
         if save.durable {
@@ -337,6 +346,41 @@ fn an_action_whose_record_cannot_be_written_is_withdrawn_and_retried() {
             (16, "after: action"),
             (16, "executed: Recorded"),
             (16, "saved durably"),
+        ]
+    );
+}
+
+#[test]
+fn a_warning_that_cannot_be_recorded_is_taken_back_and_given_again() {
+    let mut edge = Edge::new(settings(Vec::new()));
+    // The audit log cannot be written from 10 to 12: the warnings of those steps are not on
+    // record, so nothing is pending on disk, and the action waits for a warning that is.
+    edge.run(0..13, |t| World {
+        warning_recorded: t >= 13,
+        ..NORMAL
+    });
+    assert_eq!(edge.on_disk().engine.rules["idle"].pending, None);
+    edge.run(13..25, |_| NORMAL);
+    let decided: Vec<_> = edge
+        .log_from(10)
+        .into_iter()
+        .filter(|(_, what)| {
+            what.starts_with("before: warning")
+                || what.starts_with("after:")
+                || what.contains("not recorded")
+        })
+        .collect();
+    assert_eq!(
+        decided,
+        [
+            (10, "before: warning"),
+            (10, "warning not recorded"),
+            (11, "before: warning"),
+            (11, "warning not recorded"),
+            (12, "before: warning"),
+            (12, "warning not recorded"),
+            (13, "before: warning"),
+            (18, "after: action"),
         ]
     );
 }
