@@ -238,6 +238,7 @@ pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Repo
             spent: sp.start_usd,
             accrued_until: start,
             last_price: None,
+            suspended: 0.0,
         };
     }
     // A node that is down costs nothing: spend stops accruing once it went down.

@@ -160,8 +160,13 @@ impl Services {
         })
     }
 
-    /// An AWS Budget's actual and forecast spend against its limit.
-    pub async fn describe_budget(&self, account_id: &str, name: &str) -> Result<Reading, String> {
+    /// An AWS Budget's actual and forecast spend against its limit, in its current period, and
+    /// when that period ends.
+    pub async fn describe_budget(
+        &self,
+        account_id: &str,
+        name: &str,
+    ) -> Result<(Reading, f64), String> {
         let out = self
             .budgets()
             .await
@@ -177,15 +182,22 @@ impl Services {
         };
         let limit = amount(b.budget_limit()).ok_or("the budget has no limit")?;
         let spend = b.calculated_spend();
-        Ok(Reading {
+        // The budget's `TimePeriod` start is the day it began, years ago perhaps: the period its
+        // spend is of is the calendar one its time unit says, now.
+        let (period_start, period_end) = current_period(b.time_unit(), crate::time::now())
+            .ok_or_else(|| {
+                format!(
+                    "the budget's time unit {:?} is none of DAILY, MONTHLY, QUARTERLY, ANNUALLY",
+                    b.time_unit().as_str()
+                )
+            })?;
+        let reading = Reading {
             spent: amount(spend.and_then(|c| c.actual_spend())).unwrap_or(0.0),
             forecast: amount(spend.and_then(|c| c.forecasted_spend())),
             limit,
-            period_start: b
-                .time_period()
-                .and_then(|p| p.start())
-                .map_or(0.0, |d| d.as_secs_f64()),
-        })
+            period_start,
+        };
+        Ok((reading, period_end))
     }
 
     pub async fn publish(
@@ -277,6 +289,19 @@ fn parse_price_list_entry(entry: &str) -> Option<f64> {
                     .as_str()
                     .and_then(crate::cost::parse_hourly_usd)
             })
+    })
+}
+
+/// The start and end of the budget period containing `now` (UTC, as AWS Budgets counts them).
+fn current_period(unit: &aws_sdk_budgets::types::TimeUnit, now: f64) -> Option<(f64, f64)> {
+    use crate::cost::calendar::{months, Period};
+    use aws_sdk_budgets::types::TimeUnit;
+    Some(match unit {
+        TimeUnit::Daily => (Period::Day.start(now), Period::Day.end(now)),
+        TimeUnit::Monthly => months(now, 1),
+        TimeUnit::Quarterly => months(now, 3),
+        TimeUnit::Annually => months(now, 12),
+        _ => return None,
     })
 }
 

@@ -24,9 +24,36 @@ pub struct PollerReadings {
     pub spot: Mutex<Option<f64>>,
     pub pricing_api: Mutex<Option<f64>>,
     /// AWS Budgets readings, by gpuwatch budget name.
-    pub aws_budgets: Mutex<BTreeMap<String, Reading>>,
+    pub aws_budgets: Mutex<BTreeMap<String, AwsReading>>,
     /// Prometheus budgets' answers, by gpuwatch budget name.
     pub prometheus: Arc<query::QueryReadings>,
+}
+
+/// One AWS Budget's last answer: its reading, when it came, and when its period ends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AwsReading {
+    pub reading: Reading,
+    pub at: f64,
+    pub period_end: f64,
+}
+
+impl AwsReading {
+    /// The reading, while it is of the current period and no older than two poll intervals;
+    /// else why it is no reading. An old answer must not keep a budget exhausted, nor a new
+    /// period's thresholds from crossing.
+    pub fn fresh(&self, now: f64, poll_interval: Duration) -> Result<Reading, String> {
+        if now >= self.period_end {
+            return Err("the last AWS Budgets answer is of the previous budget period".into());
+        }
+        let age = now - self.at;
+        // At least a minute, so that a short interval does not flicker on a busy node.
+        if age > (2.0 * poll_interval.as_secs_f64()).max(60.0) {
+            return Err(format!(
+                "the last AWS Budgets answer is {age:.0}s old, more than two poll intervals"
+            ));
+        }
+        Ok(self.reading.clone())
+    }
 }
 
 pub struct Tracker {
@@ -87,12 +114,25 @@ impl Tracker {
             self.no_price_logged = false;
         }
         inputs.price = price;
-        inputs.external = self
+        let aws = self
             .readings
             .aws_budgets
             .lock()
             .map(|m| m.clone())
             .unwrap_or_default();
+        for (name, answer) in aws {
+            let Some(b) = self.config.budgets.iter().find(|b| b.name == name) else {
+                continue;
+            };
+            match answer.fresh(inputs.now, b.poll_interval) {
+                Ok(r) => {
+                    inputs.external.insert(name, r);
+                }
+                Err(why) => {
+                    inputs.unknown.insert(name, why);
+                }
+            }
+        }
         for b in &self.config.budgets {
             if matches!(b.source, BudgetSource::Prometheus(_)) {
                 match self.readings.prometheus.reading(b, inputs.now) {
@@ -171,14 +211,19 @@ pub async fn poll_budget(services: Services, budget: BudgetConfig, readings: Arc
     let mut failing = false;
     loop {
         match services.describe_budget(account_id, budget_name).await {
-            Ok(r) => {
+            Ok((reading, period_end)) => {
                 if failing {
                     tracing::info!(budget = %budget.name, "AWS Budgets answers again");
                 }
                 failing = false;
                 delay = budget.poll_interval;
+                let answer = AwsReading {
+                    reading,
+                    at: crate::time::now(),
+                    period_end,
+                };
                 if let Ok(mut m) = readings.aws_budgets.lock() {
-                    m.insert(budget.name.clone(), r);
+                    m.insert(budget.name.clone(), answer);
                 }
             }
             Err(e) => {
@@ -233,5 +278,32 @@ pub fn send_alert(
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_aws_budgets_answer_counts_in_its_period_while_fresh() {
+        let answer = AwsReading {
+            reading: Reading {
+                spent: 120.0,
+                forecast: None,
+                limit: 100.0,
+                period_start: 1_000.0,
+            },
+            at: 5_000.0,
+            period_end: 100_000.0,
+        };
+        let hour = Duration::from_secs(3600);
+        assert_eq!(answer.fresh(5_100.0, hour).unwrap().spent, 120.0);
+        // Exhausted at the end of a period: no reading in the next one.
+        let why = answer.fresh(100_000.0, hour).unwrap_err();
+        assert!(why.contains("previous budget period"), "{why}");
+        // The poller has failed for more than two intervals: no reading.
+        let why = answer.fresh(5_000.0 + 7_201.0, hour).unwrap_err();
+        assert!(why.contains("more than two poll intervals"), "{why}");
     }
 }

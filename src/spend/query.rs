@@ -142,7 +142,8 @@ impl QueryReadings {
         }
         Ok(Reading {
             spent: a.spent,
-            forecast: a.forecast,
+            // A forecast as implausible as such a spend is unknown, not a crossing.
+            forecast: a.forecast.filter(|f| *f <= IMPLAUSIBLE * limit),
             limit,
             period_start: start,
         })
@@ -594,6 +595,26 @@ mod tests {
             .reading(&b, MID)
             .unwrap_err()
             .contains("has not answered yet"));
+    }
+
+    #[test]
+    fn an_implausible_forecast_is_unknown() {
+        let b = budget();
+        let r = QueryReadings::default();
+        let forecast = |f: f64| {
+            r.record(
+                "team-ml",
+                Ok(Answer {
+                    spent: 50.0,
+                    forecast: Some(f),
+                    at: MID,
+                    forecast_unknown: None,
+                }),
+            );
+            r.reading(&b, MID).unwrap().forecast
+        };
+        assert_eq!(forecast(120.0), Some(120.0));
+        assert_eq!(forecast(1e12), None);
     }
 
     #[test]

@@ -289,6 +289,7 @@ impl Watch {
                 .iter()
                 .filter_map(|(s, h)| Some((s.key(), h.until()?)))
                 .collect(),
+            suspended: crate::time::suspended(),
             ..Inputs::default()
         };
         (obs, inputs, interruption)

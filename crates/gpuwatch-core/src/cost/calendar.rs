@@ -43,6 +43,24 @@ impl Period {
     }
 }
 
+/// The UTC period of `months` months (1, 3 or 12: AWS Budgets' monthly, quarterly and annual
+/// periods, aligned on January) that contains `t`: its start and end.
+pub fn months(t: f64, months: u32) -> (f64, f64) {
+    let months = months.clamp(1, 12);
+    let (y, m, _) = civil_from_days((t / DAY).floor() as i64);
+    let first = (m - 1) / months * months + 1;
+    let next = first + months;
+    let (ny, nm) = if next > 12 {
+        (y + 1, next - 12)
+    } else {
+        (y, next)
+    };
+    (
+        days_from_civil(y, first, 1) as f64 * DAY,
+        days_from_civil(ny, nm, 1) as f64 * DAY,
+    )
+}
+
 /// Days since 1970-01-01 for a proleptic Gregorian date (H. Hinnant's algorithm).
 pub fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
@@ -72,6 +90,29 @@ pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
 mod tests {
     use super::*;
     use crate::time::{parse_rfc3339, rfc3339};
+
+    #[test]
+    fn months_aligned_on_january() {
+        let t = parse_rfc3339("2026-11-30T09:13:22Z").unwrap();
+        let span = |n| {
+            let (a, b) = months(t, n);
+            (rfc3339(a), rfc3339(b))
+        };
+        assert_eq!(
+            span(1),
+            ("2026-11-01T00:00:00Z".into(), "2026-12-01T00:00:00Z".into())
+        );
+        assert_eq!(
+            span(3),
+            ("2026-10-01T00:00:00Z".into(), "2027-01-01T00:00:00Z".into())
+        );
+        assert_eq!(
+            span(12),
+            ("2026-01-01T00:00:00Z".into(), "2027-01-01T00:00:00Z".into())
+        );
+        let jan = parse_rfc3339("2027-01-01T00:00:00Z").unwrap();
+        assert_eq!(months(jan, 3).0, jan);
+    }
 
     #[test]
     fn periods() {

@@ -14,6 +14,14 @@ pub struct Ledger {
     pub accrued_until: f64,
     /// The last price accrued at, for the forecast and for restarts.
     pub last_price: Option<f64>,
+    /// How long the machine had been asleep (suspended or hibernated) since its boot, at the
+    /// last accrual: see `sleep`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub suspended: f64,
+}
+
+fn is_zero(t: &f64) -> bool {
+    *t == 0.0
 }
 
 /// A budget period that ended, with its total.
@@ -25,6 +33,18 @@ pub struct Closed {
 }
 
 impl Ledger {
+    /// Skips the time the machine slept since the last accrual: a hibernated or suspended
+    /// instance is not billed for it, and the same process may wake up days later.
+    /// `suspended` is the machine's total time asleep since its boot (`CLOCK_BOOTTIME` less
+    /// `CLOCK_MONOTONIC`); after a reboot it starts again from zero, which skips nothing.
+    pub fn sleep(&mut self, suspended: f64) {
+        let slept = suspended - self.suspended;
+        self.suspended = suspended;
+        if slept > 0.0 && self.period_start != 0.0 {
+            self.accrued_until += slept;
+        }
+    }
+
     /// Accrues spend up to `now` at `usd_per_hour`. With no price, time passes unaccrued: the
     /// spend is then unknown, not zero, and budget rules stay inactive.
     ///
@@ -110,6 +130,37 @@ mod tests {
         let booted = t0 + 46_800.0;
         l.accrue(t0 + 86_400.0, price, Period::Month, booted);
         assert!(close(l.spent, 1.5 * 23.0), "{}", l.spent);
+    }
+
+    #[test]
+    fn time_asleep_accrues_nothing() {
+        // Hibernated for three days at noon; the same process goes on after it wakes.
+        let t0 = parse_rfc3339("2026-11-10T00:00:00Z").unwrap();
+        let mut l = Ledger::default();
+        l.sleep(40.0);
+        l.accrue(t0, Some(10.0), Period::Month, 0.0);
+        l.accrue(t0 + 43_200.0, Some(10.0), Period::Month, 0.0);
+        let asleep = 3.0 * 86_400.0;
+        l.sleep(40.0 + asleep);
+        l.accrue(
+            t0 + 43_200.0 + asleep + 3600.0,
+            Some(10.0),
+            Period::Month,
+            0.0,
+        );
+        assert!(close(l.spent, 10.0 * 13.0), "{}", l.spent);
+        // After a reboot the count starts from zero again: nothing is skipped.
+        l.sleep(0.0);
+        l.accrue(
+            t0 + 43_200.0 + asleep + 7200.0,
+            Some(10.0),
+            Period::Month,
+            0.0,
+        );
+        assert!(close(l.spent, 10.0 * 14.0), "{}", l.spent);
+        // It round-trips through the state file.
+        let again: Ledger = serde_json::from_str(&serde_json::to_string(&l).unwrap()).unwrap();
+        assert_eq!(again, l);
     }
 
     #[test]

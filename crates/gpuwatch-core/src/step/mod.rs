@@ -202,6 +202,9 @@ pub struct Inputs {
     pub unknown: BTreeMap<String, String>,
     /// Holds in force of one job or one user (`job 42`, `user alice`), until when.
     pub subject_holds: BTreeMap<String, f64>,
+    /// Seconds the machine has been asleep (suspended or hibernated) since it booted: that
+    /// time accrues no spend.
+    pub suspended: f64,
 }
 
 /// What a job's or a user's GPUs cost while idle.
@@ -347,6 +350,7 @@ pub fn step(
             state.spot_price = Some(p.usd_per_hour);
         }
     }
+    state.ledger.sleep(inputs.suspended);
     let closed = state.ledger.accrue(
         now,
         inputs.price.map(|p| p.usd_per_hour),
