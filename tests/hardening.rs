@@ -151,6 +151,52 @@ fn long_polls_are_bounded() {
 }
 
 #[test]
+fn the_status_waits_for_the_decision_loop_only_under_a_long_poll_permit() {
+    // The decision loop is busy in a long action, so it does not step on new samples.
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nmax_long_polls = 1\n\
+         [actions]\nmode = \"enforce\"\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\nstate_dir = \"{state}\"\n\
+         [[rules]]\nname = \"idle\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\nthreshold = 0.05\n\
+         period = \"1s\"\nevaluation_periods = 2\naction = \"exec\"\ncommand = [\"sleep\", \"30\"]\n",
+        state = dir.path().join("state").display(),
+    );
+    let d = Daemon::start_in(dir, IDLE2, &config);
+    d.await_sample(LIMIT, |_| {
+        !common::events(&d.audit(), "action_attempt").is_empty()
+    });
+    // Status requests wait up to 2 s each for a step that does not come: each holds the one
+    // permit while it waits, so a long-poll meanwhile is refused rather than the waits
+    // piling up outside the cap.
+    let addr = d.addr;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let statuses = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                assert_eq!(common::get(addr, "/api/v1/status").status, 200);
+            }
+        })
+    };
+    let seq = d.get("/api/v1/snapshot").body;
+    let seq: serde_json::Value = serde_json::from_str(&seq).unwrap();
+    let seq = seq["seq"].as_u64().unwrap();
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let r = d.get(&format!("/api/v1/snapshot?after={seq}&timeout=0s"));
+        if r.status == 503 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no status wait ever held the long-poll permit"
+        );
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    statuses.join().unwrap();
+}
+
+#[test]
 fn sigterm_exits_promptly_with_clients_connected_and_stops_deciding_first() {
     let dir = tempfile::tempdir().unwrap();
     let config = format!(

@@ -279,7 +279,10 @@ async fn await_status(
 ) -> Result<crate::status::Status, Response> {
     let snap = await_sample(state, q).await?;
     // The rules, holds and spend of this sample come a moment after it, from the decision loop.
-    if let Some(p) = &state.status.progress {
+    // That wait is a long-poll's, under a permit: while an action runs the loop does not step,
+    // and waits outside the cap could hold every connection. Without a permit free, the status
+    // is answered as it stands.
+    if let (Some(p), Ok(_permit)) = (&state.status.progress, state.long_polls.try_acquire()) {
         p.await_stepped(snap.seq, Duration::from_secs(2)).await;
     }
     gather(state).await.ok_or_else(|| {

@@ -28,6 +28,47 @@ pub const MAX_RECORD_BYTES: usize = 64 * 1024;
 mod read;
 pub use read::{local, read_line, recent, Entry};
 
+/// A record as one JSON line no longer than the reader takes. A rule judged over many periods
+/// and GPUs can make its evidence longer: its oldest periods are left out (and counted, as
+/// `periods_omitted`), and if that is not enough, the evidence says it was too large.
+fn fitted(record: &serde_json::Value) -> io::Result<Vec<u8>> {
+    let line = serde_json::to_vec(record).map_err(io::Error::other)?;
+    // Room for the newline and for a torn record's line ending.
+    const MOST: usize = MAX_RECORD_BYTES - 2;
+    if line.len() <= MOST {
+        return Ok(line);
+    }
+    let mut record = record.clone();
+    let mut omitted = 0;
+    let mut len = line.len();
+    // Room for `"periods_omitted":N`.
+    while len + 32 > MOST {
+        let Some(periods) = record
+            .pointer_mut("/evidence/periods")
+            .and_then(|p| p.as_array_mut())
+            .filter(|p| !p.is_empty())
+        else {
+            break;
+        };
+        // The periods' share of the excess, at least one: a few rounds at most.
+        let n = (periods.len() * (len + 32 - MOST))
+            .div_ceil(len)
+            .clamp(1, periods.len());
+        periods.drain(..n);
+        omitted += n;
+        len = serde_json::to_vec(&record).map_err(io::Error::other)?.len();
+    }
+    if omitted > 0 {
+        record["evidence"]["periods_omitted"] = omitted.into();
+    }
+    let line = serde_json::to_vec(&record).map_err(io::Error::other)?;
+    if line.len() <= MOST {
+        return Ok(line);
+    }
+    record["evidence"] = serde_json::json!({ "omitted": "the evidence was too large to record" });
+    serde_json::to_vec(&record).map_err(io::Error::other)
+}
+
 /// One audit record. Each variant is the one way its event is written; field names are the
 /// JSON keys. Reading is lenient: a field missing from a line (one written by hand, or by an
 /// older version) reads as empty, except the action and the basis, which the words name.
@@ -262,7 +303,7 @@ impl AuditLog {
 
     /// Appends one record durably. `Err` means it may not be on disk.
     pub fn append(&self, record: &serde_json::Value) -> io::Result<()> {
-        let mut line = serde_json::to_vec(record).map_err(io::Error::other)?;
+        let mut line = fitted(record)?;
         line.push(b'\n');
         let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut f = self.open()?;

@@ -32,6 +32,53 @@ fn the_audit_log_rotates_by_size_and_count_without_splitting_records() {
 }
 
 #[test]
+fn a_record_too_long_for_the_reader_keeps_its_newest_periods() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(AUDIT_FILE);
+    let log = AuditLog::new(path.clone());
+    // A rule over 2,000 periods of 8 GPUs: about 1 MB of evidence.
+    let period = |i: usize| serde_json::json!({"start": i, "value": 0.01, "gpus": vec![0.01; 8], "note": "x".repeat(400)});
+    let periods: Vec<_> = (0..2000).map(period).collect();
+    log.append(&serde_json::json!({"event": "warning", "rule": "idle", "evidence": {"breaching": true, "periods": periods}}))
+        .unwrap();
+    // And one whose evidence is too large even without periods.
+    log.append(&serde_json::json!({"event": "breach", "rule": "idle", "evidence": {"gpus": "y".repeat(100_000)}}))
+        .unwrap();
+    let text = fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2);
+    assert!(
+        lines.iter().all(|l| l.len() < MAX_RECORD_BYTES),
+        "{:?}",
+        lines.iter().map(|l| l.len()).collect::<Vec<_>>()
+    );
+    let warning: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    let kept = warning["evidence"]["periods"].as_array().unwrap();
+    let omitted = warning["evidence"]["periods_omitted"].as_u64().unwrap() as usize;
+    assert_eq!(kept.len() + omitted, 2000);
+    assert!(kept.len() > 50, "{}", kept.len());
+    assert_eq!(
+        kept.last().unwrap()["start"],
+        1999,
+        "the newest periods are kept"
+    );
+    assert_eq!(warning["evidence"]["breaching"], true);
+    let breach: serde_json::Value = serde_json::from_str(lines[1]).unwrap();
+    assert!(breach["evidence"]["omitted"]
+        .as_str()
+        .unwrap()
+        .contains("too large"));
+    // Short records are written as they are.
+    log.append(&serde_json::json!({"event": "recovered", "rule": "idle"}))
+        .unwrap();
+    let text = fs::read_to_string(&path).unwrap();
+    assert_eq!(
+        text.lines().last(),
+        Some("{\"event\":\"recovered\",\"rule\":\"idle\"}")
+    );
+}
+
+#[test]
 fn a_torn_line_never_merges_with_the_next_record() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(AUDIT_FILE);
