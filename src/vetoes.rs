@@ -123,7 +123,9 @@ fn executable(dir: &Path) -> Exe {
 ///
 /// The executable is checked first: only then is the command line read. Reading another
 /// process's command line reads its memory, which a local user could make block (an argument
-/// area backed by a file on a FUSE mount): the real sshd's is its own.
+/// area backed by a file on a FUSE mount): the real sshd's is its own. Where the executable is
+/// hidden, a process named `sshd` is read; since Linux 4.18 that read never faults in a
+/// file-backed page.
 fn sshd_session(dir: &Path) -> Option<String> {
     session_of(dir, executable(dir))
 }

@@ -729,11 +729,72 @@ fn unplant(path: &std::path::Path, contents: &[u8]) {
     std::fs::write(path, contents).unwrap();
 }
 
+#[test]
+fn more_connections_than_open_files_allow_are_refused_at_start() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gpuwatch.toml");
+    std::fs::write(
+        &config,
+        "[server]\nlisten = \"127.0.0.1:0\"\nmax_connections = 1000\n",
+    )
+    .unwrap();
+    let limited = |files: u64| {
+        let mut cmd = std::process::Command::new(common::BIN);
+        cmd.args(["run", "--config"]).arg(&config);
+        // SAFETY: setrlimit is async-signal-safe and reads only the struct on this stack.
+        unsafe {
+            cmd.pre_exec(move || {
+                let lim = libc::rlimit {
+                    rlim_cur: files,
+                    rlim_max: files,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd
+    };
+    // 1000 connections and the daemon's other files do not fit in 1024.
+    let (code, _, stderr) = bounded_run(&mut limited(1024));
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(stderr.contains("server.max_connections: 1000"), "{stderr}");
+    // They fit in 4096: the daemon starts serving (and is stopped here).
+    let mut child = limited(4096)
+        .envs(common::aws::SAFE_ENV.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // It prints one line to stdout once it serves.
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut seen = Vec::new();
+    for line in std::io::BufRead::lines(stdout) {
+        let line = line.unwrap();
+        if line.contains("listening on") {
+            break;
+        }
+        seen.push(line);
+        assert!(seen.len() < 200, "{seen:?}");
+    }
+    assert_eq!(child.try_wait().unwrap(), None, "{seen:?}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// Runs gpuwatch with `args` and waits at most 20 s: its exit code, stdout and stderr. A hang
 /// fails the test.
 fn bounded(args: &[&std::ffi::OsStr]) -> (Option<i32>, String, String) {
-    let mut child = std::process::Command::new(common::BIN)
-        .args(args)
+    bounded_run(std::process::Command::new(common::BIN).args(args))
+}
+
+/// Runs `cmd` (gpuwatch) as `bounded` does.
+fn bounded_run(cmd: &mut std::process::Command) -> (Option<i32>, String, String) {
+    let args: Vec<_> = cmd.get_args().map(|a| a.to_owned()).collect();
+    let mut child = cmd
         .envs(common::aws::SAFE_ENV.iter().copied())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())

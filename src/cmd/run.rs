@@ -18,7 +18,7 @@ pub type Loaded = (Config, Option<std::sync::Arc<rustls::ServerConfig>>);
 /// Runs the daemon with the config that `load` reads (on the startup thread); `load`'s `Err` is
 /// the exit status of a config that cannot be used.
 pub fn run(load: impl FnOnce() -> Result<Loaded, ExitCode> + Send + 'static) -> ExitCode {
-    raise_fd_limit();
+    let open_files = raise_fd_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         // An idle pool thread goes soon: the pool hands work to its idle threads in turn, so a
@@ -39,6 +39,7 @@ pub fn run(load: impl FnOnce() -> Result<Loaded, ExitCode> + Send + 'static) -> 
         .name("gpuwatch-start".into())
         .spawn(move || {
             let (config, tls) = load()?;
+            fits_open_files(&config, open_files)?;
             handle
                 .block_on(Box::pin(crate::app::App::build(config, tls)))
                 .map_err(|e| {
@@ -79,11 +80,31 @@ pub fn run(load: impl FnOnce() -> Result<Loaded, ExitCode> + Send + 'static) -> 
     code
 }
 
+/// Open files the daemon needs besides its connections: NVML's device files, the state
+/// directory, AWS and webhook connections, the kubelet's socket, the runtime's own.
+const OTHER_OPEN_FILES: u64 = 256;
+
+/// Refuses `server.max_connections` that the open-file limit cannot hold: a flood of
+/// connections would otherwise use up the files that state saves and audit records need, and
+/// every action would wait on a full table. Exit status 64, as for a bad config.
+fn fits_open_files(config: &Config, open_files: Option<u64>) -> Result<(), ExitCode> {
+    let wanted = config.server.max_connections as u64;
+    match open_files {
+        Some(limit) if wanted + OTHER_OPEN_FILES > limit => {
+            eprintln!(
+                "config: server.max_connections: {wanted} connections and {OTHER_OPEN_FILES} other files need more open files than this process may have ({limit}); lower it, or raise the limit (LimitNOFILE= in the unit)"
+            );
+            Err(ExitCode::from(64))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Raises the soft limit on open files to the hard limit, as servers do: systemd's default
 /// soft limit of 1,024 is low for a daemon that serves connections and writes state. Also
 /// ignores SIGXFSZ, so that a file size limit fails a write (which is counted, and stops
-/// actions) instead of killing the daemon.
-fn raise_fd_limit() {
+/// actions) instead of killing the daemon. Returns the soft limit it leaves, if it reads.
+fn raise_fd_limit() -> Option<u64> {
     // SAFETY: setting a signal to be ignored has no preconditions. (The standard library
     // cannot set a signal's disposition.)
     unsafe {
@@ -96,14 +117,19 @@ fn raise_fd_limit() {
     // SAFETY: getrlimit and setrlimit read and write the struct we pass, and nothing else.
     // (The standard library has no resource-limit API.)
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 || lim.rlim_cur >= lim.rlim_max {
-            return;
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return None;
+        }
+        if lim.rlim_cur >= lim.rlim_max {
+            return Some(lim.rlim_cur);
         }
         let soft = lim.rlim_cur;
         lim.rlim_cur = lim.rlim_max;
         if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
             tracing::debug!(from = soft, to = lim.rlim_max, "raised the open-file limit");
+            return Some(lim.rlim_max);
         }
+        Some(soft)
     }
 }
 
