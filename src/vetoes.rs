@@ -256,26 +256,31 @@ mod tests {
         assert_eq!(matching(&vetoes, &Exe::None, Some("jupyter-lab")), None);
     }
 
-    #[test]
-    fn a_process_named_like_an_ssh_session_is_not_one() {
-        // Any user can do this; it once held the node busy.
+    /// Starts `program` sleeping, with the title (`argv[0]`) `title`, and waits until its
+    /// command line shows it (it can read empty for a moment while the exec completes).
+    fn titled(program: &Path, title: &str) -> (std::process::Child, PathBuf) {
         use std::os::unix::process::CommandExt;
-        let mut child = std::process::Command::new("sleep")
-            .arg0("sshd: mallory@pts/9")
+        let child = std::process::Command::new(program)
+            .arg0(title)
             .arg("30")
             .spawn()
             .unwrap();
-        let pid = child.id();
-        let dir = std::path::PathBuf::from(format!("/proc/{pid}"));
-        // The title can read empty for a moment while the exec completes.
+        let dir = PathBuf::from(format!("/proc/{}", child.id()));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !std::fs::read(dir.join("cmdline")).is_ok_and(|t| t.starts_with(b"sshd: mallory@")) {
+        while !std::fs::read(dir.join("cmdline")).is_ok_and(|t| t.starts_with(title.as_bytes())) {
             assert!(
                 std::time::Instant::now() < deadline,
                 "the title never appeared"
             );
             std::thread::yield_now();
         }
+        (child, dir)
+    }
+
+    #[test]
+    fn a_process_named_like_an_ssh_session_is_not_one() {
+        // Any user can do this; it once held the node busy.
+        let (mut child, dir) = titled(&which("sleep"), "sshd: mallory@pts/9");
         assert_eq!(sshd_session(&dir), None);
         // Nor when its executable is hidden: its name is still `sleep`.
         assert_eq!(session_of(&dir, Exe::Hidden), None);
@@ -292,24 +297,10 @@ mod tests {
     fn a_session_process_whose_executable_is_hidden_is_known_by_its_name() {
         // sshd's session process, as a sandboxed daemon sees another user's: named `sshd`,
         // titled with its user, its executable unreadable.
-        use std::os::unix::process::CommandExt;
         let bin = tempfile::tempdir().unwrap();
         let sshd = bin.path().join("sshd");
         std::os::unix::fs::symlink(which("sleep"), &sshd).unwrap();
-        let mut child = std::process::Command::new(&sshd)
-            .arg0("sshd: alice@notty")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let dir = PathBuf::from(format!("/proc/{}", child.id()));
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !std::fs::read(dir.join("cmdline")).is_ok_and(|t| t.starts_with(b"sshd: alice@")) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the title never appeared"
-            );
-            std::thread::yield_now();
-        }
+        let (mut child, dir) = titled(&sshd, "sshd: alice@notty");
         assert_eq!(session_of(&dir, Exe::Hidden).as_deref(), Some("alice"));
         // Its executable readable, it is not the real sshd.
         assert_eq!(sshd_session(&dir), None);

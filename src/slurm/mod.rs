@@ -73,10 +73,12 @@ fn located(text: &str) -> Option<(Holder, Vec<std::path::PathBuf>)> {
             vec![controllers.strip_prefix("name=").unwrap_or(controllers)]
         };
         // A path outside this cgroup namespace's root (`/../..`) cannot be looked at.
-        let outside = slurm_dir.split('/').any(|p| p == "..");
+        if slurm_dir.split('/').any(|p| p == "..") {
+            return Some((holder, Vec::new()));
+        }
         let dirs = mounts
             .into_iter()
-            .filter(|m| !outside && !m.contains('/') && *m != "..")
+            .filter(|m| !m.contains('/') && *m != "..")
             .map(|m| std::path::Path::new(m).join(&slurm_dir))
             .collect();
         Some((holder, dirs))

@@ -213,17 +213,12 @@ impl super::Watch {
     /// What calls off an action whose EC2 calls are still being retried: a spot interruption
     /// announced, or a hold (local or tag) placed since it was decided.
     pub(super) async fn called_off(&self) -> Option<String> {
-        if self.signals.interruption.lock().is_ok_and(|i| i.is_some()) {
+        if self.signals.interruption().is_some() {
             return Some("a spot interruption was announced".into());
         }
         let dir = self.state_dir.clone();
         let local = crate::state::on_io_thread(move || dir.hold()).await;
-        let tag = self
-            .signals
-            .tag_hold
-            .lock()
-            .map(|h| h.clone())
-            .unwrap_or_default();
+        let tag = self.signals.tag_hold();
         let hold = crate::state::holds_in_force(crate::time::now(), &local, &tag)
             .into_iter()
             .next()?;

@@ -42,6 +42,18 @@ pub struct NodeSignals {
     pub interruption: Mutex<Option<f64>>,
 }
 
+impl NodeSignals {
+    /// The instance-tag hold, as the cloud poller last read it.
+    pub fn tag_hold(&self) -> HoldStatus {
+        self.tag_hold.lock().map(|h| h.clone()).unwrap_or_default()
+    }
+
+    /// When the spot interruption in effect takes effect, if one is.
+    pub fn interruption(&self) -> Option<f64> {
+        self.interruption.lock().map(|i| *i).unwrap_or(None)
+    }
+}
+
 /// Unix time the machine booted, from /proc/stat.
 fn boot_time() -> Option<f64> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
@@ -255,12 +267,7 @@ impl Watch {
         })
         .await;
         obs.veto = veto;
-        let tag = self
-            .signals
-            .tag_hold
-            .lock()
-            .map(|h| h.clone())
-            .unwrap_or_default();
+        let tag = self.signals.tag_hold();
         let unreadable = [&local, &tag].into_iter().find_map(|h| match h {
             HoldStatus::Unreadable(why) => Some(why.clone()),
             _ => None,
@@ -276,7 +283,7 @@ impl Watch {
         if let Ok(mut u) = self.unpublished.lock() {
             u.holds = holds;
         }
-        let interruption = self.signals.interruption.lock().map(|i| *i).unwrap_or(None);
+        let interruption = self.signals.interruption();
         let inputs = Inputs {
             now: snap.timestamp,
             hold_until: [local.until(), tag.until()]

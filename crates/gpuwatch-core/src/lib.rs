@@ -14,3 +14,9 @@ pub mod plan;
 pub mod rules;
 pub mod step;
 pub mod time;
+
+/// For `skip_serializing_if`: a time or an amount of 0 is left out of the state file, which
+/// stays as it was for state that never had one.
+pub(crate) fn is_zero(t: &f64) -> bool {
+    *t == 0.0
+}

@@ -16,12 +16,8 @@ pub struct Ledger {
     pub last_price: Option<f64>,
     /// How long the machine had been asleep (suspended or hibernated) since its boot, at the
     /// last accrual: see `sleep`.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::is_zero")]
     pub suspended: f64,
-}
-
-fn is_zero(t: &f64) -> bool {
-    *t == 0.0
 }
 
 /// A budget period that ended, with its total.

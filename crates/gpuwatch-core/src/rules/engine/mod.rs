@@ -67,12 +67,8 @@ pub struct Pending {
     /// The time of the latest observation since the warning (0 until one arrives): a gap
     /// longer than the slack between observations, or before the due time, is missing data,
     /// and missing data during a warning calls the action off.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::is_zero")]
     pub seen_until: f64,
-}
-
-fn is_zero(t: &f64) -> bool {
-    *t == 0.0
 }
 
 impl Pending {
