@@ -727,11 +727,17 @@ fn over_tls_with_basic_auth() {
     );
     let d = Daemon::start_in(dir, BUSY2, &config);
 
-    // Prometheus takes a few seconds to start: unreachable until then.
+    // Prometheus takes a few seconds to start: unreachable until then. Each budget polls on
+    // its own, so the public-roots budget may still hold the refused connection of a poll from
+    // before Prometheus listened when the others already have their answers: wait for its
+    // certificate failure too.
     let s = d.await_scrape(LIMIT, |s| {
         ratio(s, "right").is_some()
             && failures(s, "wrong-password").contains_key("http_status")
             && failures(s, "public-roots").contains_key("unreachable")
+            && budget_status(&d, "public-roots")["unknown"]
+                .as_str()
+                .is_some_and(|why| why.to_ascii_lowercase().contains("certificate"))
     });
     metric("gpuwatch_budget_spent_ratio")
         .label("budget", "right")
