@@ -50,6 +50,7 @@ pub struct RuleState {
     pub breaching: bool,
     pub pending: Option<Pending>,
     /// Periods that start before this time never count again (after a cancel or an action).
+    /// It never goes back, whatever the wall clock does.
     pub not_before: f64,
     /// An action handed to the executor whose result is not recorded yet.
     pub in_flight: Option<InFlight>,
@@ -161,12 +162,28 @@ pub fn ingest(rules: &[Rule], state: &mut State, obs: &Observation, slack: f64) 
         };
         rs.window.ingest(condition, obs);
         if let Some(p) = rs.pending.as_mut() {
-            if p.activity.is_none() && obs.t >= p.warned_at {
-                p.activity = gap(p.seen(), obs.t, slack).or_else(|| activity(condition, obs));
+            if p.activity.is_none() {
+                p.activity = clock_back(p.seen(), obs.t)
+                    .or_else(|| gap(p.seen(), obs.t, slack))
+                    .or_else(|| activity(condition, obs));
             }
             p.seen_until = p.seen_until.max(obs.t);
         }
     }
+}
+
+/// A wall clock stepped back during a warning: samples are taken in order, so one older than
+/// the warning or than a sample since is a clock step, not late data. The window ignores such
+/// samples, so activity they show would go unseen, and the due time no longer means the warning
+/// the operator was given: the warning is called off.
+fn clock_back(seen: f64, t: f64) -> Option<String> {
+    (t < seen).then(|| {
+        format!(
+            "the clock went back {:.1} s during the warning (a sample at {})",
+            seen - t,
+            crate::time::rfc3339(t)
+        )
+    })
 }
 
 /// Missing data between two times: the GPUs were unknown for longer than the slack, and unknown
@@ -328,7 +345,9 @@ pub fn evaluate(
                     _ => None,
                 };
                 if let Some(reason) = pending.activity.take().or(missing) {
-                    rs.not_before = ctx.now;
+                    // The periods seen up to the cancellation never count again, even when it
+                    // was the clock that went back.
+                    rs.not_before = rs.not_before.max(ctx.now).max(pending.seen());
                     events.push(Event::Cancelled {
                         rule: name(),
                         action: pending.action,
@@ -347,14 +366,15 @@ pub fn evaluate(
                     }
                     rs.pending = Some(pending);
                 } else if !armed.breaching {
-                    rs.not_before = ctx.now;
+                    rs.not_before = rs.not_before.max(ctx.now);
                     events.push(Event::Cancelled {
                         rule: name(),
                         action: pending.action,
                         reason: "the rule no longer breaches on fresh data".into(),
                     });
                 } else {
-                    let not_before = std::mem::replace(&mut rs.not_before, ctx.now);
+                    let not_before = rs.not_before;
+                    rs.not_before = not_before.max(ctx.now);
                     rs.in_flight = Some(InFlight {
                         action: pending.action,
                         at: ctx.now,

@@ -456,3 +456,50 @@ fn a_rule_reads_as_a_sentence() {
         "stop when budget \"team\" is spent, once budget \"team\" is 29% spent"
     );
 }
+
+#[test]
+fn a_clock_that_steps_back_during_a_warning_calls_the_action_off() {
+    // The wall clock steps back 50 s ten seconds after the warning. The window ignores the
+    // samples older than its newest, so a job that ran in those 50 s would go unseen, and the
+    // due time would come 80 s after the warning, not 30 s.
+    let r = rule(100, 1, 1);
+    let slack = settings().slack;
+    let mut state = State::default();
+    let events = run(&r, &mut state, &Context::default(), 0, 111, |_| {
+        vec![Some(0.0)]
+    });
+    assert_eq!(events, vec![(100, "breach"), (100, "warning")]);
+    ingest(
+        std::slice::from_ref(&r),
+        &mut state,
+        &obs(60.0, &[Some(0.0)]),
+        slack,
+    );
+    let ctx = Context {
+        now: 60.0,
+        ..Context::default()
+    };
+    let events = evaluate(std::slice::from_ref(&r), &settings(), &mut state, &ctx);
+    // (The periods before the new time were never seen: the rule recovers, as it would on
+    // any unknown data.)
+    let [Event::Recovered { .. }, Event::Cancelled { reason, .. }] = events.as_slice() else {
+        panic!("{events:?}")
+    };
+    assert_eq!(
+        reason,
+        "the clock went back 50.0 s during the warning (a sample at 1970-01-01T00:01:00Z)"
+    );
+    // The periods seen before the step never count again: re-arming does not go back with the
+    // clock.
+    assert_eq!(state.rules["idle"].not_before, 110.0);
+
+    // A clock that only goes forward within the slack is no step: the action runs when due.
+    let mut state = State::default();
+    let events = run(&r, &mut state, &Context::default(), 0, 140, |_| {
+        vec![Some(0.0)]
+    });
+    assert_eq!(
+        events,
+        vec![(100, "breach"), (100, "warning"), (130, "action")]
+    );
+}
