@@ -93,7 +93,14 @@ pcie_link_width = {{ kind = "live", file = "{d}/width" }}
     let d = Daemon::start_in(dir, &scenario, &config);
     let h = await_state(&d, 0, "healthy");
     assert_eq!(h["node"], "healthy");
-    let unhealthy_dollars = |d: &Daemon| {
+    // The dollars the decision loop had counted once it judged sample `seq` (it publishes
+    // them after the sampler publishes the sample).
+    let unhealthy_dollars = |d: &Daemon, seq: u64| {
+        let judged = d.get(&format!(
+            "/api/v1/status?after={}&timeout=10s",
+            seq.saturating_sub(1)
+        ));
+        assert_eq!(judged.status, 200, "{}", judged.body);
         metric("gpuwatch_gpu_unhealthy_dollars_total")
             .get(&d.scrape())
             .unwrap_or(0.0)
@@ -138,7 +145,7 @@ pcie_link_width = {{ kind = "live", file = "{d}/width" }}
     ] {
         live(file, on);
         let h = await_state(&d, 0, state);
-        let before = unhealthy_dollars(&d);
+        let before = unhealthy_dollars(&d, h["seq"].as_u64().unwrap());
         assert_eq!(problems(&h, 0), [label], "{h}");
         let p = &h["gpus"][0]["problems"][0];
         assert_eq!(p["severity"], state);
@@ -166,7 +173,7 @@ pcie_link_width = {{ kind = "live", file = "{d}/width" }}
         // degraded GPU still works, and costs nothing extra).
         let seq = h["seq"].as_u64().unwrap();
         let later = d.snapshot_after(d.snapshot_after(seq)["seq"].as_u64().unwrap());
-        let after = unhealthy_dollars(&d);
+        let after = unhealthy_dollars(&d, later["seq"].as_u64().unwrap());
         if state == "unhealthy" {
             assert!(
                 after > before,

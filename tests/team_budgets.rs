@@ -730,7 +730,8 @@ fn over_tls_with_basic_auth() {
     // Prometheus takes a few seconds to start: unreachable until then. Each budget polls on
     // its own, so the public-roots budget may still hold the refused connection of a poll from
     // before Prometheus listened when the others already have their answers: wait for its
-    // certificate failure too.
+    // certificate failure too,
+    // and the status (filled in by the decision loop's next step) for the other's 401.
     let s = d.await_scrape(LIMIT, |s| {
         ratio(s, "right").is_some()
             && failures(s, "wrong-password").contains_key("http_status")
@@ -738,6 +739,9 @@ fn over_tls_with_basic_auth() {
             && budget_status(&d, "public-roots")["unknown"]
                 .as_str()
                 .is_some_and(|why| why.to_ascii_lowercase().contains("certificate"))
+            && budget_status(&d, "wrong-password")["unknown"]
+                .as_str()
+                .is_some_and(|why| why.contains("answered 401"))
     });
     metric("gpuwatch_budget_spent_ratio")
         .label("budget", "right")

@@ -9,6 +9,9 @@ use std::process::Command;
 use common::certs::{protect, tls_get, Ca, Issued, PASSWORD, USER};
 use common::Daemon;
 
+/// How long a line the daemon logged may take to reach the test's copy of its log.
+const LOG_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 const BUSY: &str = "[[gpu]]\nutilization = 90\n";
 
 struct Setup {
@@ -41,7 +44,7 @@ fn start() -> Setup {
 fn only_tls_with_the_right_password_gets_in() {
     let s = start();
     let addr = s.daemon.addr;
-    assert!(s.daemon.log().contains("listening on https://"));
+    s.daemon.await_log(LOG_LIMIT, "listening on https://");
     let right = Some((USER, PASSWORD));
 
     let ok = tls_get(addr, "/metrics", &s.ca, None, right);
@@ -167,18 +170,9 @@ fn a_fifo_or_a_huge_file_as_the_certificate_never_stalls_a_handshake() {
         }
     }
     // The checks ran beside the handshakes; their warnings reach the log a moment later.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let log = loop {
-        let log = s.daemon.log();
-        if log.contains("is a FIFO, not a regular file") && log.contains("is larger than 1 MiB")
-            || std::time::Instant::now() > deadline
-        {
-            break log;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
-    assert!(log.contains("is a FIFO, not a regular file"), "{log}");
-    assert!(log.contains("is larger than 1 MiB"), "{log}");
+    s.daemon
+        .await_log(LOG_LIMIT, "is a FIFO, not a regular file");
+    s.daemon.await_log(LOG_LIMIT, "is larger than 1 MiB");
     // And the daemon still stops when asked.
     s.daemon.terminate();
     let mut d = s.daemon;

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aws_sdk_ec2::types::{
     InstanceMarketOptionsRequest, InstanceType, MarketType, SpotInstanceType, SpotMarketOptions,
@@ -56,21 +56,21 @@ fn moto_binary() -> PathBuf {
 pub fn moto() -> &'static Moto {
     static MOTO: OnceLock<Moto> = OnceLock::new();
     MOTO.get_or_init(|| {
-        let port = super::free_port();
-        let child = Command::new(moto_binary())
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .envs(SAFE_ENV.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("moto_server not found: scripts/test installs moto[server] in .venv");
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        // moto takes a moment to import; wait for its port (an outside server, not our loop).
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while TcpStream::connect(addr).is_err() {
-            assert!(Instant::now() < deadline, "moto_server did not start");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        // moto takes a moment to import; it is ready once its own API answers.
+        let (child, addr) = super::start_server(
+            "moto_server",
+            Duration::from_secs(60),
+            |addr| {
+                Command::new(moto_binary())
+                    .args(["-H", "127.0.0.1", "-p", &addr.port().to_string()])
+                    .envs(SAFE_ENV.iter().copied())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("moto_server not found: scripts/test installs moto[server] in .venv")
+            },
+            |addr| super::try_get(addr, "/moto-api/data.json").is_ok_and(|r| r.status == 200),
+        );
         reap_at_exit(child.id());
         Moto {
             addr,

@@ -15,7 +15,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -41,7 +41,14 @@ pub struct Daemon {
     child: Child,
     pub addr: SocketAddr,
     pub dir: tempfile::TempDir,
-    log: Arc<Mutex<String>>,
+    log: Arc<Log>,
+}
+
+/// The daemon's stderr as read so far, and a signal for each line that arrives.
+#[derive(Default)]
+struct Log {
+    text: Mutex<String>,
+    grew: Condvar,
 }
 
 impl Daemon {
@@ -96,13 +103,14 @@ impl Daemon {
             .spawn()
             .expect("start gpuwatch");
         let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
+        let log = Arc::new(Log::default());
         let sink = Arc::clone(&log);
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let mut l = sink.lock().unwrap();
+                let mut l = sink.text.lock().unwrap();
                 l.push_str(&line);
                 l.push('\n');
+                sink.grew.notify_all();
             }
         });
         // The readiness signal: "listening on http://ADDR/" (or https) on stdout.
@@ -119,7 +127,10 @@ impl Daemon {
             Ok(a) => a,
             Err(_) => {
                 let _ = child.kill();
-                panic!("gpuwatch did not start listening:\n{}", log.lock().unwrap());
+                panic!(
+                    "gpuwatch did not start listening:\n{}",
+                    log.text.lock().unwrap()
+                );
             }
         };
         Daemon {
@@ -131,7 +142,24 @@ impl Daemon {
     }
 
     pub fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
+        self.log.text.lock().unwrap().clone()
+    }
+
+    /// Awaits the log's lines until one contains `needle` (stderr is read on its own thread,
+    /// so a line written before an answer may reach the log after it), and returns the log;
+    /// fails after `limit`.
+    pub fn await_log(&self, limit: Duration, needle: &str) -> String {
+        let deadline = Instant::now() + limit;
+        let mut text = self.log.text.lock().unwrap();
+        while !text.contains(needle) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "the log did not say \"{needle}\" within {limit:?}:\n{text}"
+            );
+            text = self.log.grew.wait_timeout(text, left).unwrap().0;
+        }
+        text.clone()
     }
 
     pub fn get(&self, path: &str) -> Response {
@@ -307,11 +335,14 @@ pub fn reuse_dir(path: &Path) -> tempfile::TempDir {
     td
 }
 
+/// The complete records of an audit log: a last line without its newline is a record still
+/// being written, which a test polling the log may catch.
 pub fn audit_records(path: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+    complete
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect()
 }
 
@@ -521,6 +552,74 @@ impl Assertion {
             }
         }
     }
+}
+
+/// Starts an outside server that cannot report the port it took: on a loopback port that was
+/// free a moment ago, and again on another when the server exits before it is ready (something
+/// took the port between the pick and the server's bind). `ready` must tell this server from
+/// another listening there. Returns the server and its address; fails after `limit`.
+pub fn start_server(
+    what: &str,
+    limit: Duration,
+    spawn: impl Fn(SocketAddr) -> Child,
+    ready: impl Fn(SocketAddr) -> bool,
+) -> (Child, SocketAddr) {
+    let deadline = Instant::now() + limit;
+    let mut exits = Vec::new();
+    while exits.len() < 5 {
+        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let mut child = spawn(addr);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                exits.push(format!("{addr}: {status}"));
+                break;
+            }
+            if ready(addr) && matches!(child.try_wait(), Ok(None)) {
+                return (child, addr);
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{what} was not ready within {limit:?} (earlier tries: {exits:?})");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    panic!("{what} exited before it was ready, each time: {exits:?}");
+}
+
+/// A loopback port that refuses connections for as long as the socket returned is open: bound
+/// but never listening, so that no other server can take the port meanwhile.
+pub fn closed_port() -> (std::os::fd::OwnedFd, u16) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: socket(2) returns a new descriptor or -1; the new one is owned here alone.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    let mut addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: `addr` is a sockaddr_in of `len` bytes, for bind(2) to read and getsockname(2) to
+    // fill.
+    unsafe {
+        let at = std::ptr::addr_of_mut!(addr).cast::<libc::sockaddr>();
+        assert_eq!(
+            libc::bind(raw, at, len),
+            0,
+            "bind: {}",
+            std::io::Error::last_os_error()
+        );
+        assert_eq!(libc::getsockname(raw, at, &mut len), 0);
+    }
+    (fd, u16::from_be(addr.sin_port))
 }
 
 /// A loopback port that was free a moment ago, for servers that cannot report their own.

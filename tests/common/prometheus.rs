@@ -66,9 +66,18 @@ impl Prometheus {
     ) -> Prometheus {
         let config = dir.path().join("prometheus.yml");
         std::fs::write(&config, config_text).unwrap();
-        let listen: std::net::SocketAddr =
-            format!("127.0.0.1:{}", super::free_port()).parse().unwrap();
-        let child = spawn(dir.path(), listen, args);
+        let (child, listen) = super::start_server(
+            "Prometheus",
+            Duration::from_secs(60),
+            |addr| spawn(dir.path(), addr, args),
+            |addr| {
+                // Ready; or, over TLS, a Go server saying so to a plain HTTP request.
+                super::try_get(addr, "/-/ready").is_ok_and(|r| {
+                    r.body.contains("Prometheus")
+                        || r.body.contains("HTTP request to an HTTPS server")
+                })
+            },
+        );
         Prometheus {
             addr: listen,
             _child: super::Killed(child),
