@@ -81,7 +81,26 @@ pub struct Assessment {
     pub gpus: Vec<String>,
 }
 
+impl Bucket {
+    /// Whether an observation has the devices this period began with (matched by GPU index and
+    /// MIG instance, never by position).
+    fn same_devices(&self, obs: &Observation) -> bool {
+        obs.gpus.len() == self.gpus.len()
+            && obs
+                .gpus
+                .iter()
+                .zip(&self.gpus)
+                .all(|(o, s)| o.key() == (s.index, s.mig))
+    }
+}
+
 impl Window {
+    /// Whether an observation has other devices than the latest period began with: a GPU came
+    /// or went, or its MIG layout changed (which someone does to start work).
+    pub fn devices_changed(&self, obs: &Observation) -> bool {
+        self.buckets.back().is_some_and(|b| !b.same_devices(obs))
+    }
+
     /// Adds one observation. Observations older than the newest bucket are ignored.
     pub fn ingest(&mut self, rule: &Condition, obs: &Observation) {
         let period = rule.period.as_secs_f64();
@@ -133,13 +152,7 @@ impl Window {
             b.unknown = Some("a sample was incomplete (NVML down or a GPU lost)".into());
             return;
         }
-        let same_gpus = obs.gpus.len() == b.gpus.len()
-            && obs
-                .gpus
-                .iter()
-                .zip(&b.gpus)
-                .all(|(o, s)| o.key() == (s.index, s.mig));
-        if !same_gpus {
+        if !b.same_devices(obs) {
             b.unknown = Some("the set of GPUs changed".into());
             return;
         }

@@ -160,12 +160,20 @@ pub fn ingest(rules: &[Rule], state: &mut State, obs: &Observation, slack: f64) 
         let Trigger::Idle(condition) = &rule.trigger else {
             continue;
         };
+        // Judged against the devices seen before this observation joins the window.
+        let relaid = rs.window.devices_changed(obs);
         rs.window.ingest(condition, obs);
         if let Some(p) = rs.pending.as_mut() {
             if p.activity.is_none() {
                 p.activity = clock_back(p.seen(), obs.t)
                     .or_else(|| gap(p.seen(), obs.t, slack))
-                    .or_else(|| activity(condition, obs));
+                    .or_else(|| activity(condition, obs))
+                    .or_else(|| {
+                        // New devices read idle at first: the change itself is the activity.
+                        relaid.then(|| {
+                            "the GPUs or their MIG layout changed during the warning".to_string()
+                        })
+                    });
             }
             p.seen_until = p.seen_until.max(obs.t);
         }

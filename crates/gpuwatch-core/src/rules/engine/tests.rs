@@ -503,3 +503,57 @@ fn a_clock_that_steps_back_during_a_warning_calls_the_action_off() {
         vec![(100, "breach"), (100, "warning"), (130, "action")]
     );
 }
+
+#[test]
+fn a_mig_layout_that_changes_during_a_warning_calls_the_action_off() {
+    // A period longer than the warning: at the due time the window still judges the periods
+    // that raised the warning, so only what is seen since then can call it off. Someone splits
+    // GPU 0 into two MIG devices to start work; the new devices read idle at first.
+    let r = rule(100, 1, 1);
+    let slack = settings().slack;
+    let relaid = |t: f64| {
+        let mut o = obs(t, &[]);
+        for gi in [1, 2] {
+            let mut g = GpuReading {
+                index: 0,
+                mig: Some(crate::rules::MigDevice {
+                    gpu_instance: gi,
+                    compute_instance: 0,
+                    share: 0.5,
+                }),
+                ..GpuReading::default()
+            };
+            g.set(Metric::GpuUtilization, Some(0.0));
+            o.gpus.push(g);
+        }
+        o
+    };
+    let mut state = State::default();
+    let events = run(&r, &mut state, &Context::default(), 0, 101, |_| {
+        vec![Some(0.0)]
+    });
+    assert_eq!(events, vec![(100, "breach"), (100, "warning")]);
+    let mut kinds = Vec::new();
+    for t in 101..=130 {
+        ingest(
+            std::slice::from_ref(&r),
+            &mut state,
+            &relaid(t as f64),
+            slack,
+        );
+        let ctx = Context {
+            now: t as f64,
+            ..Context::default()
+        };
+        for e in evaluate(std::slice::from_ref(&r), &settings(), &mut state, &ctx) {
+            if let Event::Cancelled { reason, .. } = &e {
+                assert_eq!(
+                    reason,
+                    "the GPUs or their MIG layout changed during the warning"
+                );
+            }
+            kinds.push((t, e.kind()));
+        }
+    }
+    assert_eq!(kinds, [(101, "cancelled")]);
+}
