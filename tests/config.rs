@@ -281,3 +281,59 @@ fn the_webhook_url_can_come_from_a_file() {
     );
     assert!(!err.contains("SECRET"), "{err}");
 }
+
+/// A config whose main file, rules file, web config and webhook URL file are each wrong gets
+/// every problem in one report (exit 64), main file first: an operator fixes them in one pass,
+/// not one per run.
+#[test]
+fn every_files_problems_are_reported_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("rules.toml"),
+        "[[rules]]\nname = \"r\"\nmetric = \"gpu_utilization\"\ncomparison = \"sideways\"\n\
+         threshold = 0.05\nperiod = \"1h\"\nevaluation_periods = 2\naction = \"alert\"\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("web.yml"), "basic_auth_users: 7\n").unwrap();
+    let config = dir.path().join("gpuwatch.toml");
+    std::fs::write(
+        &config,
+        "rules_file = \"rules.toml\"\n[sampling]\ninterval = \"0s\"\n\
+         [server]\nweb_config_file = \"web.yml\"\n\
+         [actions]\nwebhook_url_file = \"no-such-file\"\n",
+    )
+    .unwrap();
+    let out = Command::new(common::BIN)
+        .arg("check-config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let at = |needle: &str| {
+        err.find(needle)
+            .unwrap_or_else(|| panic!("no \"{needle}\" in:\n{err}"))
+    };
+    let main = at("sampling.interval: \"0s\" is too short");
+    let rules = at("\"sideways\"");
+    let web = at("server.web_config_file");
+    // The key the YAML parser names is given once.
+    assert!(
+        err.contains("web.yml: basic_auth_users: invalid type"),
+        "{err}"
+    );
+    let webhook = at("no-such-file");
+    assert!(main < rules && rules < web && web < webhook, "{err}");
+    // Each file fixed in turn: the others' problems stay.
+    std::fs::write(
+        &config,
+        "rules_file = \"rules.toml\"\n[server]\nweb_config_file = \"web.yml\"\n",
+    )
+    .unwrap();
+    let err = Config::load(&config).unwrap_err().to_string();
+    assert!(
+        err.contains("\"sideways\"") && err.contains("server.web_config_file"),
+        "{err}"
+    );
+    assert!(!err.contains("sampling.interval"), "{err}");
+}

@@ -99,33 +99,60 @@ impl Config {
 
     /// Parses config text; `path` is used in messages, and a relative `rules_file` is
     /// resolved against its directory.
+    ///
+    /// Every problem is reported at once: those of the main file, of the rules file, of the web
+    /// config and of the webhook URL file, in that order (the budgets' files are read only once
+    /// the rest is valid, as their keys must be first).
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigErrors> {
         let mut raw = RawConfig::parse(text, path)?;
         let base = path.parent().unwrap_or(Path::new("."));
-        if !raw.rules_file.is_empty() {
-            let file = check::file_path(base, &raw.rules_file);
-            raw.rules.extend(load_rules_file(&file)?);
+        let mut errors = Vec::new();
+        // Keeps the value, or the problems for the report.
+        fn kept<T>(errors: &mut Vec<ConfigError>, r: Result<T, ConfigErrors>) -> Option<T> {
+            r.map_err(|e| errors.extend(e.0)).ok()
         }
+        let rules = (!raw.rules_file.is_empty()).then(|| {
+            kept(
+                &mut errors,
+                load_rules_file(&check::file_path(base, &raw.rules_file)),
+            )
+        });
         let web_file = raw.server.web_config_file.clone();
-        let webhook_file = std::mem::take(&mut raw.actions.webhook_url_file);
-        let inline_webhook = !raw.actions.webhook_url.is_empty();
-        let mut config = raw.validate()?;
-        if !web_file.is_empty() {
+        let web = (!web_file.is_empty()).then(|| {
             let file = check::file_path(base, &web_file);
-            config.server.web = Some(web::WebConfig::load(&file, "server.web_config_file")?);
-        }
-        if !webhook_file.is_empty() {
+            kept(
+                &mut errors,
+                web::WebConfig::load(&file, "server.web_config_file"),
+            )
+        });
+        let webhook_file = std::mem::take(&mut raw.actions.webhook_url_file);
+        let webhook = (!webhook_file.is_empty()).then(|| {
             const KEY: &str = "actions.webhook_url_file";
-            if inline_webhook {
-                return Err(ConfigError::Invalid {
+            let read = if raw.actions.webhook_url.is_empty() {
+                read_webhook_url(&check::file_path(base, &webhook_file))
+            } else {
+                Err(ConfigError::Invalid {
                     key: KEY.into(),
                     message: "give webhook_url or webhook_url_file, not both".into(),
-                }
-                .into());
-            }
-            let file = check::file_path(base, &webhook_file);
-            config.actions.webhook_url = Some(read_webhook_url(&file)?);
+                })
+            };
+            kept(&mut errors, read.map_err(ConfigErrors::from))
+        });
+        if let Some(Some(rules)) = rules {
+            raw.rules.extend(rules);
         }
+        let validated = raw.validate();
+        // The main file's problems first, then the other files'.
+        let mut config = match validated {
+            Ok(config) if errors.is_empty() => config,
+            Ok(_) => return Err(ConfigErrors(errors)),
+            Err(mut e) => {
+                e.0.extend(errors);
+                return Err(e);
+            }
+        };
+        config.server.web = web.flatten();
+        config.actions.webhook_url = webhook.flatten().or(config.actions.webhook_url);
         for (i, b) in config.budgets.iter_mut().enumerate() {
             if let BudgetSource::Prometheus(q) = &mut b.source {
                 budgets::resolve_files(q, base, &format!("budgets[{i}]"))?;

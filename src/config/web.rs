@@ -152,12 +152,10 @@ impl WebConfig {
             let de = yaml_serde::Deserializer::from_str(text);
             serde_path_to_error::deserialize(de).map_err(|e| {
                 let at = e.path().to_string();
-                invalid(
-                    key,
-                    path,
-                    &at,
-                    e.into_inner().to_string().replace('`', "\""),
-                )
+                // The YAML parser may name the key itself too: once is enough.
+                let message = e.into_inner().to_string().replace('`', "\"");
+                let message = message.strip_prefix(&format!("{at}: ")).unwrap_or(&message);
+                invalid(key, path, &at, message)
             })?
         };
         let dir = path.parent().unwrap_or(Path::new("."));
