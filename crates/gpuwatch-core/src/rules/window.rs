@@ -8,11 +8,15 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Aggregation, Condition, Observation, Statistic};
+use super::{Aggregation, Condition, DeviceKey, Observation, Statistic};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Window {
     buckets: VecDeque<Bucket>,
+    /// The devices of the latest observation taken in, in its order (empty before the first,
+    /// and in state saved before this was kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    devices: Vec<DeviceKey>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -95,10 +99,15 @@ impl Bucket {
 }
 
 impl Window {
-    /// Whether an observation has other devices than the latest period began with: a GPU came
-    /// or went, or its MIG layout changed (which someone does to start work).
+    /// Whether an observation has other devices than the one before it: a GPU came or went, or
+    /// its MIG layout changed (which someone does to start work).
     pub fn devices_changed(&self, obs: &Observation) -> bool {
-        self.buckets.back().is_some_and(|b| !b.same_devices(obs))
+        !self.devices.is_empty()
+            && !obs
+                .gpus
+                .iter()
+                .map(|g| g.key())
+                .eq(self.devices.iter().copied())
     }
 
     /// Adds one observation. Observations older than the newest bucket are ignored.
@@ -136,6 +145,8 @@ impl Window {
         while self.buckets.front().is_some_and(|b| b.idx <= idx - keep) {
             self.buckets.pop_front();
         }
+        self.devices.clear();
+        self.devices.extend(obs.gpus.iter().map(|g| g.key()));
         let Some(b) = self.buckets.back_mut() else {
             return;
         };

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::window::{Assessment, Window};
-use super::{Action, Aggregation, Condition, Lifecycle, Observation, Rule, Trigger};
+use super::{Action, Aggregation, Condition, Lifecycle, Metric, Observation, Rule, Trigger};
 
 /// Engine settings that are not per rule.
 #[derive(Debug, Clone, PartialEq)]
@@ -160,12 +160,13 @@ pub fn ingest(rules: &[Rule], state: &mut State, obs: &Observation, slack: f64) 
         let Trigger::Idle(condition) = &rule.trigger else {
             continue;
         };
-        // Judged against the devices seen before this observation joins the window.
-        let relaid = rs.window.devices_changed(obs);
+        // Judged against the devices seen before this observation joins the window. (Not for
+        // health: a broken GPU in MIG mode loses its MIG devices, and nobody made that.)
+        let relaid = condition.metric != Metric::GpuUnhealthy && rs.window.devices_changed(obs);
         rs.window.ingest(condition, obs);
         if let Some(p) = rs.pending.as_mut() {
             if p.activity.is_none() {
-                p.activity = clock_back(p.seen(), obs.t)
+                p.activity = clock_back(p.seen(), obs.t, slack)
                     .or_else(|| gap(p.seen(), obs.t, slack))
                     .or_else(|| activity(condition, obs))
                     .or_else(|| {
@@ -182,10 +183,11 @@ pub fn ingest(rules: &[Rule], state: &mut State, obs: &Observation, slack: f64) 
 
 /// A wall clock stepped back during a warning: samples are taken in order, so one older than
 /// the warning or than a sample since is a clock step, not late data. The window ignores such
-/// samples, so activity they show would go unseen, and the due time no longer means the warning
-/// the operator was given: the warning is called off.
-fn clock_back(seen: f64, t: f64) -> Option<String> {
-    (t < seen).then(|| {
+/// samples, and the due time no longer means the warning the operator was given: a step back
+/// by more than the slack calls the warning off. (Within the slack, as for a gap, the sample is
+/// still checked for activity.)
+fn clock_back(seen: f64, t: f64, slack: f64) -> Option<String> {
+    (seen - t > slack).then(|| {
         format!(
             "the clock went back {:.1} s during the warning (a sample at {})",
             seen - t,

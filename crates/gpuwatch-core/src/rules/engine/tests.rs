@@ -493,6 +493,26 @@ fn a_clock_that_steps_back_during_a_warning_calls_the_action_off() {
     // clock.
     assert_eq!(state.rules["idle"].not_before, 110.0);
 
+    // A step back within the slack (2.5 s) is tolerated as a gap is, and its sample is still
+    // checked for activity.
+    for (util, want) in [
+        (0.0, None),
+        (0.9, Some("GPU 0 came back: gpu_utilization 0.900")),
+    ] {
+        let mut state = State::default();
+        run(&r, &mut state, &Context::default(), 0, 111, |_| {
+            vec![Some(0.0)]
+        });
+        ingest(
+            std::slice::from_ref(&r),
+            &mut state,
+            &obs(108.0, &[Some(util)]),
+            slack,
+        );
+        let pending = state.rules["idle"].pending.as_ref().unwrap();
+        assert_eq!(pending.activity.as_deref(), want);
+    }
+
     // A clock that only goes forward within the slack is no step: the action runs when due.
     let mut state = State::default();
     let events = run(&r, &mut state, &Context::default(), 0, 140, |_| {
@@ -504,6 +524,25 @@ fn a_clock_that_steps_back_during_a_warning_calls_the_action_off() {
     );
 }
 
+/// GPU 0 split into two MIG devices (GPU instances 1 and 2), each with `value` for `metric`.
+fn relaid(t: f64, metric: Metric, value: f64) -> Observation {
+    let mut o = obs(t, &[]);
+    for gi in [1, 2] {
+        let mut g = GpuReading {
+            index: 0,
+            mig: Some(crate::rules::MigDevice {
+                gpu_instance: gi,
+                compute_instance: 0,
+                share: 0.5,
+            }),
+            ..GpuReading::default()
+        };
+        g.set(metric, Some(value));
+        o.gpus.push(g);
+    }
+    o
+}
+
 #[test]
 fn a_mig_layout_that_changes_during_a_warning_calls_the_action_off() {
     // A period longer than the warning: at the due time the window still judges the periods
@@ -511,23 +550,6 @@ fn a_mig_layout_that_changes_during_a_warning_calls_the_action_off() {
     // GPU 0 into two MIG devices to start work; the new devices read idle at first.
     let r = rule(100, 1, 1);
     let slack = settings().slack;
-    let relaid = |t: f64| {
-        let mut o = obs(t, &[]);
-        for gi in [1, 2] {
-            let mut g = GpuReading {
-                index: 0,
-                mig: Some(crate::rules::MigDevice {
-                    gpu_instance: gi,
-                    compute_instance: 0,
-                    share: 0.5,
-                }),
-                ..GpuReading::default()
-            };
-            g.set(Metric::GpuUtilization, Some(0.0));
-            o.gpus.push(g);
-        }
-        o
-    };
     let mut state = State::default();
     let events = run(&r, &mut state, &Context::default(), 0, 101, |_| {
         vec![Some(0.0)]
@@ -538,7 +560,7 @@ fn a_mig_layout_that_changes_during_a_warning_calls_the_action_off() {
         ingest(
             std::slice::from_ref(&r),
             &mut state,
-            &relaid(t as f64),
+            &relaid(t as f64, Metric::GpuUtilization, 0.0),
             slack,
         );
         let ctx = Context {
@@ -556,4 +578,71 @@ fn a_mig_layout_that_changes_during_a_warning_calls_the_action_off() {
         }
     }
     assert_eq!(kinds, [(101, "cancelled")]);
+}
+
+#[test]
+fn a_layout_changed_before_the_warning_does_not_call_it_off() {
+    // The layout changed at 250 s, in the period the warning comes in (it comes at 270 s, when
+    // the start-up grace ends, on the earlier periods): from then on the devices are the same
+    // from one sample to the next, and a change made before the warning is no activity during
+    // it.
+    let r = rule(100, 3, 2);
+    let slack = settings().slack;
+    let mut state = State::default();
+    let mut kinds = Vec::new();
+    for t in 0..340 {
+        let o = if t < 250 {
+            obs(t as f64, &[Some(0.0)])
+        } else {
+            relaid(t as f64, Metric::GpuUtilization, 0.0)
+        };
+        ingest(std::slice::from_ref(&r), &mut state, &o, slack);
+        let ctx = Context {
+            now: t as f64,
+            grace_until: 270.0,
+            ..Context::default()
+        };
+        for e in evaluate(std::slice::from_ref(&r), &settings(), &mut state, &ctx) {
+            kinds.push((t, e.kind()));
+        }
+    }
+    assert_eq!(kinds, [(200, "breach"), (270, "warning"), (300, "action")]);
+}
+
+#[test]
+fn a_broken_gpu_that_loses_its_mig_devices_is_no_relayout() {
+    // A health rule warned of GPU 0, whose MIG devices are unhealthy; then the GPU falls off
+    // the bus and reads as one whole, unhealthy GPU. Nobody made that change: the action runs.
+    let mut r = rule(10, 1, 1);
+    let Trigger::Idle(c) = &mut r.trigger else {
+        unreachable!()
+    };
+    c.metric = Metric::GpuUnhealthy;
+    c.comparison = Comparison::GreaterThan;
+    c.threshold = 0.5;
+    c.statistic = Statistic::Maximum;
+    let slack = settings().slack;
+    let mut state = State::default();
+    let mut kinds = Vec::new();
+    for t in 0..60 {
+        let o = if t < 15 {
+            relaid(t as f64, Metric::GpuUnhealthy, 1.0)
+        } else {
+            let mut o = obs(t as f64, &[Some(0.0)]);
+            o.gpus[0].set(Metric::GpuUnhealthy, Some(1.0));
+            o
+        };
+        ingest(std::slice::from_ref(&r), &mut state, &o, slack);
+        let ctx = Context {
+            now: t as f64,
+            ..Context::default()
+        };
+        for e in evaluate(std::slice::from_ref(&r), &settings(), &mut state, &ctx) {
+            kinds.push((t, e.kind()));
+        }
+    }
+    // (The period the layout changed in is unknown, so the rule recovers and breaches again
+    // meanwhile; the warning stands.)
+    assert!(kinds.contains(&(40, "action")), "{kinds:?}");
+    assert!(!kinds.iter().any(|(_, k)| *k == "cancelled"), "{kinds:?}");
 }
