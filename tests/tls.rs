@@ -66,13 +66,28 @@ fn only_tls_with_the_right_password_gets_in() {
             "{path}"
         );
     }
+    // Each wrong password bars this address from checks a while (429, saying how long), as a
+    // client that obeys Retry-After sees.
+    let mut barred = 0;
     for (u, p) in [("prom", "wrong"), ("mallory", "s3cret"), ("prom", "")] {
-        assert_eq!(
-            tls_get(addr, "/metrics", &s.ca, None, Some((u, p))).status,
-            Some(401),
-            "{u}:{p}"
-        );
+        let refused = loop {
+            let r = tls_get(addr, "/metrics", &s.ca, None, Some((u, p)));
+            if r.status != Some(429) {
+                break r;
+            }
+            barred += 1;
+            let wait: u64 = r
+                .head
+                .lines()
+                .find_map(|l| l.strip_prefix("retry-after: "))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("a 429 without its wait: {}", r.head));
+            assert!((1..=32).contains(&wait), "{}", r.head);
+            std::thread::sleep(std::time::Duration::from_secs(wait));
+        };
+        assert_eq!(refused.status, Some(401), "{u}:{p}");
     }
+    assert!(barred >= 1, "no wrong password barred the address");
     // No TLS at all: no HTTP answer.
     if let Ok(r) = common::try_get(addr, "/metrics") {
         assert_ne!(r.status, 200, "plain HTTP was served");
@@ -376,6 +391,77 @@ fn wrong_passwords_in_a_loop_never_lock_out_a_verified_scraper() {
         answers.load(std::sync::atomic::Ordering::Relaxed)
     );
     assert!(fast >= 198, "{failures:?}");
+}
+
+/// Wrong passwords in a loop from eight addresses, on 20 connections each, cannot keep out a
+/// scraper whose password has not verified yet (as after a restart): each failure bars its
+/// address from bcrypt for a while, doubling, so the two turns are free again within seconds.
+/// Without the bars the eight addresses hold both turns all the time, and the scraper is
+/// answered 503 ("too many logins in progress") every time.
+#[test]
+fn wrong_passwords_from_many_addresses_never_keep_a_new_scraper_out() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let d = with_basic_auth("");
+    let addr = d.addr;
+    let stop = Arc::new(AtomicBool::new(false));
+    // Answers by status: 401 (checked, wrong), 429 (barred), 503 (no turn free).
+    let counts: Arc<[AtomicU64; 3]> = Arc::new(Default::default());
+    let attack = {
+        let (stop, counts) = (stop.clone(), counts.clone());
+        std::thread::spawn(move || {
+            block_on(async move {
+                let mut tasks = tokio::task::JoinSet::new();
+                for source in 2..10u8 {
+                    for _ in 0..20 {
+                        let (stop, counts) = (stop.clone(), counts.clone());
+                        let from = std::net::IpAddr::from([127, 0, 0, source]);
+                        tasks.spawn(async move {
+                            while !stop.load(Ordering::Relaxed) {
+                                let status =
+                                    get_from(from, addr, "/metrics", Some((USER, "wrong"))).await;
+                                let i = match status {
+                                    Some(401) => 0,
+                                    Some(429) => 1,
+                                    Some(503) => 2,
+                                    _ => continue,
+                                };
+                                counts[i].fetch_add(1, Ordering::Relaxed);
+                            }
+                        });
+                    }
+                }
+                while tasks.join_next().await.is_some() {}
+            })
+        })
+    };
+    // The attack is under way: every address has failed a few times in a row.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while counts[0].load(Ordering::Relaxed) < 8 * 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the attack never got going"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let local: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    let mut tries = Vec::new();
+    while tries.last() != Some(&Some(200)) && tries.len() < 5 {
+        tries.push(block_on(get_from(
+            local,
+            addr,
+            "/metrics",
+            Some((USER, PASSWORD)),
+        )));
+    }
+    stop.store(true, Ordering::Relaxed);
+    attack.join().unwrap();
+    let [checked, barred, busy] = [0, 1, 2].map(|i| counts[i].load(Ordering::Relaxed));
+    println!(
+        "the scraper got in after {tries:?}; the attack was answered 401 {checked} times, 429 {barred} and 503 {busy}"
+    );
+    assert_eq!(tries.last(), Some(&Some(200)), "{tries:?}");
+    assert!(barred > checked, "{barred} barred, {checked} checked");
 }
 
 /// The rate limit is per client address, and a verified password goes ahead of it: a stranger

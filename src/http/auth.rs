@@ -12,6 +12,11 @@
 //! same cost (the config says so), and an unknown user is verified against a decoy hash of that
 //! cost, so that a refusal takes as long whoever is named.
 //!
+//! A password that does not verify bars its client address from bcrypt for a while, doubling
+//! with each failure in a row (`BACKOFF_FIRST` to `BACKOFF_MAX`), and the address is answered
+//! 429 meanwhile: wrong passwords from many addresses cannot keep both turns busy, so a scraper
+//! whose password is not remembered yet (after a restart) still finds one free.
+//!
 //! The rate limit is a token bucket per client address (an IPv6 client by its /64): one
 //! client's flood never makes another's requests wait or fail. Every refusal is sent after a
 //! delay (`REFUSAL_DELAY`), while its connection counts as idle: a client guessing in a loop is
@@ -47,6 +52,8 @@ pub struct Guard {
     /// The client addresses (as the rate limit keys them) with a check in progress: one each,
     /// so that one address, however many connections it opens, never holds every turn.
     verifying: Mutex<HashSet<IpAddr>>,
+    /// The client addresses whose last password did not verify, barred from bcrypt a while.
+    failures: Mutex<Failures>,
     headers: Vec<(HeaderName, HeaderValue)>,
     limit: Option<Mutex<Buckets>>,
 }
@@ -129,6 +136,66 @@ fn client_key(addr: IpAddr) -> IpAddr {
 /// How many bcrypt checks may run at once.
 const TURNS: usize = 2;
 
+/// How long an address is barred from bcrypt after a password that did not verify: the first
+/// time, and at most (the bar doubles with each failure in a row).
+const BACKOFF_FIRST: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(32);
+
+/// The addresses barred from bcrypt after a failure, by client key.
+#[derive(Default)]
+struct Failures {
+    clients: HashMap<IpAddr, Bar>,
+}
+
+#[derive(Clone, Copy)]
+struct Bar {
+    until: Instant,
+    /// The length of the latest bar: the next failure soon after it doubles it.
+    length: Duration,
+}
+
+impl Failures {
+    /// How long `client` stays barred, if it is barred at `now`.
+    fn barred(&self, client: IpAddr, now: Instant) -> Option<Duration> {
+        self.clients
+            .get(&client)
+            .map(|b| b.until.saturating_duration_since(now))
+            .filter(|left| !left.is_zero())
+    }
+
+    /// A password from `client` did not verify at `now`: it is barred for the first length, or
+    /// for twice its last if that bar ended less than its own length ago.
+    fn failed(&mut self, client: IpAddr, now: Instant) {
+        if !self.clients.contains_key(&client) && self.clients.len() >= MAX_CLIENTS {
+            // Bars that are over and could no longer double are forgotten first; past that, a
+            // newcomer is not remembered (it meets the turns as before).
+            self.clients
+                .retain(|_, b| now.saturating_duration_since(b.until) < b.length);
+            if self.clients.len() >= MAX_CLIENTS {
+                return;
+            }
+        }
+        let length = match self.clients.get(&client) {
+            Some(b) if now.saturating_duration_since(b.until) < b.length => {
+                (b.length * 2).min(BACKOFF_MAX)
+            }
+            _ => BACKOFF_FIRST,
+        };
+        self.clients.insert(
+            client,
+            Bar {
+                until: now + length,
+                length,
+            },
+        );
+    }
+
+    /// A password from `client` verified: its failures are forgotten.
+    fn verified(&mut self, client: IpAddr) {
+        self.clients.remove(&client);
+    }
+}
+
 impl Guard {
     pub fn new(web: &WebConfig) -> Arc<Guard> {
         let cost = web
@@ -155,6 +222,7 @@ impl Guard {
             verified: Mutex::new(BTreeMap::new()),
             turns: Arc::new(Semaphore::new(TURNS)),
             verifying: Mutex::new(HashSet::new()),
+            failures: Mutex::new(Failures::default()),
             headers,
             limit: web.rate_limit.map(|limit| {
                 Mutex::new(Buckets {
@@ -214,6 +282,16 @@ impl Guard {
                 .into_response()
         };
         let client = peer.map(client_key);
+        let failures = || self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(left) = client.and_then(|c| failures().barred(c, Instant::now())) {
+            let seconds = left.as_secs_f64().ceil().max(1.0).to_string();
+            return Err((
+                StatusCode::TOO_MANY_REQUESTS,
+                [(header::RETRY_AFTER, seconds)],
+                "too many failed logins from this address; retry later\n",
+            )
+                .into_response());
+        }
         if let Some(c) = client {
             if !self
                 .verifying
@@ -242,7 +320,15 @@ impl Guard {
         })
         .await
         .unwrap_or(false);
-        if ok && known.is_some() {
+        let ok = ok && known.is_some();
+        if let Some(c) = client {
+            if ok {
+                failures().verified(c);
+            } else {
+                failures().failed(c, Instant::now());
+            }
+        }
+        if ok {
             self.verified
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -442,6 +528,88 @@ mod tests {
             StatusCode::UNAUTHORIZED
         );
         assert!(guard.verifying.lock().unwrap().is_empty());
+    }
+
+    /// A failure bars its address for a second, doubling with each failure in a row up to 32
+    /// s, and a bar that ended long enough ago starts over; a success forgets it. Other
+    /// addresses are not barred, and an IPv6 client is barred by its /64.
+    #[test]
+    fn a_failed_password_bars_its_address_for_doubling_times() {
+        let mut f = Failures::default();
+        let a = client_key("192.0.2.1".parse().unwrap());
+        let b = client_key("192.0.2.2".parse().unwrap());
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        assert_eq!(f.barred(a, t0), None);
+        f.failed(a, t0);
+        assert_eq!(f.barred(a, at(400)), Some(Duration::from_millis(600)));
+        assert_eq!(f.barred(b, at(400)), None);
+        assert_eq!(f.barred(a, at(1000)), None);
+        // Failures in a row, each as soon as the bar ends: 1, 2, 4, ... 32, 32 s.
+        let mut now = 1000;
+        let mut lengths = Vec::new();
+        for _ in 0..7 {
+            f.failed(a, at(now));
+            let left = f.barred(a, at(now)).unwrap();
+            lengths.push(left.as_secs());
+            now += left.as_millis() as u64;
+        }
+        assert_eq!(lengths, [2, 4, 8, 16, 32, 32, 32]);
+        // A failure 32 s or more after the last bar ended starts over.
+        f.failed(a, at(now + 32_000));
+        assert_eq!(f.barred(a, at(now + 32_000)), Some(BACKOFF_FIRST));
+        f.verified(a);
+        assert_eq!(f.barred(a, at(now + 32_000)), None);
+        // A scraper with a wrong password, trying every two seconds: each try comes after the
+        // bar, and each is barred for one second only.
+        for i in 0..5 {
+            let t = at(now + 40_000 + i * 2000);
+            assert_eq!(f.barred(a, t), None);
+            f.failed(a, t);
+            assert_eq!(f.barred(a, t), Some(BACKOFF_FIRST));
+        }
+        let v6 = |s: &str| client_key(s.parse().unwrap());
+        f.failed(v6("2001:db8::1"), t0);
+        assert!(f.barred(v6("2001:db8::ffff"), t0).is_some());
+        assert!(f.barred(v6("2001:db8:0:1::1"), t0).is_none());
+    }
+
+    #[test]
+    fn the_failures_are_bounded() {
+        let mut f = Failures::default();
+        let t0 = Instant::now();
+        let ip = |i: u32| IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + i));
+        for i in 0..MAX_CLIENTS as u32 + 100 {
+            f.failed(ip(i), t0);
+        }
+        assert_eq!(f.clients.len(), MAX_CLIENTS);
+        // Once the old bars are over and could no longer double, newcomers are remembered.
+        let later = t0 + BACKOFF_FIRST * 2;
+        f.failed(ip(1 << 20), later);
+        assert!(f.barred(ip(1 << 20), later).is_some());
+        assert!(f.clients.len() <= MAX_CLIENTS);
+    }
+
+    /// Through the guard: a wrong password from an address, then the right one from it, is
+    /// 429 until its bar ends; another address verifies meanwhile.
+    #[tokio::test]
+    async fn a_wrong_password_bars_its_address_not_others() {
+        let web = WebConfig {
+            users: BTreeMap::from([("alice".to_string(), bcrypt::hash("s3cret", 4).unwrap())]),
+            ..WebConfig::default()
+        };
+        let guard = Guard::new(&web);
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let b: IpAddr = "192.0.2.2".parse().unwrap();
+        let verify = |p: &str, from: IpAddr| guard.verify("alice".into(), p.into(), Some(from));
+        assert_eq!(
+            verify("wrong", a).await.unwrap_err().status(),
+            StatusCode::UNAUTHORIZED
+        );
+        let barred = verify("s3cret", a).await.unwrap_err();
+        assert_eq!(barred.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(barred.headers()[header::RETRY_AFTER], "1");
+        assert!(verify("s3cret", b).await.is_ok());
     }
 
     #[test]
