@@ -12,10 +12,12 @@
 //! same cost (the config says so), and an unknown user is verified against a decoy hash of that
 //! cost, so that a refusal takes as long whoever is named.
 //!
-//! A password that does not verify bars its client address from bcrypt for a while, doubling
-//! with each failure in a row (`BACKOFF_FIRST` to `BACKOFF_MAX`), and the address is answered
-//! 429 meanwhile: wrong passwords from many addresses cannot keep both turns busy, so a scraper
-//! whose password is not remembered yet (after a restart) still finds one free.
+//! A second password that does not verify soon after another (`STRIKE_WINDOW`) bars its
+//! client address from bcrypt for a while, doubling with each failure in a row (`BACKOFF_FIRST`
+//! to `BACKOFF_MAX`), and the address is answered 429 meanwhile: wrong passwords from many
+//! addresses cannot keep both turns busy, so a scraper whose password is not remembered yet
+//! (after a restart) still finds one free. One typo, or a scraper retrying a wrong password at
+//! its interval, is never barred.
 //!
 //! The rate limit is a token bucket per client address (an IPv6 client by its /64): one
 //! client's flood never makes another's requests wait or fail. Every refusal is sent after a
@@ -136,10 +138,13 @@ fn client_key(addr: IpAddr) -> IpAddr {
 /// How many bcrypt checks may run at once.
 const TURNS: usize = 2;
 
-/// How long an address is barred from bcrypt after a password that did not verify: the first
-/// time, and at most (the bar doubles with each failure in a row).
+/// How long an address is barred from bcrypt after a password that did not verify, in a row
+/// with another: the first time, and at most (the bar doubles with each failure in a row).
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(32);
+/// A failure within this long of the previous one's bar (or of the previous one, if it had no
+/// bar), or within the bar's own length, is in a row with it.
+const STRIKE_WINDOW: Duration = Duration::from_secs(3);
 
 /// The addresses barred from bcrypt after a failure, by client key.
 #[derive(Default)]
@@ -149,9 +154,18 @@ struct Failures {
 
 #[derive(Clone, Copy)]
 struct Bar {
+    /// The end of the bar (the time of the failure, for a first one that bars nothing).
     until: Instant,
-    /// The length of the latest bar: the next failure soon after it doubles it.
+    /// The length of the latest bar (zero after a first failure): the next failure in a row
+    /// bars for twice as long (or for `BACKOFF_FIRST`).
     length: Duration,
+}
+
+impl Bar {
+    /// Whether a failure at `now` is in a row with this one.
+    fn in_a_row(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.until) < self.length.max(STRIKE_WINDOW)
+    }
 }
 
 impl Failures {
@@ -163,23 +177,20 @@ impl Failures {
             .filter(|left| !left.is_zero())
     }
 
-    /// A password from `client` did not verify at `now`: it is barred for the first length, or
-    /// for twice its last if that bar ended less than its own length ago.
+    /// A password from `client` did not verify at `now`: alone, it bars nothing; in a row with
+    /// the one before, it bars for the first length, or for twice the last bar's.
     fn failed(&mut self, client: IpAddr, now: Instant) {
         if !self.clients.contains_key(&client) && self.clients.len() >= MAX_CLIENTS {
-            // Bars that are over and could no longer double are forgotten first; past that, a
-            // newcomer is not remembered (it meets the turns as before).
-            self.clients
-                .retain(|_, b| now.saturating_duration_since(b.until) < b.length);
+            // Failures that nothing could follow in a row any more are forgotten first; past
+            // that, a newcomer is not remembered (it meets the turns as before).
+            self.clients.retain(|_, b| b.in_a_row(now));
             if self.clients.len() >= MAX_CLIENTS {
                 return;
             }
         }
         let length = match self.clients.get(&client) {
-            Some(b) if now.saturating_duration_since(b.until) < b.length => {
-                (b.length * 2).min(BACKOFF_MAX)
-            }
-            _ => BACKOFF_FIRST,
+            Some(b) if b.in_a_row(now) => (b.length * 2).clamp(BACKOFF_FIRST, BACKOFF_MAX),
+            _ => Duration::ZERO,
         };
         self.clients.insert(
             client,
@@ -530,23 +541,25 @@ mod tests {
         assert!(guard.verifying.lock().unwrap().is_empty());
     }
 
-    /// A failure bars its address for a second, doubling with each failure in a row up to 32
-    /// s, and a bar that ended long enough ago starts over; a success forgets it. Other
-    /// addresses are not barred, and an IPv6 client is barred by its /64.
+    /// A failure alone bars nothing; one in a row with it bars its address for a second,
+    /// doubling with each failure in a row up to 32 s, and failures far enough apart start over;
+    /// a success forgets them. Other addresses are not barred, and an IPv6 client is barred by
+    /// its /64.
     #[test]
-    fn a_failed_password_bars_its_address_for_doubling_times() {
+    fn failed_passwords_in_a_row_bar_their_address_for_doubling_times() {
         let mut f = Failures::default();
         let a = client_key("192.0.2.1".parse().unwrap());
         let b = client_key("192.0.2.2".parse().unwrap());
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
-        assert_eq!(f.barred(a, t0), None);
         f.failed(a, t0);
-        assert_eq!(f.barred(a, at(400)), Some(Duration::from_millis(600)));
-        assert_eq!(f.barred(b, at(400)), None);
-        assert_eq!(f.barred(a, at(1000)), None);
-        // Failures in a row, each as soon as the bar ends: 1, 2, 4, ... 32, 32 s.
-        let mut now = 1000;
+        assert_eq!(f.barred(a, t0), None);
+        f.failed(a, at(500));
+        assert_eq!(f.barred(a, at(900)), Some(Duration::from_millis(600)));
+        assert_eq!(f.barred(b, at(900)), None);
+        assert_eq!(f.barred(a, at(1500)), None);
+        // Failures in a row, each as soon as the bar ends: 2, 4, ... 32, 32 s.
+        let mut now = 1500;
         let mut lengths = Vec::new();
         for _ in 0..7 {
             f.failed(a, at(now));
@@ -555,21 +568,23 @@ mod tests {
             now += left.as_millis() as u64;
         }
         assert_eq!(lengths, [2, 4, 8, 16, 32, 32, 32]);
-        // A failure 32 s or more after the last bar ended starts over.
+        // A failure 32 s or more after the last bar ended starts over: no bar, then a second.
         f.failed(a, at(now + 32_000));
-        assert_eq!(f.barred(a, at(now + 32_000)), Some(BACKOFF_FIRST));
-        f.verified(a);
         assert_eq!(f.barred(a, at(now + 32_000)), None);
-        // A scraper with a wrong password, trying every two seconds: each try comes after the
-        // bar, and each is barred for one second only.
+        f.failed(a, at(now + 34_000));
+        assert_eq!(f.barred(a, at(now + 34_000)), Some(BACKOFF_FIRST));
+        f.verified(a);
+        assert_eq!(f.barred(a, at(now + 34_000)), None);
+        // A scraper with a wrong password, trying every 5 s: never barred.
         for i in 0..5 {
-            let t = at(now + 40_000 + i * 2000);
+            let t = at(now + 40_000 + i * 5000);
             assert_eq!(f.barred(a, t), None);
             f.failed(a, t);
-            assert_eq!(f.barred(a, t), Some(BACKOFF_FIRST));
+            assert_eq!(f.barred(a, t), None);
         }
         let v6 = |s: &str| client_key(s.parse().unwrap());
         f.failed(v6("2001:db8::1"), t0);
+        f.failed(v6("2001:db8::2"), t0);
         assert!(f.barred(v6("2001:db8::ffff"), t0).is_some());
         assert!(f.barred(v6("2001:db8:0:1::1"), t0).is_none());
     }
@@ -583,17 +598,19 @@ mod tests {
             f.failed(ip(i), t0);
         }
         assert_eq!(f.clients.len(), MAX_CLIENTS);
-        // Once the old bars are over and could no longer double, newcomers are remembered.
-        let later = t0 + BACKOFF_FIRST * 2;
+        // Once no failure could follow the old ones in a row, newcomers are remembered.
+        let later = t0 + STRIKE_WINDOW;
+        f.failed(ip(1 << 20), later);
         f.failed(ip(1 << 20), later);
         assert!(f.barred(ip(1 << 20), later).is_some());
         assert!(f.clients.len() <= MAX_CLIENTS);
     }
 
-    /// Through the guard: a wrong password from an address, then the right one from it, is
-    /// 429 until its bar ends; another address verifies meanwhile.
+    /// Through the guard: after two wrong passwords from an address, the right one from it is
+    /// 429 until its bar ends; another address verifies meanwhile. One wrong password alone
+    /// bars nothing.
     #[tokio::test]
-    async fn a_wrong_password_bars_its_address_not_others() {
+    async fn wrong_passwords_bar_their_address_not_others() {
         let web = WebConfig {
             users: BTreeMap::from([("alice".to_string(), bcrypt::hash("s3cret", 4).unwrap())]),
             ..WebConfig::default()
@@ -602,10 +619,12 @@ mod tests {
         let a: IpAddr = "192.0.2.1".parse().unwrap();
         let b: IpAddr = "192.0.2.2".parse().unwrap();
         let verify = |p: &str, from: IpAddr| guard.verify("alice".into(), p.into(), Some(from));
-        assert_eq!(
-            verify("wrong", a).await.unwrap_err().status(),
-            StatusCode::UNAUTHORIZED
-        );
+        let refused = |r: Result<(), Response>| r.unwrap_err().status();
+        assert_eq!(refused(verify("wrong", b).await), StatusCode::UNAUTHORIZED);
+        assert!(verify("s3cret", b).await.is_ok());
+        for _ in 0..2 {
+            assert_eq!(refused(verify("wrong", a).await), StatusCode::UNAUTHORIZED);
+        }
         let barred = verify("s3cret", a).await.unwrap_err();
         assert_eq!(barred.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(barred.headers()[header::RETRY_AFTER], "1");
