@@ -209,17 +209,18 @@ fn check_config_warns_when_the_gpus_have_no_gpm() {
 }
 
 /// The buffers are allocated once per GPU with GPM (two each) and freed when the GPU is lost:
-/// GPU 1 falls off the bus at 3 s, and its two buffers go.
+/// GPU 1 falls off the bus at 6 s (late enough for a loaded machine to have read GPM from both
+/// GPUs before), and its two buffers go.
 #[test]
 fn gpm_buffers_are_allocated_once_and_freed_when_the_gpu_is_lost() {
     let scenario = "[[gpu]]\ngpm = { sm_active = 10 }\n[[gpu]]\ngpm = { sm_active = 20 }\n\
                     [[gpu]]\nname = \"NVIDIA A10G\"\n\
-                    [[fault]]\nat = \"3s\"\ngpu = 1\nkind = \"lost\"\n";
+                    [[fault]]\nat = \"6s\"\ngpu = 1\nkind = \"lost\"\n";
     let d = Daemon::start(scenario, "");
     let buffers = |s: &Scrape| metric("gpuwatch_gpm_sample_buffers").get(s);
     // Two GPUs with GPM: four buffers, and still four a few cycles on (none leaked per cycle).
     let s = d.await_scrape(Duration::from_secs(20), |s| {
-        !s.named("gpu_sm_active_ratio").is_empty()
+        metric("gpu_sm_active_ratio").gpu(1).get(s).is_some()
     });
     assert_eq!(buffers(&s), Some(4.0), "{}", s.text);
     let s = d.await_scrape(Duration::from_secs(20), |s| {
