@@ -133,26 +133,20 @@ mod tests {
         // Hibernated for three days at noon; the same process goes on after it wakes.
         let t0 = parse_rfc3339("2026-11-10T00:00:00Z").unwrap();
         let mut l = Ledger::default();
+        // $10 an hour, from `t0` on.
+        let accrue = |l: &mut Ledger, seconds: f64| {
+            l.accrue(t0 + seconds, Some(10.0), Period::Month, 0.0);
+        };
         l.sleep(40.0);
-        l.accrue(t0, Some(10.0), Period::Month, 0.0);
-        l.accrue(t0 + 43_200.0, Some(10.0), Period::Month, 0.0);
+        accrue(&mut l, 0.0);
+        accrue(&mut l, 43_200.0);
         let asleep = 3.0 * 86_400.0;
         l.sleep(40.0 + asleep);
-        l.accrue(
-            t0 + 43_200.0 + asleep + 3600.0,
-            Some(10.0),
-            Period::Month,
-            0.0,
-        );
+        accrue(&mut l, 43_200.0 + asleep + 3600.0);
         assert!(close(l.spent, 10.0 * 13.0), "{}", l.spent);
         // After a reboot the count starts from zero again: nothing is skipped.
         l.sleep(0.0);
-        l.accrue(
-            t0 + 43_200.0 + asleep + 7200.0,
-            Some(10.0),
-            Period::Month,
-            0.0,
-        );
+        accrue(&mut l, 43_200.0 + asleep + 7200.0);
         assert!(close(l.spent, 10.0 * 14.0), "{}", l.spent);
         // It round-trips through the state file.
         let again: Ledger = serde_json::from_str(&serde_json::to_string(&l).unwrap()).unwrap();

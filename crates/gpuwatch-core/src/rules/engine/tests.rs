@@ -55,8 +55,37 @@ fn obs(t: f64, utils: &[Option<f64>]) -> Observation {
     }
 }
 
-/// Runs one observation per second from `from` to `to` (exclusive), evaluating after each,
-/// and returns (time, kind) of every event.
+/// Takes in one observation and evaluates the rule at its time; returns the events.
+fn step_on(r: &Rule, state: &mut State, ctx: &Context, o: &Observation) -> Vec<Event> {
+    let rules = std::slice::from_ref(r);
+    ingest(rules, state, o, settings().slack);
+    let c = Context {
+        now: o.t,
+        ..ctx.clone()
+    };
+    evaluate(rules, &settings(), state, &c)
+}
+
+/// Takes in `observe(t)` at each of `times` (seconds), evaluating after each, and returns
+/// (time, kind) of every event.
+fn run_observing(
+    r: &Rule,
+    state: &mut State,
+    ctx: &Context,
+    times: impl Iterator<Item = u64>,
+    observe: impl Fn(u64) -> Observation,
+) -> Vec<(u64, &'static str)> {
+    let mut out = Vec::new();
+    for t in times {
+        for e in step_on(r, state, ctx, &observe(t)) {
+            out.push((t, e.kind()));
+        }
+    }
+    out
+}
+
+/// Runs one observation per second from `from` to `to` (exclusive), with the GPUs'
+/// utilization `util(t)`, evaluating after each, and returns (time, kind) of every event.
 fn run(
     r: &Rule,
     state: &mut State,
@@ -65,23 +94,7 @@ fn run(
     to: u64,
     util: impl Fn(u64) -> Vec<Option<f64>>,
 ) -> Vec<(u64, &'static str)> {
-    let mut out = Vec::new();
-    for t in from..to {
-        ingest(
-            std::slice::from_ref(r),
-            state,
-            &obs(t as f64, &util(t)),
-            settings().slack,
-        );
-        let c = Context {
-            now: t as f64,
-            ..ctx.clone()
-        };
-        for e in evaluate(std::slice::from_ref(r), &settings(), state, &c) {
-            out.push((t, e.kind()));
-        }
-    }
-    out
+    run_observing(r, state, ctx, from..to, |t| obs(t as f64, &util(t)))
 }
 
 #[test]
@@ -270,7 +283,7 @@ fn missing_data_during_a_warning_calls_the_action_off() {
     // A period longer than the warning: at the due time the window still judges the periods
     // that raised the warning, so only the data seen since then can call it off.
     let r = rule(100, 1, 1);
-    let slack = settings().slack;
+    let ctx = Context::default();
     let warned = |state: &mut State| {
         let events = run(&r, state, &Context::default(), 0, 101, |_| vec![Some(0.0)]);
         assert_eq!(events, vec![(100, "breach"), (100, "warning")]);
@@ -286,13 +299,7 @@ fn missing_data_during_a_warning_calls_the_action_off() {
     // No sample from 101 to 129 (a hung NVML, a stopped daemon); the first one after is idle.
     let mut state = State::default();
     warned(&mut state);
-    ingest(
-        std::slice::from_ref(&r),
-        &mut state,
-        &obs(130.0, &[Some(0.0)]),
-        slack,
-    );
-    let events = at(&mut state, 130.0);
+    let events = step_on(&r, &mut state, &ctx, &obs(130.0, &[Some(0.0)]));
     let [Event::Cancelled { reason, .. }] = events.as_slice() else {
         panic!("{events:?}")
     };
@@ -310,17 +317,10 @@ fn missing_data_during_a_warning_calls_the_action_off() {
     // Gaps within the slack are not missing data: the action runs when due.
     let mut state = State::default();
     warned(&mut state);
-    let mut kinds = Vec::new();
-    for t in (102..=130).step_by(2) {
-        ingest(
-            std::slice::from_ref(&r),
-            &mut state,
-            &obs(t as f64, &[Some(0.0)]),
-            slack,
-        );
-        kinds.extend(at(&mut state, t as f64).iter().map(Event::kind));
-    }
-    assert_eq!(kinds, ["action"]);
+    let kinds = run_observing(&r, &mut state, &ctx, (102..=130).step_by(2), |t| {
+        obs(t as f64, &[Some(0.0)])
+    });
+    assert_eq!(kinds, [(130, "action")]);
 }
 
 #[test]
@@ -469,17 +469,12 @@ fn a_clock_that_steps_back_during_a_warning_calls_the_action_off() {
         vec![Some(0.0)]
     });
     assert_eq!(events, vec![(100, "breach"), (100, "warning")]);
-    ingest(
-        std::slice::from_ref(&r),
+    let events = step_on(
+        &r,
         &mut state,
+        &Context::default(),
         &obs(60.0, &[Some(0.0)]),
-        slack,
     );
-    let ctx = Context {
-        now: 60.0,
-        ..Context::default()
-    };
-    let events = evaluate(std::slice::from_ref(&r), &settings(), &mut state, &ctx);
     // (The periods before the new time were never seen: the rule recovers, as it would on
     // any unknown data.)
     let [Event::Recovered { .. }, Event::Cancelled { reason, .. }] = events.as_slice() else {
@@ -549,35 +544,21 @@ fn a_mig_layout_that_changes_during_a_warning_calls_the_action_off() {
     // that raised the warning, so only what is seen since then can call it off. Someone splits
     // GPU 0 into two MIG devices to start work; the new devices read idle at first.
     let r = rule(100, 1, 1);
-    let slack = settings().slack;
+    let ctx = Context::default();
     let mut state = State::default();
-    let events = run(&r, &mut state, &Context::default(), 0, 101, |_| {
-        vec![Some(0.0)]
-    });
+    let events = run(&r, &mut state, &ctx, 0, 101, |_| vec![Some(0.0)]);
     assert_eq!(events, vec![(100, "breach"), (100, "warning")]);
-    let mut kinds = Vec::new();
-    for t in 101..=130 {
-        ingest(
-            std::slice::from_ref(&r),
-            &mut state,
-            &relaid(t as f64, Metric::GpuUtilization, 0.0),
-            slack,
-        );
-        let ctx = Context {
-            now: t as f64,
-            ..Context::default()
-        };
-        for e in evaluate(std::slice::from_ref(&r), &settings(), &mut state, &ctx) {
-            if let Event::Cancelled { reason, .. } = &e {
-                assert_eq!(
-                    reason,
-                    "the GPUs or their MIG layout changed during the warning"
-                );
-            }
-            kinds.push((t, e.kind()));
-        }
-    }
-    assert_eq!(kinds, [(101, "cancelled")]);
+    let relaid_idle = |t: u64| relaid(t as f64, Metric::GpuUtilization, 0.0);
+    let events = step_on(&r, &mut state, &ctx, &relaid_idle(101));
+    let [Event::Cancelled { reason, .. }] = events.as_slice() else {
+        panic!("{events:?}")
+    };
+    assert_eq!(
+        reason,
+        "the GPUs or their MIG layout changed during the warning"
+    );
+    let kinds = run_observing(&r, &mut state, &ctx, 102..=130, relaid_idle);
+    assert_eq!(kinds, []);
 }
 
 #[test]
@@ -587,25 +568,17 @@ fn a_layout_changed_before_the_warning_does_not_call_it_off() {
     // from one sample to the next, and a change made before the warning is no activity during
     // it.
     let r = rule(100, 3, 2);
-    let slack = settings().slack;
-    let mut state = State::default();
-    let mut kinds = Vec::new();
-    for t in 0..340 {
-        let o = if t < 250 {
+    let ctx = Context {
+        grace_until: 270.0,
+        ..Context::default()
+    };
+    let kinds = run_observing(&r, &mut State::default(), &ctx, 0..340, |t| {
+        if t < 250 {
             obs(t as f64, &[Some(0.0)])
         } else {
             relaid(t as f64, Metric::GpuUtilization, 0.0)
-        };
-        ingest(std::slice::from_ref(&r), &mut state, &o, slack);
-        let ctx = Context {
-            now: t as f64,
-            grace_until: 270.0,
-            ..Context::default()
-        };
-        for e in evaluate(std::slice::from_ref(&r), &settings(), &mut state, &ctx) {
-            kinds.push((t, e.kind()));
         }
-    }
+    });
     assert_eq!(kinds, [(200, "breach"), (270, "warning"), (300, "action")]);
 }
 
@@ -621,26 +594,15 @@ fn a_broken_gpu_that_loses_its_mig_devices_is_no_relayout() {
     c.comparison = Comparison::GreaterThan;
     c.threshold = 0.5;
     c.statistic = Statistic::Maximum;
-    let slack = settings().slack;
-    let mut state = State::default();
-    let mut kinds = Vec::new();
-    for t in 0..60 {
-        let o = if t < 15 {
+    let kinds = run_observing(&r, &mut State::default(), &Context::default(), 0..60, |t| {
+        if t < 15 {
             relaid(t as f64, Metric::GpuUnhealthy, 1.0)
         } else {
             let mut o = obs(t as f64, &[Some(0.0)]);
             o.gpus[0].set(Metric::GpuUnhealthy, Some(1.0));
             o
-        };
-        ingest(std::slice::from_ref(&r), &mut state, &o, slack);
-        let ctx = Context {
-            now: t as f64,
-            ..Context::default()
-        };
-        for e in evaluate(std::slice::from_ref(&r), &settings(), &mut state, &ctx) {
-            kinds.push((t, e.kind()));
         }
-    }
+    });
     // (The period the layout changed in is unknown, so the rule recovers and breaches again
     // meanwhile; the warning stands.)
     assert!(kinds.contains(&(40, "action")), "{kinds:?}");
