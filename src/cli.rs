@@ -233,10 +233,10 @@ pub fn run(cli: Cli) -> ExitCode {
             json,
             config,
         } => with_state_config(&config, |c| {
-            let since = match since.as_deref().map(humantime::parse_duration) {
+            let since = match since.as_deref().map(crate::time::parse_duration) {
                 None => None,
-                Some(Ok(d)) => Some(crate::time::now() - d.as_secs_f64()),
-                Some(Err(_)) => {
+                Some(Some(d)) => Some(crate::time::now() - d.as_secs_f64()),
+                Some(None) => {
                     eprintln!(
                         "audit: --since: \"{}\" is not a duration, such as \"2h\"",
                         since.unwrap_or_default()

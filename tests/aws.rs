@@ -331,6 +331,73 @@ fn a_local_hold_postpones_the_action_until_it_expires() {
     assert!(secs(&events(&audit, "action_attempt")[0]["time"]) >= until);
 }
 
+/// Two actions fall due in one step: a checkpoint command, then the stop. The operator holds
+/// the node while the checkpoint runs. The stop is not carried out on the decision taken before
+/// the hold: it is decided again on the next sample, which sees the hold and postpones it.
+#[test]
+fn an_action_behind_a_slow_one_is_decided_again_and_sees_a_hold() {
+    let inst = aws::launch(Kind::OnDemand);
+    let imds = aws::imds(&inst.id, "on-demand");
+    let dir = tempfile::tempdir().unwrap();
+    let (started, release) = (dir.path().join("started"), dir.path().join("release"));
+    // The checkpoint says it started, then runs until the test releases it.
+    let checkpoint = format!(
+        "[[rules]]\nname = \"checkpoint\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
+         threshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 2\naction = \"exec\"\n\
+         command = [\"sh\", \"-c\", \"touch {}; while [ ! -e {} ]; do sleep 0.05; done\"]\n",
+        started.display(),
+        release.display()
+    );
+    let mut setup = Setup::new(&imds, "stop");
+    setup.extra = &checkpoint;
+    let config = dir.path().join("gpuwatch.toml");
+    let d = setup.start_in(dir, IDLE4);
+    let deadline = std::time::Instant::now() + LIMIT;
+    while !started.exists() {
+        assert!(std::time::Instant::now() < deadline, "{}", d.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    common::gpuwatch(&[
+        &"hold",
+        &"1h",
+        &"--reason",
+        &"checkpoint",
+        &"--config",
+        &config,
+    ]);
+    std::fs::write(&release, "").unwrap();
+    d.await_log(LIMIT, "action deferred");
+    // The next step reads the hold, and postpones the stop for it.
+    let held = |r: &&Value| r["rule"] == "idle" && r["reason"].as_str().unwrap().contains("hold");
+    let deadline = std::time::Instant::now() + LIMIT;
+    let audit = loop {
+        let audit = d.audit();
+        if events(&audit, "postponed").iter().any(held) {
+            break audit;
+        }
+        assert!(std::time::Instant::now() < deadline, "{audit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let of = |kind: &str| -> Vec<String> {
+        events(&audit, kind)
+            .iter()
+            .map(|r| r["rule"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(of("action_attempt"), ["checkpoint"], "{audit:?}");
+    let postponed = events(&audit, "postponed");
+    assert!(
+        postponed.iter().any(|r| r["rule"] == "idle"
+            && r["reason"]
+                .as_str()
+                .unwrap()
+                .contains("decided again on the next sample")),
+        "{audit:?}"
+    );
+    assert!(api_calls(&audit).is_empty(), "{audit:?}");
+    assert_eq!(aws::instance_state(&inst.id), "running");
+}
+
 #[test]
 fn an_instance_tag_hold_is_honoured_and_an_unreadable_one_holds() {
     let inst = aws::launch(Kind::OnDemand);
@@ -427,6 +494,35 @@ fn a_restart_after_an_action_was_sent_does_not_repeat_it() {
     assert_eq!(resumed[0]["repeated"], false);
     assert_eq!(resumed[0]["instance_state"], "running");
     assert!(events(&audit, "action_attempt").is_empty());
+    assert!(api_calls(&audit).is_empty());
+}
+
+/// A crash while a rule's action was in flight, then a config without that rule: the action is
+/// still on record as sent before the restart, not forgotten with the rule.
+#[test]
+fn an_action_in_flight_is_on_record_even_when_its_rule_left_the_config() {
+    let inst = aws::launch(Kind::OnDemand);
+    let imds = aws::imds(&inst.id, "on-demand");
+    let mut setup = Setup::new(&imds, "stop");
+    setup.actions = "warning = \"1h\"";
+    let dir = tempfile::tempdir().unwrap();
+    let now = gpuwatch::time::now();
+    std::fs::create_dir_all(dir.path().join("state")).unwrap();
+    std::fs::write(
+        dir.path().join("state/state.json"),
+        format!(
+            r#"{{"engine":{{"rules":{{"renamed":{{"window":{{"buckets":[]}},"breaching":true,"pending":null,"not_before":{now},"in_flight":{{"action":"terminate","at":{now}}}}}}}}}}}"#
+        ),
+    )
+    .unwrap();
+    let d = setup.start_in(dir, IDLE4);
+    d.await_log(LIMIT, "cost watch started");
+    let audit = d.audit();
+    let resumed = events(&audit, "in_flight_at_restart");
+    assert_eq!(resumed.len(), 1, "{audit:?}");
+    assert_eq!(resumed[0]["rule"], "renamed");
+    assert_eq!(resumed[0]["action"], "terminate");
+    assert_eq!(resumed[0]["repeated"], false);
     assert!(api_calls(&audit).is_empty());
 }
 

@@ -603,6 +603,9 @@ fn endpoints_and_content_type() {
     );
     assert_eq!(d.get("/nope").status, 404);
     assert_eq!(d.get("/api/v1/snapshot?after=0&timeout=soon").status, 400);
+    // A duration whose arithmetic once panicked the handler (the client got no answer).
+    let huge = d.get("/api/v1/snapshot?after=0&timeout=18446744073709551615s1000000000ns");
+    assert_eq!(huge.status, 400, "{}", huge.body);
 }
 
 /// Each identity field is kept the moment it is read: a GPU that falls off the bus after its

@@ -43,9 +43,9 @@ pub fn hold(
     // A year at most: a hold past that is a mistake, and a hold that never ends would be
     // written as "never", which reads as unreadable.
     const MAX_HOLD: std::time::Duration = std::time::Duration::from_secs(366 * 86_400);
-    let d = match humantime::parse_duration(duration) {
-        Ok(d) if !d.is_zero() && d <= MAX_HOLD => d,
-        Ok(d) if d > MAX_HOLD => {
+    let d = match crate::time::parse_duration(duration) {
+        Some(d) if !d.is_zero() && d <= MAX_HOLD => d,
+        Some(d) if d > MAX_HOLD => {
             eprintln!("hold: \"{duration}\" is longer than a year; hold again when it expires");
             return exit::USAGE.into();
         }

@@ -16,9 +16,9 @@ pub(super) fn duration(
     range: std::ops::RangeInclusive<Duration>,
 ) -> Option<Duration> {
     let show = |d: &Duration| humantime::format_duration(*d).to_string();
-    match humantime::parse_duration(text) {
-        Ok(d) if range.contains(&d) => Some(d),
-        Ok(d) if d < *range.start() => {
+    match crate::time::parse_duration(text) {
+        Some(d) if range.contains(&d) => Some(d),
+        Some(d) if d < *range.start() => {
             invalid(
                 key,
                 format!(
@@ -28,7 +28,7 @@ pub(super) fn duration(
             );
             None
         }
-        Ok(_) => {
+        Some(_) => {
             invalid(
                 key,
                 format!(
@@ -38,7 +38,7 @@ pub(super) fn duration(
             );
             None
         }
-        Err(_) => {
+        None => {
             invalid(
                 key,
                 format!("\"{text}\" is not a duration, such as \"1s\" or \"500ms\""),

@@ -215,15 +215,15 @@ impl WebConfig {
         }
         let rate_limit = match raw.rate_limit {
             None => None,
-            Some(r) => match humantime::parse_duration(&r.interval) {
-                Ok(d) if d.is_zero() => None,
-                Ok(d) if d <= Duration::from_secs(3600) && (1..=100_000).contains(&r.burst) => {
+            Some(r) => match crate::time::parse_duration(&r.interval) {
+                Some(d) if d.is_zero() => None,
+                Some(d) if d <= Duration::from_secs(3600) && (1..=100_000).contains(&r.burst) => {
                     Some(RateLimit {
                         interval: d,
                         burst: r.burst,
                     })
                 }
-                Ok(_) => {
+                Some(_) => {
                     bad(
                         "rate_limit",
                         format!(
@@ -233,7 +233,7 @@ impl WebConfig {
                     );
                     None
                 }
-                Err(_) => {
+                None => {
                     bad(
                         "rate_limit.interval",
                         format!("{:?} is not a duration, such as \"1s\"", r.interval),

@@ -196,10 +196,10 @@ async fn await_sample(
                 )
                     .into_response());
             };
-            let wait = match q.timeout.as_deref().map(humantime::parse_duration) {
+            let wait = match q.timeout.as_deref().map(crate::time::parse_duration) {
                 None => Duration::from_secs(10),
-                Some(Ok(d)) => d.min(MAX_WAIT),
-                Some(Err(_)) => {
+                Some(Some(d)) => d.min(MAX_WAIT),
+                Some(None) => {
                     return Err((
                         StatusCode::BAD_REQUEST,
                         "timeout: not a duration, such as \"5s\"\n",

@@ -4,6 +4,7 @@
 //! spot notices and tag holds; `metrics.rs` holds the watch's series.
 
 mod cloud;
+mod events;
 pub mod metrics;
 mod observation;
 pub mod progress;
@@ -17,18 +18,18 @@ pub use observation::observation;
 use std::sync::{Arc, Mutex};
 
 use self::metrics::{ActionResult, IdleGpu, SharedWatchView};
-use crate::actions::{Executor, Outcome};
+use crate::actions::Executor;
 use crate::config::Config;
 use crate::gpu::sampler::Snapshots;
 use crate::gpu::Snapshot;
 use crate::spend::metrics::{AlertKey, SharedCostView};
 use gpuwatch_core::cost::budget::Crossing;
 use gpuwatch_core::cost::ledger::Closed;
-use gpuwatch_core::step::order::{on_executed, on_warned, settle_in_flight, Executed};
+use gpuwatch_core::step::order::{defer, settle_in_flight};
 use gpuwatch_core::step::{rule_views, step, Decision, Inputs, RuleView, Settings, View};
 
 use crate::rules::engine::Event;
-use crate::rules::{Lifecycle, Observation, Rule, Scope};
+use crate::rules::{Lifecycle, Observation, Scope};
 use crate::state::{AuditRecord, HoldStatus, LoadError, Persisted, StateDir};
 
 /// What the node is told from outside its GPUs (its lifecycle, a hold tag, a spot interruption
@@ -143,6 +144,8 @@ impl Watch {
             let (obs, mut inputs, interruption) = self.read(&snap, &mut warned_hold).await;
             self.tracker.fill(&persisted, &mut inputs);
 
+            // When the step decided, for the age of its decision as its actions run.
+            let decided = std::time::Instant::now();
             // Step. The core orders what it decided around the save (`step::order`): warnings
             // (and the breaches, recoveries and postponements beside them) are on record and
             // sent before the state that makes their action possible is saved, so a crash in
@@ -187,9 +190,24 @@ impl Watch {
                 self.not_recorded(&w.rule, w.action, "state.json");
             }
 
-            // Execute.
+            // Execute. An action behind others of the same step is decided again on the next
+            // sample when they took long, or a hold or spot notice came meanwhile
+            // (`order::defer`).
             self.send_alerts(after.crossings());
+            let mut actions = 0;
             for event in after.after_save() {
+                if let Event::Action { rule, action, .. } = event {
+                    let called_off = match actions {
+                        0 => None,
+                        _ => self.called_off().await,
+                    };
+                    let age = decided.elapsed().as_secs_f64();
+                    if let Some(why) = defer(&settings, actions, age, called_off.as_deref()) {
+                        self.defer(&mut persisted, rule, *action, &why, now).await;
+                        continue;
+                    }
+                    actions += 1;
+                }
                 self.handle(&judged, &mut persisted, event.clone(), now)
                     .await;
             }
@@ -411,17 +429,19 @@ impl Watch {
         });
     }
 
-    /// Loads the state, drops the rules that left the config, settles actions that were in
-    /// flight at a restart, and records the start.
+    /// Loads the state, settles actions that were in flight at a restart, drops the rules that
+    /// left the config, and records the start.
     async fn start(&self, snapshots: &Snapshots, settings: &Settings) -> Persisted {
         crate::state::off_async(|| self.state_dir.remove_stale_temps());
         let mut persisted = self.load(snapshots).await;
+        // Settled before the rules that left the config are dropped: an action in flight at
+        // the restart is on record even when its rule is gone.
+        self.resume_in_flight(&mut persisted).await;
         let rules = &settings.rules;
         persisted
             .engine
             .rules
             .retain(|name, _| rules.iter().any(|r| r.owns_state(name)));
-        self.resume_in_flight(&mut persisted).await;
         if self.pods.is_none() && rules.iter().any(|r| r.scope == Scope::Pod) {
             tracing::warn!(
                 "pod-scoped rules judge the pods that hold GPUs, which gpuwatch learns from the kubelet: set [kubernetes] pod_resources_socket, or they never breach"
@@ -521,166 +541,6 @@ impl Watch {
                 tracing::error!(error = %e, dir = %self.state_dir.path().display(), "cannot save state");
                 false
             }
-        }
-    }
-
-    /// Logs and counts an action whose in-flight mark or audit record could not be made
-    /// durable: it did not run, and the core withdrew it, so that it is tried again once the
-    /// disk recovers (and the rule still breaches).
-    fn not_recorded(&self, rule: &str, action: crate::rules::Action, what: &str) {
-        tracing::error!(
-            rule = %rule, action = %action,
-            "the {action} did not run: its record in {what} could not be made durable; it is retried when the disk recovers"
-        );
-        self.count(action, "not_recorded");
-    }
-
-    /// Logs, records and carries out one event of the step taken at `at` (the sample's time,
-    /// recorded as `at` in Unix seconds).
-    async fn handle(&self, rules: &[Rule], persisted: &mut Persisted, event: Event, at: f64) {
-        let rule_name = event.rule().to_string();
-        let Some(rule) = rules.iter().find(|r| r.name == rule_name) else {
-            return;
-        };
-        let mut evidence = match &event {
-            Event::Breach { evidence, .. }
-            | Event::Warning { evidence, .. }
-            | Event::Action { evidence, .. } => serde_json::to_value(evidence).unwrap_or_default(),
-            _ => serde_json::Value::Null,
-        };
-        // A job's rule names the job's user in its evidence, for the record and the command.
-        if let (Scope::Job, Some(job), Some(h), Some(map)) = (
-            rule.scope,
-            &rule.subject,
-            &self.holders,
-            evidence.as_object_mut(),
-        ) {
-            if let Some(user) = h.view().jobs.get(job).and_then(|j| j.user.clone()) {
-                map.insert("user".into(), user.into());
-            }
-        }
-        match &event {
-            Event::Breach { evidence: e, .. } => {
-                tracing::info!(rule = %rule.name, periods = e.breaching_periods, "rule breaching");
-                self.executor.audit(AuditRecord::Breach {
-                    rule: rule.name.clone(),
-                    at,
-                    evidence,
-                });
-            }
-            Event::Recovered { .. } => {
-                tracing::info!(rule = %rule.name, "rule no longer breaching");
-                self.executor.audit(AuditRecord::Recovered {
-                    rule: rule.name.clone(),
-                    at,
-                });
-            }
-            Event::Warning { action, due_at, .. } => {
-                // A job's or user's rule names whose GPUs, and holds only that one.
-                let (whose, them, hold) = match (rule.scope, &rule.subject) {
-                    (Scope::Job | Scope::User, Some(who)) => (
-                        format!(
-                            "the GPUs of {} {who} are idle; gpuwatch will {action} for it",
-                            rule.scope.as_str()
-                        ),
-                        "they are",
-                        format!("--{} {who} ", rule.scope.as_str()),
-                    ),
-                    _ => (
-                        format!("GPUs idle; this instance will {action}"),
-                        "the GPUs are",
-                        String::new(),
-                    ),
-                };
-                let text = format!(
-                    "gpuwatch: {whose} at {} (rule \"{}\", {}) unless {them} used again. `gpuwatch hold 2h {hold}--reason ...` postpones it.",
-                    crate::time::rfc3339(*due_at),
-                    rule.name,
-                    self.executor.mode.as_str()
-                );
-                let recorded = self.executor.audit(AuditRecord::Warning {
-                    rule: rule.name.clone(),
-                    at,
-                    action: *action,
-                    due_at: crate::time::rfc3339(*due_at),
-                    evidence: evidence.clone(),
-                });
-                // A warning not on record is taken back, not sent: it comes again once the
-                // audit log can be written, and no action follows an unrecorded one.
-                on_warned(persisted, &rule.name, recorded);
-                if recorded {
-                    tracing::warn!("{text}");
-                    self.executor.notify(&text, true);
-                }
-            }
-            Event::Cancelled { action, reason, .. } => {
-                let text = format!(
-                    "gpuwatch: {action} cancelled (rule \"{}\"): {reason}",
-                    rule.name
-                );
-                tracing::info!("{text}");
-                self.executor.audit(AuditRecord::Cancelled {
-                    rule: rule.name.clone(),
-                    at,
-                    action: *action,
-                    reason: reason.clone(),
-                });
-                self.count(*action, "cancelled");
-                self.executor.notify(&text, true);
-            }
-            Event::Postponed { action, reason, .. } => {
-                tracing::info!(rule = %rule.name, action = %action, "action postponed: {reason}");
-                self.executor.audit(AuditRecord::Postponed {
-                    rule: rule.name.clone(),
-                    at,
-                    action: *action,
-                    reason: reason.clone(),
-                });
-            }
-            Event::Action { action, .. } => {
-                // The state already says "in flight" durably: a restart from here on never
-                // repeats the action.
-                let outcome = {
-                    let _acting = self
-                        .progress
-                        .acting(self.action_limit(), crate::watch::progress::ACTED_GRACE);
-                    self.executor
-                        .execute(rule, *action, &evidence, at, &|| {
-                            Box::pin(self.called_off())
-                        })
-                        .await
-                };
-                let executed = if let Outcome::NotRecorded(_) = outcome {
-                    self.not_recorded(&rule.name, *action, "audit.jsonl");
-                    Executed::NotRecorded
-                } else {
-                    self.count(*action, outcome.label());
-                    Executed::Recorded
-                };
-                let save = on_executed(persisted, &rule.name, executed);
-                self.save(persisted, save.durable).await;
-                if let Outcome::Failed(_) = outcome {
-                    tracing::error!(rule = %rule.name, "the action failed; the rule re-arms on fresh data");
-                }
-            }
-        }
-    }
-
-    /// The longest an action takes before its own limits end it: an `exec` its timeout, an EC2
-    /// call its retries (and one last attempt).
-    fn action_limit(&self) -> std::time::Duration {
-        let a = &self.config.actions;
-        a.exec_timeout.max(a.retry_for) + std::time::Duration::from_secs(60)
-    }
-
-    /// Counts an action's result; it shows when the step publishes.
-    fn count(&self, action: crate::rules::Action, result: &str) {
-        let key = ActionResult {
-            action: action.to_string(),
-            result: result.to_string(),
-        };
-        if let Ok(mut u) = self.unpublished.lock() {
-            u.actions.push(key);
         }
     }
 }

@@ -56,9 +56,47 @@ pub fn serialize_rfc3339<S: serde::Serializer>(t: &f64, s: S) -> Result<S::Ok, S
     s.serialize_str(&rfc3339(*t))
 }
 
+/// A duration as an operator writes one ("90s", "1h 30m", "500ms"), or `None`. At most 64
+/// bytes, and no number of more than 12 digits: humantime's arithmetic panics near `u64::MAX`
+/// seconds (it carries the nanoseconds of `18446744073709551615s1000000000ns` into a full
+/// `u64`), and no setting, query or command needs a duration of 30,000 years.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let longest_number = text
+        .split(|c: char| !c.is_ascii_digit())
+        .map(str::len)
+        .max()
+        .unwrap_or(0);
+    if text.len() > 64 || longest_number > 12 {
+        return None;
+    }
+    humantime::parse_duration(text).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_are_bounded() {
+        assert_eq!(parse_duration("90s"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1h 30m"), Some(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(
+            parse_duration("999999999999s"),
+            Some(Duration::from_secs(999_999_999_999))
+        );
+        // Each of these panicked inside humantime, or is longer than any duration needs.
+        for bad in [
+            "18446744073709551615s1000000000ns",
+            "18446744073709551615s 999999999ns 1ns",
+            "1000000000000s",
+            &"1s ".repeat(22),
+            "soon",
+            "",
+        ] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn rfc3339_round_trip_and_offsets() {

@@ -308,10 +308,13 @@ impl AuditLog {
         let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut f = self.open()?;
         let len = f.metadata()?.len();
+        // A file this record may have created: its name must be durable with the record.
+        let mut new_file = len == 0;
         if len > 0 && len + line.len() as u64 > self.rotation.max_bytes {
             drop(f);
             self.rotate()?;
             f = self.open()?;
+            new_file = true;
         } else if len > 0 {
             use std::os::unix::fs::FileExt;
             let mut last = [0u8];
@@ -322,7 +325,20 @@ impl AuditLog {
             }
         }
         f.write_all(&line)?;
-        f.sync_data()
+        f.sync_data()?;
+        if new_file {
+            self.sync_dir()?;
+        }
+        Ok(())
+    }
+
+    /// Makes the log's directory entries (a new file, a rotation's renames) durable.
+    fn sync_dir(&self) -> io::Result<()> {
+        let dir = match self.path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        File::open(dir)?.sync_all()
     }
 
     /// Opens the log to append, never blocking on what is planted in its place: anything but a
@@ -360,10 +376,7 @@ impl AuditLog {
             }
         }
         fs::rename(&self.path, numbered(1))?;
-        if let Some(dir) = self.path.parent() {
-            File::open(dir)?.sync_all()?;
-        }
-        Ok(())
+        self.sync_dir()
     }
 }
 

@@ -42,7 +42,9 @@ struct GpuStat {
     mig: Option<(u32, u32)>,
     sum: f64,
     count: u32,
-    max: f64,
+    /// The largest reading, once there is one. (A float that starts at minus infinity would
+    /// be written as `null` in the state file, which then no longer reads.)
+    max: Option<f64>,
 }
 
 /// One evaluated period (a datapoint, as CloudWatch calls it), as evidence for a decision.
@@ -136,7 +138,7 @@ impl Window {
                         mig: g.key().1,
                         sum: 0.0,
                         count: 0,
-                        max: f64::NEG_INFINITY,
+                        max: None,
                     })
                     .collect(),
             });
@@ -169,10 +171,19 @@ impl Window {
         }
         for (o, s) in obs.gpus.iter().zip(b.gpus.iter_mut()) {
             match o.get(rule.metric) {
-                Some(v) => {
+                // Every metric is finite and never negative: anything else is no reading.
+                Some(v) if v.is_finite() && v >= 0.0 => {
                     s.sum += v;
                     s.count += 1;
-                    s.max = s.max.max(v);
+                    s.max = Some(s.max.map_or(v, |m| m.max(v)));
+                }
+                Some(v) => {
+                    b.unknown = Some(format!(
+                        "{} read {v} for {}, which is no reading",
+                        o.name(),
+                        rule.metric.as_str()
+                    ));
+                    return;
                 }
                 None => {
                     b.unknown = Some(format!(
@@ -254,17 +265,20 @@ fn evaluate_period(
     if b.gpus.is_empty() {
         return unknown("no GPUs".into());
     }
-    let values: Vec<(u32, f64)> = b
+    let values: Option<Vec<(u32, f64)>> = b
         .gpus
         .iter()
         .map(|s| {
             let v = match rule.statistic {
-                Statistic::Average => s.sum / f64::from(s.count.max(1)),
+                Statistic::Average => (s.count > 0).then(|| s.sum / f64::from(s.count)),
                 Statistic::Maximum => s.max,
             };
-            (s.index, v)
+            Some((s.index, v?))
         })
         .collect();
+    let Some(values) = values else {
+        return unknown("a device had no reading".into());
+    };
     let holds = |v: &f64| rule.comparison.holds(*v, rule.threshold);
     let breaching = match rule.gpus {
         Aggregation::Every => values.iter().all(|(_, v)| holds(v)),

@@ -92,6 +92,8 @@ pub struct Settings {
     pub period: Period,
     /// How long a warning lasts before its action.
     pub warning: Duration,
+    /// The sampling interval, in seconds.
+    pub interval: f64,
     /// The longest gap between samples that still counts as complete data, in seconds.
     pub slack: f64,
     /// No warning and no action before this time (boot grace).
@@ -122,6 +124,7 @@ impl Settings {
             budgets,
             period,
             warning,
+            interval: interval.as_secs_f64(),
             slack: slack(interval, timeout),
             grace_until,
             running_since,

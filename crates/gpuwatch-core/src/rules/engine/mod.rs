@@ -164,6 +164,16 @@ pub fn ingest(rules: &[Rule], state: &mut State, obs: &Observation, slack: f64) 
         // health: a broken GPU in MIG mode loses its MIG devices, and nobody made that.)
         let relaid = condition.metric != Metric::GpuUnhealthy && rs.window.devices_changed(obs);
         rs.window.ingest(condition, obs);
+        // A rule that breaches while its warning is held back (by a hold, the boot grace, a
+        // spot notice, a budget gate or a warning not on record) must not warn later on
+        // periods older than work seen meanwhile: activity re-arms it, as a cancellation does.
+        if rs.breaching
+            && rs.pending.is_none()
+            && rs.in_flight.is_none()
+            && activity(condition, obs).is_some()
+        {
+            rs.not_before = rs.not_before.max(obs.t);
+        }
         if let Some(p) = rs.pending.as_mut() {
             if p.activity.is_none() {
                 p.activity = clock_back(p.seen(), obs.t, slack)
@@ -217,7 +227,8 @@ fn activity(rule: &Condition, obs: &Observation) -> Option<String> {
     }
     let mut idle = 0;
     for g in &obs.gpus {
-        match g.get(rule.metric) {
+        // As in the window, a reading that is not finite or is negative is no reading.
+        match g.get(rule.metric).filter(|v| v.is_finite() && *v >= 0.0) {
             None => {
                 return Some(format!(
                     "GPU {} has no {} reading",
@@ -348,13 +359,21 @@ pub fn evaluate(
                 }
             }
             Some(mut pending) => {
+                // The rule now says another action (the config changed across a restart):
+                // the warning given was for the old one.
+                let changed = (pending.action != rule.action).then(|| {
+                    format!(
+                        "the rule's action changed from {} to {}",
+                        pending.action, rule.action
+                    )
+                });
                 let missing = match &rule.trigger {
                     Trigger::Idle(_) if ctx.now >= pending.due_at => {
                         gap(pending.seen(), ctx.now, settings.slack)
                     }
                     _ => None,
                 };
-                if let Some(reason) = pending.activity.take().or(missing) {
+                if let Some(reason) = changed.or(pending.activity.take()).or(missing) {
                     // The periods seen up to the cancellation never count again, even when it
                     // was the clock that went back.
                     rs.not_before = rs.not_before.max(ctx.now).max(pending.seen());

@@ -18,14 +18,15 @@
 //!
 //! `step` returns an `Unsaved`: the events to handle before the save, and whether the save must
 //! be durable. Only `Unsaved::on_saved`, told whether the save worked, gives the rest (a
-//! `Saved`). An action carried out is settled with `on_executed`, and one left in flight by a
+//! `Saved`). An action carried out is settled with `on_executed`, one that waited too long behind
+//! another action of its step with `on_deferred` (see `defer`), and one left in flight by a
 //! restart with `settle_in_flight`. None of this does I/O: the edge saves, logs and sends.
 
 use crate::cost::budget::{Alerted, Crossing};
 use crate::rules::engine::{self, Event, InFlight};
 use crate::rules::Action;
 
-use super::State;
+use super::{Settings, State};
 
 /// When the edge handles an event: before the state is saved, or after it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,6 +221,40 @@ pub fn on_executed(state: &mut State, rule: &str, executed: Executed) -> Save {
         Executed::Recorded => engine::complete(&mut state.engine, rule),
         Executed::NotRecorded => engine::withdraw(&mut state.engine, rule),
     }
+    Save { durable: true }
+}
+
+/// Why an action of a step is not carried out on that step's decision, if it is not.
+///
+/// An action runs on the world as it was when its step decided. While the actions before it in
+/// the same step ran (an `exec` may take up to its timeout, EC2 calls their retries), a hold may
+/// have been placed, a spot interruption announced, or the GPUs put back to work. So the rest
+/// of a step's actions are deferred (`on_deferred`), to be decided again on the next sample,
+/// once the actions before them took longer than one sampling interval, or once the edge, which
+/// asks again before each of them, found a hold or a spot notice that came meanwhile
+/// (`called_off`). The first action of a step always runs: what came before it was the save,
+/// and a disk slower than the sampling interval must not keep every action from running.
+pub fn defer(
+    settings: &Settings,
+    actions_before: usize,
+    age_secs: f64,
+    called_off: Option<&str>,
+) -> Option<String> {
+    if actions_before == 0 {
+        return None;
+    }
+    if let Some(why) = called_off {
+        return Some(format!("{why} while the actions before it ran"));
+    }
+    (age_secs > settings.interval)
+        .then(|| format!("the actions before it in this step took {age_secs:.1} s"))
+}
+
+/// Takes back an action that `defer` kept from running: it is pending again, as it was when it
+/// fell due, and the next step decides it on fresh data (acts, cancels it if the GPUs were used,
+/// or postpones it for a hold). The change must be durable before anything else is decided.
+pub fn on_deferred(state: &mut State, rule: &str) -> Save {
+    engine::withdraw(&mut state.engine, rule);
     Save { durable: true }
 }
 

@@ -24,6 +24,10 @@ struct World {
     warning_recorded: bool,
     /// The process dies once the state is saved, before the step's actions run.
     crash_before_actions: bool,
+    /// How long each action takes to carry out, in seconds.
+    action_secs: f64,
+    /// A hold is placed while the step's first action runs.
+    hold_meanwhile: bool,
 }
 
 const NORMAL: World = World {
@@ -32,6 +36,8 @@ const NORMAL: World = World {
     audit: true,
     warning_recorded: true,
     crash_before_actions: false,
+    action_secs: 0.0,
+    hold_meanwhile: false,
 };
 
 /// A budget "org", read from outside at 90% spent, that alerts at 80%.
@@ -139,11 +145,23 @@ impl Edge {
         if world.crash_before_actions && saved.after_save().next().is_some() {
             return false;
         }
+        // The actions of this step carried out so far, and how long they took.
+        let (mut ran, mut age) = (0, 0.0);
         for e in saved.after_save() {
             self.note(t, format!("after: {}", e.kind()));
             let Event::Action { rule, .. } = e else {
                 continue;
             };
+            let called_off = (ran > 0 && world.hold_meanwhile).then_some("a local hold was placed");
+            if let Some(why) = defer(&self.settings, ran, age, called_off) {
+                self.note(t, format!("because: {why}"));
+                self.note(t, format!("deferred: {rule}"));
+                let save = on_deferred(&mut self.state, rule);
+                self.save(t, save, world);
+                continue;
+            }
+            ran += 1;
+            age += world.action_secs;
             // No record, no action: the in-flight mark is on disk before anything runs.
             assert!(
                 self.on_disk().engine.rules[rule].in_flight.is_some(),
@@ -154,7 +172,7 @@ impl Edge {
             } else {
                 Executed::NotRecorded
             };
-            self.note(t, format!("executed: {executed:?}"));
+            self.note(t, format!("executed: {rule} {executed:?}"));
             let save = on_executed(&mut self.state, rule, executed);
             self.save(t, save, world);
         }
@@ -223,7 +241,7 @@ fn a_failed_save_withdraws_the_action_and_withholds_the_alert() {
             // Retried once the disk recovers, the rule still breaching; then never again.
             (16, "saved durably"),
             (16, "after: action"),
-            (16, "executed: Recorded"),
+            (16, "executed: idle Recorded"),
             (16, "saved durably"),
         ]
     );
@@ -243,7 +261,7 @@ fn a_good_save_releases_the_action_and_the_alert_after_it() {
             (10, "saved durably"),
             (15, "saved durably"),
             (15, "after: action"),
-            (15, "executed: Recorded"),
+            (15, "executed: idle Recorded"),
             (15, "saved durably"),
         ]
     );
@@ -307,14 +325,14 @@ fn a_failed_action_is_completed_not_repeated_and_rearms_on_fresh_data() {
         [
             (15, "saved durably"),
             (15, "after: action"),
-            (15, "executed: Recorded"),
+            (15, "executed: idle Recorded"),
             (15, "saved durably"),
             // Only the periods after the action count: [20, 30) is the first.
             (30, "before: warning"),
             (30, "saved durably"),
             (35, "saved durably"),
             (35, "after: action"),
-            (35, "executed: Recorded"),
+            (35, "executed: idle Recorded"),
             (35, "saved durably"),
         ]
     );
@@ -340,12 +358,133 @@ fn an_action_whose_record_cannot_be_written_is_withdrawn_and_retried() {
         [
             (15, "saved durably"),
             (15, "after: action"),
-            (15, "executed: NotRecorded"),
+            (15, "executed: idle NotRecorded"),
             (15, "saved durably"),
             (16, "saved durably"),
             (16, "after: action"),
-            (16, "executed: Recorded"),
+            (16, "executed: idle Recorded"),
             (16, "saved durably"),
+        ]
+    );
+}
+
+/// Two rules whose actions fall due in the same step: "checkpoint" (an `exec`) before "idle".
+fn two_rules() -> Settings {
+    let base = settings(Vec::new());
+    let idle = base.rules[0].clone();
+    let checkpoint = crate::rules::Rule {
+        name: "checkpoint".into(),
+        action: Action::Exec,
+        command: vec!["checkpoint".into()],
+        ..idle.clone()
+    };
+    Settings {
+        rules: vec![checkpoint, idle],
+        ..base
+    }
+}
+
+#[test]
+fn an_action_behind_a_slow_one_is_decided_again_on_fresh_data() {
+    // The checkpoint takes 30 s, far more than the 1 s between samples; meanwhile GPU 0 went
+    // back to work. The stop is not carried out on the old decision: it is deferred, pending
+    // on disk, and the next step, which sees the work, cancels it.
+    let mut edge = Edge::new(two_rules());
+    edge.run(0..15, |_| NORMAL);
+    assert!(edge.cycle(
+        15,
+        World {
+            action_secs: 30.0,
+            ..NORMAL
+        }
+    ));
+    let rs = &edge.on_disk().engine.rules["idle"];
+    assert_eq!(rs.in_flight, None);
+    assert_eq!(
+        rs.pending.as_ref().map(|p| (p.action, p.due_at)),
+        Some((Action::Stop, 15.0)),
+        "pending again, on disk"
+    );
+    edge.run(16..17, |_| World {
+        utilization: 0.9,
+        ..NORMAL
+    });
+    assert_eq!(
+        edge.log_from(15),
+        [
+            (15, "saved durably"),
+            (15, "after: action"),
+            (15, "executed: checkpoint Recorded"),
+            (15, "saved durably"),
+            (15, "after: action"),
+            (
+                15,
+                "because: the actions before it in this step took 30.0 s"
+            ),
+            (15, "deferred: idle"),
+            (15, "saved durably"),
+            (16, "saved durably"),
+            (16, "after: cancelled"),
+        ]
+    );
+}
+
+#[test]
+fn an_action_behind_a_quick_one_runs_in_the_same_step() {
+    // Actions that take less than a sample leave the decision fresh: both run at 15. And a
+    // deferred action still idle at the next step runs there.
+    let mut edge = Edge::new(two_rules());
+    edge.run(0..16, |_| NORMAL);
+    let ran = |edge: &Edge| -> Vec<(u32, String)> {
+        edge.log_from(15)
+            .into_iter()
+            .filter(|(_, w)| {
+                w.starts_with("executed") || w.starts_with("deferred") || w.starts_with("because")
+            })
+            .map(|(t, w)| (t, w.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        ran(&edge),
+        [
+            (15, "executed: checkpoint Recorded".to_string()),
+            (15, "executed: idle Recorded".to_string()),
+        ]
+    );
+    let mut slow = Edge::new(two_rules());
+    slow.run(0..15, |_| NORMAL);
+    slow.run(15..17, |t| World {
+        action_secs: if t == 15 { 30.0 } else { 0.0 },
+        ..NORMAL
+    });
+    assert_eq!(
+        ran(&slow),
+        [
+            (15, "executed: checkpoint Recorded".to_string()),
+            (
+                15,
+                "because: the actions before it in this step took 30.0 s".to_string()
+            ),
+            (15, "deferred: idle".to_string()),
+            (16, "executed: idle Recorded".to_string()),
+        ]
+    );
+    // A quick action, but a hold placed while it ran: the next one is deferred too.
+    let mut held = Edge::new(two_rules());
+    held.run(0..15, |_| NORMAL);
+    held.run(15..16, |_| World {
+        hold_meanwhile: true,
+        ..NORMAL
+    });
+    assert_eq!(
+        ran(&held),
+        [
+            (15, "executed: checkpoint Recorded".to_string()),
+            (
+                15,
+                "because: a local hold was placed while the actions before it ran".to_string()
+            ),
+            (15, "deferred: idle".to_string()),
         ]
     );
 }

@@ -608,3 +608,5 @@ fn a_broken_gpu_that_loses_its_mig_devices_is_no_relayout() {
     assert!(kinds.contains(&(40, "action")), "{kinds:?}");
     assert!(!kinds.iter().any(|(_, k)| *k == "cancelled"), "{kinds:?}");
 }
+
+mod readings;
