@@ -367,6 +367,19 @@ pub fn step(
     let mut ratios = BTreeMap::new();
     let mut budgets = Vec::new();
     for b in &settings.budgets {
+        // Spend that closed a period in this very step still crosses that period's thresholds:
+        // the last accrual of a month (or a daemon down across its end) alerts late, not never.
+        if b.source == BudgetSource::Local {
+            for c in &closed {
+                let last = Reading {
+                    spent: c.total,
+                    forecast: None,
+                    limit: b.limit_usd.unwrap_or(0.0),
+                    period_start: c.period_start,
+                };
+                crossings.extend(state.alerted.crossings(&b.name, &b.thresholds, &last));
+            }
+        }
         let reading = match b.source {
             BudgetSource::Local => spent.map(|spent| Reading {
                 spent,

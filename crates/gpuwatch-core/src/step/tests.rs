@@ -165,6 +165,49 @@ fn budgets_cross_once_with_one_text_and_external_limits_apply() {
     );
 }
 
+/// $1 an hour against a day's budget of $23.50: the day's last hour crosses it, in the step
+/// that also closes the day. The crossing is alerted then, not lost with the day.
+#[test]
+fn spend_that_closes_a_period_still_crosses_its_thresholds() {
+    let local = Budget {
+        name: "day".into(),
+        source: BudgetSource::Local,
+        limit_usd: Some(23.5),
+        thresholds: vec![1.0],
+    };
+    let mut settings = settings(vec![local]);
+    settings.period = Period::Day;
+    let mut state = State::default();
+    let price = Some(Price {
+        usd_per_hour: 1.0,
+        source: Source::Config,
+    });
+    let day = Period::Day.start(1_796_000_000.0);
+    let end = Period::Day.end(day);
+    let mut alerts = Vec::new();
+    for now in [day + 10.0, end - 3600.0, end + 10.0, end + 20.0] {
+        let out = step(
+            &settings,
+            &mut state,
+            &obs(now, 0.9),
+            &Inputs {
+                now,
+                price,
+                ..Inputs::default()
+            },
+        );
+        alerts.extend(
+            out.order
+                .on_saved(&mut state, true)
+                .crossings()
+                .iter()
+                .filter(|c| c.basis == crate::cost::budget::Basis::Actual)
+                .map(|c| (now, c.threshold)),
+        );
+    }
+    assert_eq!(alerts, [(end + 10.0, 1.0)]);
+}
+
 /// A team budget whose spend goes unknown after it was exhausted: its view says why, the
 /// gated idle rule recovers at once, and its hard limit is not breached, so nothing acts on
 /// the last figure seen.
