@@ -76,22 +76,30 @@ impl StateDir {
     }
 
     /// Every job's and user's hold in the directory, by subject. One whose expiry cannot be
-    /// read holds without end, as the node's does.
-    pub fn subject_holds(&self) -> BTreeMap<Subject, HoldStatus> {
+    /// read holds without end, as the node's does. `Err` says why they cannot all be known (the
+    /// directory cannot be listed, or holds more than are read): any job or user may be held.
+    pub fn subject_holds(&self) -> Result<BTreeMap<Subject, HoldStatus>, String> {
         let mut out = BTreeMap::new();
-        let Ok(entries) = fs::read_dir(self.path()) else {
-            return out;
-        };
-        // Sorted, so that past the cap the same holds are read every time.
-        let mut found: Vec<(Subject, std::path::PathBuf)> = entries
+        let entries = fs::read_dir(self.path()).map_err(|e| {
+            format!(
+                "the job and user holds in {} cannot be listed: {e}",
+                self.path().display()
+            )
+        })?;
+        let found: Vec<(Subject, std::path::PathBuf)> = entries
             .flatten()
             .filter_map(|e| {
                 let s = e.file_name().to_str().and_then(Subject::of_file)?;
                 Some((s, e.path()))
             })
             .collect();
-        found.sort();
-        for (subject, path) in found.into_iter().take(MAX_SUBJECT_HOLDS) {
+        if found.len() > MAX_SUBJECT_HOLDS {
+            return Err(format!(
+                "{} job and user holds, more than the {MAX_SUBJECT_HOLDS} that are read",
+                found.len()
+            ));
+        }
+        for (subject, path) in found {
             match self.hold_at(&path) {
                 HoldStatus::None => {}
                 h => {
@@ -99,7 +107,7 @@ impl StateDir {
                 }
             }
         }
-        out
+        Ok(out)
     }
 }
 
@@ -119,23 +127,42 @@ mod tests {
         dir.set_subject_hold(&job, &hold).unwrap();
         dir.set_subject_hold(&Subject::user("alice").unwrap(), &hold)
             .unwrap();
-        let holds = dir.subject_holds();
+        let holds = dir.subject_holds().unwrap();
         assert_eq!(holds.len(), 2);
         assert!(matches!(&holds[&job], HoldStatus::Until(_, r) if r == "training resumes"));
         assert_eq!(job.key(), "job 1234");
         // The node's hold is not a subject's.
         dir.set_hold(&hold).unwrap();
-        assert_eq!(dir.subject_holds().len(), 2);
+        assert_eq!(dir.subject_holds().unwrap().len(), 2);
         assert!(dir.release_subject(&job).unwrap());
         assert!(!dir.release_subject(&job).unwrap());
-        assert_eq!(dir.subject_holds().len(), 1);
+        assert_eq!(dir.subject_holds().unwrap().len(), 1);
         // A file that cannot be read as a hold holds without end.
         std::fs::write(dir.path().join("hold-job-9.json"), "{").unwrap();
-        let holds = dir.subject_holds();
+        let holds = dir.subject_holds().unwrap();
         assert_eq!(
             holds[&Subject::Job("9".into())].until(),
             Some(f64::INFINITY)
         );
+    }
+
+    #[test]
+    fn holds_that_cannot_all_be_known_are_an_error_not_none() {
+        // A state directory that cannot be listed (here a file in its place) may hold any job.
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("state"), "").unwrap();
+        let err = StateDir::new(tmp.path().join("state"))
+            .subject_holds()
+            .unwrap_err();
+        assert!(err.contains("cannot be listed"), "{err}");
+        // More holds than are read: the ones past the cap would go unread.
+        let dir = StateDir::new(tmp.path().join("many"));
+        std::fs::create_dir(dir.path()).unwrap();
+        for j in 0..=MAX_SUBJECT_HOLDS {
+            std::fs::write(dir.path().join(format!("hold-job-{j}.json")), "{").unwrap();
+        }
+        let err = dir.subject_holds().unwrap_err();
+        assert!(err.contains("more than the 1024"), "{err}");
     }
 
     #[test]

@@ -279,12 +279,18 @@ impl Watch {
             let subject_holds = if subjects {
                 dir.subject_holds()
             } else {
-                Default::default()
+                Ok(Default::default())
             };
             (crate::vetoes::check(&vetoes), dir.hold(), subject_holds)
         })
         .await;
         obs.veto = veto;
+        // Job and user holds that cannot all be known may hold any job or user: the node is
+        // held, as by a hold file that cannot be read.
+        let (subject_holds, local) = match subject_holds {
+            Ok(h) => (h, local),
+            Err(why) => (Default::default(), HoldStatus::Unreadable(why)),
+        };
         let tag = self.signals.tag_hold();
         let unreadable = [&local, &tag].into_iter().find_map(|h| match h {
             HoldStatus::Unreadable(why) => Some(why.clone()),
