@@ -25,6 +25,12 @@ use crate::config::VetoesConfig;
 
 /// Why the node counts as busy regardless of its GPUs, if it does.
 pub fn check(cfg: &VetoesConfig) -> Option<String> {
+    check_in(cfg, Path::new("/proc"))
+}
+
+/// `check` over the process list at `proc`. A list that cannot be read vetoes: the processes
+/// and sessions it would show are unknown, and unknown is busy.
+fn check_in(cfg: &VetoesConfig, proc: &Path) -> Option<String> {
     if !cfg.ssh_sessions && cfg.processes.is_empty() {
         return None;
     }
@@ -33,7 +39,15 @@ pub fn check(cfg: &VetoesConfig) -> Option<String> {
             return Some(format!("an SSH session of \"{user}\" is open"));
         }
     }
-    let entries = std::fs::read_dir("/proc").ok()?;
+    let entries = match std::fs::read_dir(proc) {
+        Ok(e) => e,
+        Err(e) => {
+            return Some(format!(
+                "the process list ({}) cannot be read: {e}",
+                proc.display()
+            ))
+        }
+    };
     for entry in entries.flatten() {
         let name = entry.file_name();
         if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
@@ -232,6 +246,9 @@ mod tests {
         };
         assert_eq!(check(&none), None);
         assert_eq!(check(&VetoesConfig::default()), None);
+        // A process list that cannot be read is unknown, and unknown is busy.
+        let why = check_in(&by_name, Path::new("/nonexistent/proc")).unwrap();
+        assert!(why.contains("cannot be read"), "{why}");
         assert_eq!(spoofable(&by_name), vec![me.as_str()]);
         assert!(spoofable(&by_exe).is_empty());
     }

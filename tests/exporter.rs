@@ -445,6 +445,25 @@ fn missing_library_serves_nvml_down_and_stays_up() {
     );
 }
 
+/// A library that reports a million devices is not believed: the sampler would allocate and
+/// read without bound. NVML counts as down, with the reason, and the daemon serves on.
+#[test]
+fn a_device_count_past_any_machine_is_nvml_down() {
+    let mut d = Daemon::start("device_count = 1000000\n[[gpu]]\nutilization = 50\n", "");
+    let s = d.await_sample(Duration::from_secs(20), |s| s["seq"].as_u64() >= Some(2));
+    assert_eq!(s["nvml"]["up"], false, "{s}");
+    assert!(
+        s["nvml"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("reports 1000000 devices, more than the 1024")),
+        "{s}"
+    );
+    assert_eq!(s["gpus"].as_array().map(Vec::len), Some(0), "{s}");
+    let m = d.scrape();
+    metric("gpuwatch_nvml_up").value(0.0).assert_in(&m);
+    assert!(d.is_running());
+}
+
 #[test]
 fn a_library_that_fails_to_initialise_is_retried_until_it_works() {
     let scenario = r#"

@@ -14,10 +14,12 @@
 //!
 //! A second password that does not verify soon after another (`STRIKE_WINDOW`) bars its
 //! client address from bcrypt for a while, doubling with each failure in a row (`BACKOFF_FIRST`
-//! to `BACKOFF_MAX`), and the address is answered 429 meanwhile: wrong passwords from many
+//! to `BACKOFF_MAX`), and the address is answered 429 meanwhile: wrong passwords from a few
 //! addresses cannot keep both turns busy, so a scraper whose password is not remembered yet
-//! (after a restart) still finds one free. One typo, or a scraper retrying a wrong password at
-//! its interval, is never barred.
+//! (after a restart) still finds one free. (An attacker with a thousand addresses, or a /54 of
+//! IPv6, each trying once a second, can still keep the turns busy while it lasts: a request
+//! that finds no turn is not a failure, and bars nothing. Put such listeners behind a network
+//! limit.) One typo, or a scraper retrying a wrong password at its interval, is never barred.
 //!
 //! The rate limit is a token bucket per client address (an IPv6 client by its /64): one
 //! client's flood never makes another's requests wait or fail. Every refusal is sent after a

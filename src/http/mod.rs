@@ -285,31 +285,49 @@ async fn await_status(
     if let (Some(p), Ok(_permit)) = (&state.status.progress, state.long_polls.try_acquire()) {
         p.await_stepped(snap.seq, Duration::from_secs(2)).await;
     }
-    gather(state).await.ok_or_else(|| {
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "cannot gather the status\n",
-        )
-            .into_response()
-    })
+    gather(state).await.ok_or_else(not_gathered)
 }
 
-/// The status, gathered off the async workers (it reads the audit log's tail).
+/// Turns to gather the status, each on a blocking thread. A hung state disk keeps its thread (a
+/// read cannot be called off), so the threads are capped: a request waits for a turn, within
+/// `GATHER_LIMIT` in all, and is refused after it.
+static GATHERS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_GATHERS);
+const MAX_GATHERS: usize = 4;
+/// How long a request waits for its turn and its gather.
+const GATHER_LIMIT: Duration = Duration::from_secs(10);
+
+/// The status, gathered off the async workers (it reads the audit log's tail); `None` when it
+/// cannot be within `GATHER_LIMIT`.
 async fn gather(state: &ServerState) -> Option<crate::status::Status> {
     let sources = state.status.clone();
-    tokio::task::spawn_blocking(move || sources.gather())
+    tokio::time::timeout(GATHER_LIMIT, async move {
+        // The turn goes with the thread, and comes back when the gather ends.
+        let turn = GATHERS.acquire().await.ok()?;
+        tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            sources.gather()
+        })
         .await
         .ok()
+    })
+    .await
+    .ok()?
+}
+
+/// The answer when the status cannot be gathered now.
+fn not_gathered() -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(header::RETRY_AFTER, "1")],
+        "the status cannot be gathered now (is the state directory's disk slow?); retry shortly\n",
+    )
+        .into_response()
 }
 
 /// The status page: rendered here, kept current by its script.
 async fn landing(State(state): State<ServerState>) -> Response {
     let Some(s) = gather(&state).await else {
-        return (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "cannot gather the status\n",
-        )
-            .into_response();
+        return not_gathered();
     };
     let page = crate::status::page::render(&s, crate::time::now());
     (
@@ -343,4 +361,20 @@ async fn style() -> Response {
         crate::status::page::STYLE,
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gathers_are_capped_and_a_turn_comes_back_when_its_gather_ends() {
+        let turns: Vec<_> = std::iter::from_fn(|| GATHERS.try_acquire().ok())
+            .take(100)
+            .collect();
+        assert_eq!(turns.len(), MAX_GATHERS);
+        assert!(GATHERS.try_acquire().is_err());
+        drop(turns);
+        assert!(GATHERS.try_acquire().is_ok());
+    }
 }

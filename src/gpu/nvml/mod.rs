@@ -7,14 +7,15 @@
 mod fields;
 mod links;
 mod processes;
+mod throttle;
 use processes::{process_refs, used};
+use throttle::THROTTLE_REASONS;
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{cuda_driver_version_major, cuda_driver_version_minor, Device, Nvml};
@@ -25,6 +26,9 @@ use super::{GpuSample, GpuSource, NvmlStatus, ProcessSample, Sample, ThrottleRea
 
 /// The most MIG devices read from one GPU (a GPU has at most 7).
 const MAX_MIG_DEVICES: u32 = 16;
+/// The most GPUs read: a library that reports more is not believed (it would have the sampler
+/// allocate and read without bound).
+pub(crate) const MAX_GPUS: u32 = 1024;
 
 /// Retry delays for a library that will not load or initialise.
 const INIT_BACKOFF_FIRST: Duration = Duration::from_secs(1);
@@ -34,28 +38,6 @@ const INIT_BACKOFF_MAX: Duration = Duration::from_secs(60);
 const MAX_TEMPERATURE_CELSIUS: u32 = 200;
 const MAX_POWER_MILLIWATTS: u32 = 10_000_000;
 const MAX_CLOCK_MHZ: u32 = 20_000;
-
-/// NVML's throttle reason bits and the label values gpuwatch exports for them.
-const THROTTLE_REASONS: &[(ThrottleReasons, &str)] = &[
-    (ThrottleReasons::GPU_IDLE, "gpu_idle"),
-    (
-        ThrottleReasons::APPLICATIONS_CLOCKS_SETTING,
-        "applications_clocks_setting",
-    ),
-    (ThrottleReasons::SW_POWER_CAP, "sw_power_cap"),
-    (ThrottleReasons::HW_SLOWDOWN, "hw_slowdown"),
-    (ThrottleReasons::SYNC_BOOST, "sync_boost"),
-    (ThrottleReasons::SW_THERMAL_SLOWDOWN, "sw_thermal_slowdown"),
-    (ThrottleReasons::HW_THERMAL_SLOWDOWN, "hw_thermal_slowdown"),
-    (
-        ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN,
-        "hw_power_brake_slowdown",
-    ),
-    (
-        ThrottleReasons::DISPLAY_CLOCK_SETTING,
-        "display_clock_setting",
-    ),
-];
 
 pub struct NvmlSource {
     library: OsString,
@@ -296,6 +278,18 @@ impl GpuSource for NvmlSource {
                 };
             }
         };
+        if count > MAX_GPUS {
+            self.metrics.error(SampleError::ReadFailed);
+            return Sample {
+                nvml: self.status(
+                    false,
+                    Some(format!(
+                        "NVML reports {count} devices, more than the {MAX_GPUS} gpuwatch reads"
+                    )),
+                ),
+                gpus: Vec::new(),
+            };
+        }
         self.gpm.retain_below(count);
         let gpus = (0..count).map(|i| self.read_gpu(nvml, i)).collect();
         self.metrics.set_gpm_buffers(self.gpm.buffers());

@@ -16,7 +16,11 @@ pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn
     match state() {
         Ok(_) if count.is_null() => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
         Ok(st) => {
-            count.write(st.scenario.gpus.len() as c_uint);
+            count.write(
+                st.scenario
+                    .device_count
+                    .unwrap_or(st.scenario.gpus.len() as c_uint),
+            );
             nvmlReturn_enum_NVML_SUCCESS
         }
         Err(e) => e,

@@ -32,6 +32,8 @@ pub struct Scenario {
     pub driver_version: String,
     pub nvml_version: String,
     pub cuda_driver_version: i32,
+    /// The device count reported, if not the number of GPUs.
+    pub device_count: Option<u32>,
     /// Simulated seconds per wall-clock second. 0 freezes time at `start`.
     pub speed: f64,
     /// Simulated time at initialisation.

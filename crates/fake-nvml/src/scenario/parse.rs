@@ -20,6 +20,9 @@ pub(super) struct RawScenario {
     nvml_version: Option<String>,
     #[serde(default = "default_cuda")]
     cuda_driver_version: i32,
+    /// The device count to report, when it is not the number of `[[gpu]]` tables (a library
+    /// that reports more devices than it has).
+    device_count: Option<u32>,
     #[serde(default)]
     time: RawTime,
     #[serde(default)]
@@ -280,6 +283,7 @@ impl RawScenario {
                 .unwrap_or_else(|| format!("12.{}", self.driver_version)),
             driver_version: self.driver_version,
             cuda_driver_version: self.cuda_driver_version,
+            device_count: self.device_count,
             speed: self.time.speed,
             start,
             gpus,
