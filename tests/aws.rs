@@ -312,6 +312,7 @@ fn a_local_hold_postpones_the_action_until_it_expires() {
     let d = setup.start_in(dir, IDLE4);
     let s = d.await_scrape(LIMIT, |s| {
         metric("gpuwatch_hold_until_timestamp_seconds")
+            .label("source", "local")
             .get(s)
             .is_some()
     });
@@ -526,10 +527,46 @@ fn an_action_in_flight_is_on_record_even_when_its_rule_left_the_config() {
     assert!(api_calls(&audit).is_empty());
 }
 
+/// Instance metadata tags are off and EC2 cannot be reached from the start: the instance's
+/// `gpuwatch:hold` tag is unknown, and an unknown hold holds. Once DescribeInstances answers
+/// (no hold tag), the rule warns and acts.
+#[test]
+fn tags_never_read_hold_every_action_until_they_are() {
+    let inst = aws::launch(Kind::OnDemand);
+    let imds = aws::imds(&inst.id, "on-demand");
+    let proxy = aws::Proxy::start(ProxyMode::Refuse);
+    let mut setup = Setup::new(&imds, "stop");
+    setup.endpoint = proxy.addr;
+    let d = setup.start(IDLE4);
+    let first = d.await_sample(LIMIT, |s| s["nvml"]["up"] == true);
+    // Two idle periods and the warning would have passed by now.
+    d.await_time(first["timestamp"].as_f64().unwrap() + 5.0);
+    let audit = d.audit();
+    assert!(events(&audit, "warning").is_empty(), "{audit:?}");
+    assert!(events(&audit, "action_attempt").is_empty(), "{audit:?}");
+    assert!(d.log().contains("have not been read yet"), "{}", d.log());
+    metric("gpuwatch_hold_until_timestamp_seconds")
+        .label("source", "tag")
+        .label("reason", "unread tag")
+        .value(f64::INFINITY)
+        .assert_in(&d.scrape());
+    proxy.set(ProxyMode::Forward);
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    let audit = d.audit();
+    assert_eq!(events(&audit, "warning").len(), 1, "{audit:?}");
+    assert_eq!(api_calls(&audit), ["CreateTags", "StopInstances"]);
+}
+
 #[test]
 fn aws_outage_then_errors_then_recovery_acts_exactly_once() {
     let inst = aws::launch(Kind::OnDemand);
     let imds = aws::imds(&inst.id, "on-demand");
+    // Tags come from instance metadata, so no hold tag is unknown while EC2 is down.
+    imds.state
+        .lock()
+        .unwrap()
+        .tags
+        .insert("team".into(), "ml".into());
     let proxy = aws::Proxy::start(ProxyMode::Refuse);
     let mut setup = Setup::new(&imds, "stop");
     setup.endpoint = proxy.addr;
@@ -559,6 +596,11 @@ fn aws_outage_then_errors_then_recovery_acts_exactly_once() {
 fn a_hold_placed_while_ec2_calls_are_retried_calls_the_action_off() {
     let inst = aws::launch(Kind::OnDemand);
     let imds = aws::imds(&inst.id, "on-demand");
+    imds.state
+        .lock()
+        .unwrap()
+        .tags
+        .insert("team".into(), "ml".into());
     let proxy = aws::Proxy::start(ProxyMode::Unavailable);
     let mut setup = Setup::new(&imds, "stop");
     setup.endpoint = proxy.addr;

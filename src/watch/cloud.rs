@@ -11,6 +11,10 @@ use crate::actions::Executor;
 use crate::config::{TagLabel, MAX_LABEL_VALUE};
 use crate::state::{AuditRecord, HoldStatus};
 
+/// Why the tag hold is unknown before the instance's tags were first read (from instance
+/// metadata, or with DescribeInstances): a hold tag may be there, and unknown holds.
+pub const TAGS_UNREAD: &str = "the instance's tags have not been read yet (instance metadata tags, or ec2:DescribeInstances), and may hold a gpuwatch:hold tag";
+
 /// The spot and tag poller: instance metadata notices, and `gpuwatch:hold` tags.
 pub struct CloudPoller {
     pub imds: Arc<crate::cloud::imds::Imds>,

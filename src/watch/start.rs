@@ -139,6 +139,10 @@ pub async fn spawn(
         ));
     }
     if config.cloud.provider == Provider::Aws {
+        // Until the instance's tags are read, a `gpuwatch:hold` tag may be there: unknown holds.
+        signals.tag_hold = std::sync::Mutex::new(crate::state::HoldStatus::Unreadable(
+            super::cloud::TAGS_UNREAD.into(),
+        ));
         let client = Arc::new(Imds::new(&config.cloud.imds_endpoint));
         match client.identity().await {
             Ok(mut node) => {
@@ -207,7 +211,7 @@ pub async fn spawn(
             }
             Err(e) => tracing::warn!(
                 error = %e,
-                "instance metadata is unavailable; rules run with local actions only (alert, exec)"
+                "instance metadata is unavailable: the instance's gpuwatch:hold tag cannot be read, so every action is held until gpuwatch restarts with metadata available"
             ),
         }
     }
