@@ -468,6 +468,20 @@ fn a_restart_mid_window_keeps_the_window() {
     assert_eq!(api_calls(&audit), ["CreateTags", "StopInstances"]);
 }
 
+/// The state a daemon leaves in `dir` when it is killed after sending `rule`'s `action` and
+/// before recording the result.
+fn seed_in_flight(dir: &std::path::Path, rule: &str, action: &str) {
+    let now = gpuwatch::time::now();
+    std::fs::create_dir_all(dir.join("state")).unwrap();
+    std::fs::write(
+        dir.join("state/state.json"),
+        format!(
+            r#"{{"engine":{{"rules":{{"{rule}":{{"window":{{"buckets":[]}},"breaching":true,"pending":null,"not_before":{now},"in_flight":{{"action":"{action}","at":{now}}}}}}}}}}}"#
+        ),
+    )
+    .unwrap();
+}
+
 #[test]
 fn a_restart_after_an_action_was_sent_does_not_repeat_it() {
     let inst = aws::launch(Kind::OnDemand);
@@ -475,17 +489,7 @@ fn a_restart_after_an_action_was_sent_does_not_repeat_it() {
     let mut setup = Setup::new(&imds, "stop");
     setup.actions = "warning = \"1h\"";
     let dir = tempfile::tempdir().unwrap();
-    // The state a daemon leaves when it is killed after sending StopInstances and before
-    // recording the result.
-    let now = gpuwatch::time::now();
-    std::fs::create_dir_all(dir.path().join("state")).unwrap();
-    std::fs::write(
-        dir.path().join("state/state.json"),
-        format!(
-            r#"{{"engine":{{"rules":{{"idle":{{"window":{{"buckets":[]}},"breaching":true,"pending":null,"not_before":{now},"in_flight":{{"action":"stop","at":{now}}}}}}}}}}}"#
-        ),
-    )
-    .unwrap();
+    seed_in_flight(dir.path(), "idle", "stop");
     let d = setup.start_in(dir, IDLE4);
     let first = d.await_sample(LIMIT, |s| s["nvml"]["up"] == true);
     d.await_time(first["timestamp"].as_f64().unwrap() + 4.0);
@@ -507,15 +511,7 @@ fn an_action_in_flight_is_on_record_even_when_its_rule_left_the_config() {
     let mut setup = Setup::new(&imds, "stop");
     setup.actions = "warning = \"1h\"";
     let dir = tempfile::tempdir().unwrap();
-    let now = gpuwatch::time::now();
-    std::fs::create_dir_all(dir.path().join("state")).unwrap();
-    std::fs::write(
-        dir.path().join("state/state.json"),
-        format!(
-            r#"{{"engine":{{"rules":{{"renamed":{{"window":{{"buckets":[]}},"breaching":true,"pending":null,"not_before":{now},"in_flight":{{"action":"terminate","at":{now}}}}}}}}}}}"#
-        ),
-    )
-    .unwrap();
+    seed_in_flight(dir.path(), "renamed", "terminate");
     let d = setup.start_in(dir, IDLE4);
     d.await_log(LIMIT, "cost watch started");
     let audit = d.audit();

@@ -225,6 +225,7 @@ proptest! {
             HoldStatus::Until(t, _) => prop_assert!(t.is_finite()),
             HoldStatus::Unreadable(_) => {}
             HoldStatus::None => prop_assert!(false, "a hold file that is there is a hold"),
+            HoldStatus::Unknown(_) => prop_assert!(false, "a hold file that was read is known"),
         }
     }
 }

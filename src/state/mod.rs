@@ -51,6 +51,9 @@ pub enum HoldStatus {
     Until(f64, String),
     /// A hold whose expiry cannot be read is a hold, without end.
     Unreadable(String),
+    /// A hold that may be there but has not been read (the instance's tags, before their
+    /// first read): unknown holds, without end.
+    Unknown(String),
 }
 
 impl HoldStatus {
@@ -59,7 +62,7 @@ impl HoldStatus {
         match self {
             HoldStatus::None => None,
             HoldStatus::Until(t, _) => Some(*t),
-            HoldStatus::Unreadable(_) => Some(f64::INFINITY),
+            HoldStatus::Unreadable(_) | HoldStatus::Unknown(_) => Some(f64::INFINITY),
         }
     }
 }
@@ -72,6 +75,9 @@ pub struct Hold {
     /// Unix seconds; `None` when its expiry cannot be read (it then holds without end).
     pub until: Option<f64>,
     pub reason: String,
+    /// It may not be there: it was not read yet, and holds as unknown.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unknown: bool,
 }
 
 /// The holds in force at `now`, from the state directory's hold and the instance tag's: one
@@ -84,12 +90,13 @@ pub fn holds_in_force(now: f64, local: &HoldStatus, tag: &HoldStatus) -> Vec<Hol
                 HoldStatus::None => return None,
                 HoldStatus::Until(t, _) if *t <= now => return None,
                 HoldStatus::Until(t, reason) => (Some(*t), reason.clone()),
-                HoldStatus::Unreadable(why) => (None, why.clone()),
+                HoldStatus::Unreadable(why) | HoldStatus::Unknown(why) => (None, why.clone()),
             };
             Some(Hold {
                 source: source.to_string(),
                 until,
                 reason,
+                unknown: matches!(h, HoldStatus::Unknown(_)),
             })
         })
         .collect()

@@ -22,7 +22,7 @@ impl super::Watch {
 
     /// Takes back an action that `order::defer` kept from running, for `why`: it is pending
     /// again, durably, and the next step decides it on fresh data.
-    pub(super) async fn defer(
+    pub(super) async fn defer_action(
         &self,
         persisted: &mut Persisted,
         rule: &str,

@@ -182,7 +182,7 @@ impl Collector for WatchCollector {
                 v.holds.iter().map(|h| {
                     let reason = match (h.until, h.source.as_str()) {
                         (Some(_), _) => "expires",
-                        (None, "tag") if h.reason == super::cloud::TAGS_UNREAD => "unread tag",
+                        (None, "tag") if h.unknown => "unread tag",
                         (None, "tag") => "unparsable tag",
                         (None, _) => "unreadable file",
                     };

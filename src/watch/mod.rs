@@ -203,7 +203,8 @@ impl Watch {
                     };
                     let age = decided.elapsed().as_secs_f64();
                     if let Some(why) = defer(&settings, actions, age, called_off.as_deref()) {
-                        self.defer(&mut persisted, rule, *action, &why, now).await;
+                        self.defer_action(&mut persisted, rule, *action, &why, now)
+                            .await;
                         continue;
                     }
                     actions += 1;
@@ -293,7 +294,7 @@ impl Watch {
         };
         let tag = self.signals.tag_hold();
         let unreadable = [&local, &tag].into_iter().find_map(|h| match h {
-            HoldStatus::Unreadable(why) => Some(why.clone()),
+            HoldStatus::Unreadable(why) | HoldStatus::Unknown(why) => Some(why.clone()),
             _ => None,
         });
         if unreadable.is_some() && unreadable != *warned_hold {

@@ -140,7 +140,7 @@ pub async fn spawn(
     }
     if config.cloud.provider == Provider::Aws {
         // Until the instance's tags are read, a `gpuwatch:hold` tag may be there: unknown holds.
-        signals.tag_hold = std::sync::Mutex::new(crate::state::HoldStatus::Unreadable(
+        signals.tag_hold = std::sync::Mutex::new(crate::state::HoldStatus::Unknown(
             super::cloud::TAGS_UNREAD.into(),
         ));
         let client = Arc::new(Imds::new(&config.cloud.imds_endpoint));

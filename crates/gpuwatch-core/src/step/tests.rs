@@ -101,6 +101,22 @@ fn one_step_warns_acts_and_shows_its_view() {
     assert_eq!(kinds, vec![(10, "breach"), (10, "warning"), (15, "action")]);
 }
 
+/// One step of a busy GPU at `inputs.now`, saved: the budget crossings on actual spend.
+fn actual_crossings(
+    settings: &Settings,
+    state: &mut State,
+    inputs: &Inputs,
+) -> Vec<crate::cost::budget::Crossing> {
+    let out = step(settings, state, &obs(inputs.now, 0.9), inputs);
+    out.order
+        .on_saved(state, true)
+        .crossings()
+        .iter()
+        .filter(|c| c.basis == crate::cost::budget::Basis::Actual)
+        .cloned()
+        .collect()
+}
+
 #[test]
 fn budgets_cross_once_with_one_text_and_external_limits_apply() {
     let local = Budget {
@@ -135,23 +151,15 @@ fn budgets_cross_once_with_one_text_and_external_limits_apply() {
     // $1 a second, from 2026-11-30 on.
     for t in 0..12 {
         let now = 1_796_000_000.0 + t as f64;
-        let out = step(
-            &settings,
-            &mut state,
-            &obs(now, 0.9),
-            &Inputs {
-                now,
-                price,
-                external: external.clone(),
-                ..Inputs::default()
-            },
-        );
+        let inputs = Inputs {
+            now,
+            price,
+            external: external.clone(),
+            ..Inputs::default()
+        };
         texts.extend(
-            out.order
-                .on_saved(&mut state, true)
-                .crossings()
+            actual_crossings(&settings, &mut state, &inputs)
                 .iter()
-                .filter(|c| c.basis == crate::cost::budget::Basis::Actual)
                 .map(alert_text),
         );
     }
@@ -186,22 +194,14 @@ fn spend_that_closes_a_period_still_crosses_its_thresholds() {
     let end = Period::Day.end(day);
     let mut alerts = Vec::new();
     for now in [day + 10.0, end - 3600.0, end + 10.0, end + 20.0] {
-        let out = step(
-            &settings,
-            &mut state,
-            &obs(now, 0.9),
-            &Inputs {
-                now,
-                price,
-                ..Inputs::default()
-            },
-        );
+        let inputs = Inputs {
+            now,
+            price,
+            ..Inputs::default()
+        };
         alerts.extend(
-            out.order
-                .on_saved(&mut state, true)
-                .crossings()
+            actual_crossings(&settings, &mut state, &inputs)
                 .iter()
-                .filter(|c| c.basis == crate::cost::budget::Basis::Actual)
                 .map(|c| (now, c.threshold)),
         );
     }

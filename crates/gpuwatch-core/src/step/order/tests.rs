@@ -197,6 +197,18 @@ impl Edge {
         settled
     }
 
+    /// The rule's action is pending on disk, due at `due_at`, and not in flight: it was taken
+    /// back, to fall due again.
+    fn assert_pending_on_disk(&self, rule: &str, action: Action, due_at: f64) {
+        let rs = &self.on_disk().engine.rules[rule];
+        assert_eq!(rs.in_flight, None);
+        assert_eq!(
+            rs.pending.as_ref().map(|p| (p.action, p.due_at)),
+            Some((action, due_at)),
+            "pending again, on disk"
+        );
+    }
+
     fn log_from(&self, t: u32) -> Vec<(u32, &str)> {
         self.log
             .iter()
@@ -345,13 +357,7 @@ fn an_action_whose_record_cannot_be_written_is_withdrawn_and_retried() {
         audit: t != 15,
         ..NORMAL
     });
-    let rs = &edge.on_disk().engine.rules["idle"];
-    assert_eq!(rs.in_flight, None);
-    assert_eq!(
-        rs.pending.as_ref().map(|p| (p.action, p.due_at)),
-        Some((Action::Stop, 15.0)),
-        "pending again, on disk"
-    );
+    edge.assert_pending_on_disk("idle", Action::Stop, 15.0);
     edge.run(16..30, |_| NORMAL);
     assert_eq!(
         edge.log_from(15),
@@ -398,13 +404,7 @@ fn an_action_behind_a_slow_one_is_decided_again_on_fresh_data() {
             ..NORMAL
         }
     ));
-    let rs = &edge.on_disk().engine.rules["idle"];
-    assert_eq!(rs.in_flight, None);
-    assert_eq!(
-        rs.pending.as_ref().map(|p| (p.action, p.due_at)),
-        Some((Action::Stop, 15.0)),
-        "pending again, on disk"
-    );
+    edge.assert_pending_on_disk("idle", Action::Stop, 15.0);
     edge.run(16..17, |_| World {
         utilization: 0.9,
         ..NORMAL
