@@ -239,6 +239,7 @@ pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Repo
             accrued_until: start,
             last_price: None,
             suspended: 0.0,
+            monotonic: None,
         };
     }
     // A node that is down costs nothing: spend stops accruing once it went down.

@@ -15,23 +15,32 @@ pub fn now() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// A clock by id, in seconds; `None` when it cannot be read.
+fn clock(id: libc::clockid_t) -> Option<f64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill. (The standard library reads no clock by id.)
+    let rc = unsafe { libc::clock_gettime(id, &mut ts) };
+    (rc == 0).then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9)
+}
+
 /// How long the machine has been asleep (suspended, or hibernated and resumed) since it
 /// booted, in seconds: the boot clock counts that time, the monotonic clock does not. 0 when
 /// either cannot be read.
 pub fn suspended() -> f64 {
-    let read = |clock| {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: a valid timespec to fill. (The standard library reads neither clock by id.)
-        let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
-        (rc == 0).then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9)
-    };
-    match (read(libc::CLOCK_BOOTTIME), read(libc::CLOCK_MONOTONIC)) {
+    match (clock(libc::CLOCK_BOOTTIME), clock(libc::CLOCK_MONOTONIC)) {
         (Some(boot), Some(mono)) => (boot - mono).max(0.0),
         _ => 0.0,
     }
+}
+
+/// The monotonic clock in seconds (from an unspecified start; it stops while the machine
+/// sleeps). Read with each sample's wall-clock time, it bounds how much time the sample
+/// accrues when the wall clock is stepped.
+pub fn monotonic() -> Option<f64> {
+    clock(libc::CLOCK_MONOTONIC)
 }
 
 #[cfg(test)]

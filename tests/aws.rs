@@ -553,6 +553,41 @@ fn tags_never_read_hold_every_action_until_they_are() {
     assert_eq!(api_calls(&audit), ["CreateTags", "StopInstances"]);
 }
 
+/// Tags read with DescribeInstances (no hold), then EC2 stops answering: the tags read last
+/// count for three tag poll intervals, then a hold tag placed since may be there, and the
+/// unknown hold holds every action until the tags are read again.
+#[test]
+fn tags_that_stop_being_read_hold_again() {
+    let inst = aws::launch(Kind::OnDemand);
+    let imds = aws::imds(&inst.id, "on-demand");
+    let proxy = aws::Proxy::start(ProxyMode::Forward);
+    let mut setup = Setup::new(&imds, "stop");
+    setup.endpoint = proxy.addr;
+    // A breach warns and waits; nothing here is meant to act.
+    setup.actions = "warning = \"1h\"";
+    let d = setup.start(IDLE4);
+    let tag_hold = || {
+        metric("gpuwatch_hold_until_timestamp_seconds")
+            .label("source", "tag")
+            .label("reason", "unread tag")
+    };
+    // A warning is given only once no hold is in force: the tags were read.
+    d.await_sample(LIMIT, |_| !events(&d.audit(), "warning").is_empty());
+    tag_hold().absent().assert_in(&d.scrape());
+    proxy.set(ProxyMode::Refuse);
+    let held = d.await_scrape(LIMIT, |s| tag_hold().get(s).is_some());
+    tag_hold().value(f64::INFINITY).assert_in(&held);
+    assert!(
+        d.log().contains("have not been read for 600ms"),
+        "{}",
+        d.log()
+    );
+    proxy.set(ProxyMode::Forward);
+    d.await_scrape(LIMIT, |s| tag_hold().get(s).is_none());
+    assert!(d.log().contains("tags are read again"), "{}", d.log());
+    assert!(api_calls(&d.audit()).is_empty(), "{:?}", d.audit());
+}
+
 #[test]
 fn aws_outage_then_errors_then_recovery_acts_exactly_once() {
     let inst = aws::launch(Kind::OnDemand);

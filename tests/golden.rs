@@ -185,6 +185,7 @@ fn snapshot() -> Snapshot {
     Snapshot {
         seq: 42,
         timestamp: 1_796_000_000.25,
+        monotonic: None,
         duration_seconds: 0.0015,
         nvml: NvmlStatus {
             up: true,

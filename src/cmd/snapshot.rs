@@ -28,6 +28,7 @@ pub fn run(config: &Config, json: bool) -> ExitCode {
     let mut snap = crate::gpu::Snapshot {
         seq: 1,
         timestamp: crate::time::now(),
+        monotonic: crate::time::monotonic(),
         duration_seconds: 0.0,
         nvml: sample.nvml,
         gpus: sample.gpus,

@@ -20,6 +20,10 @@ pub struct Snapshot {
     pub seq: u64,
     /// When the sample was taken, in seconds since the Unix epoch.
     pub timestamp: f64,
+    /// The monotonic clock when the sample was taken (`time::monotonic`): what really passed
+    /// between two samples when the wall clock is stepped.
+    #[serde(skip)]
+    pub monotonic: Option<f64>,
     /// How long the sampling cycle took.
     pub duration_seconds: f64,
     pub nvml: NvmlStatus,

@@ -156,6 +156,7 @@ async fn drive(
                 let mut snapshot = Snapshot {
                     seq,
                     timestamp: crate::time::now(),
+                    monotonic: crate::time::monotonic(),
                     duration_seconds: took.as_secs_f64(),
                     nvml: sample.nvml,
                     gpus: sample.gpus,
@@ -191,6 +192,7 @@ fn publish_dead(tx: &watch::Sender<Arc<Snapshot>>, seq: u64) {
     tx.send_replace(Arc::new(Snapshot {
         seq,
         timestamp: crate::time::now(),
+        monotonic: crate::time::monotonic(),
         duration_seconds: 0.0,
         nvml: super::NvmlStatus {
             up: false,

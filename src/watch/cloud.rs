@@ -15,6 +15,13 @@ use crate::state::{AuditRecord, HoldStatus};
 /// metadata, or with DescribeInstances): a hold tag may be there, and unknown holds.
 pub const TAGS_UNREAD: &str = "the instance's tags have not been read yet (instance metadata tags, or ec2:DescribeInstances), and may hold a gpuwatch:hold tag";
 
+/// How long the last tags read count while reads fail: three intervals of the slower of the
+/// two sources (metadata every `every`, DescribeInstances every `tag_every`). After that, a
+/// `gpuwatch:hold` tag placed since may be there, and the tag hold is unknown again.
+fn tags_stale_after(every: Duration, tag_every: Duration) -> Duration {
+    every.max(tag_every) * 3
+}
+
 /// The spot and tag poller: instance metadata notices, and `gpuwatch:hold` tags.
 pub struct CloudPoller {
     pub imds: Arc<crate::cloud::imds::Imds>,
@@ -51,6 +58,10 @@ pub async fn poll_cloud(p: CloudPoller) {
     let mut hook_ran_for: Option<f64> = None;
     let mut rebalance_seen: Option<f64> = None;
     let mut last_tag_read: Option<std::time::Instant> = None;
+    // When the tags were last read, and whether the hold went unknown since for want of a read.
+    let mut last_good_tags: Option<std::time::Instant> = None;
+    let mut stale = false;
+    let stale_after = tags_stale_after(every, tag_every);
     let mut failures = Failures::default();
     loop {
         ticker.tick().await;
@@ -135,23 +146,42 @@ pub async fn poll_cloud(p: CloudPoller) {
                 _ => None,
             },
         };
-        if let Some(tags) = tags {
-            if !tag_labels.is_empty() {
-                let values = tag_label_values(&tag_labels, &tags);
-                metrics.update(|v| v.tag_labels = values);
+        let Some(tags) = tags else {
+            // A failed read leaves the last tags in force only for a while: a hold placed since
+            // must not go unseen for as long as the reads fail (IMDS down, DescribeInstances
+            // denied or throttled while StopInstances still works).
+            if !stale && last_good_tags.is_some_and(|t| t.elapsed() >= stale_after) {
+                stale = true;
+                let why = format!(
+                    "the instance's tags have not been read for {} (instance metadata tags, or ec2:DescribeInstances), and may hold a gpuwatch:hold tag placed since",
+                    humantime::format_duration(stale_after)
+                );
+                tracing::warn!("{why}: every action is held until they are read");
+                if let Ok(mut h) = signals.tag_hold.lock() {
+                    *h = HoldStatus::Unknown(why);
+                }
             }
-            let hold = match tags.iter().find(|(k, _)| k == "gpuwatch:hold") {
-                None => HoldStatus::None,
-                Some((_, v)) => match crate::time::parse_rfc3339(v) {
-                    Some(t) => HoldStatus::Until(t, "instance tag gpuwatch:hold".into()),
-                    None => HoldStatus::Unreadable(format!(
-                        "instance tag gpuwatch:hold = \"{v}\" is not RFC 3339"
-                    )),
-                },
-            };
-            if let Ok(mut h) = signals.tag_hold.lock() {
-                *h = hold;
-            }
+            continue;
+        };
+        last_good_tags = Some(std::time::Instant::now());
+        if std::mem::take(&mut stale) {
+            tracing::info!("the instance's tags are read again");
+        }
+        if !tag_labels.is_empty() {
+            let values = tag_label_values(&tag_labels, &tags);
+            metrics.update(|v| v.tag_labels = values);
+        }
+        let hold = match tags.iter().find(|(k, _)| k == "gpuwatch:hold") {
+            None => HoldStatus::None,
+            Some((_, v)) => match crate::time::parse_rfc3339(v) {
+                Some(t) => HoldStatus::Until(t, "instance tag gpuwatch:hold".into()),
+                None => HoldStatus::Unreadable(format!(
+                    "instance tag gpuwatch:hold = \"{v}\" is not RFC 3339"
+                )),
+            },
+        };
+        if let Ok(mut h) = signals.tag_hold.lock() {
+            *h = hold;
         }
     }
 }

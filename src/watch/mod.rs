@@ -322,6 +322,7 @@ impl Watch {
                 .filter_map(|(s, h)| Some((s.key(), h.until()?)))
                 .collect(),
             suspended: crate::time::suspended(),
+            monotonic: snap.monotonic,
             ..Inputs::default()
         };
         (obs, inputs, interruption)

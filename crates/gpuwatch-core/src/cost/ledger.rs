@@ -18,6 +18,10 @@ pub struct Ledger {
     /// last accrual: see `sleep`.
     #[serde(default, skip_serializing_if = "crate::is_zero")]
     pub suspended: f64,
+    /// The monotonic clock at the last accrual of this run of the daemon (seconds, any
+    /// origin): see `ran`. Not saved: after a restart, `running_since` bounds the accrual.
+    #[serde(skip)]
+    pub monotonic: Option<f64>,
 }
 
 /// A budget period that ended, with its total.
@@ -38,6 +42,24 @@ impl Ledger {
         self.suspended = suspended;
         if slept > 0.0 && self.period_start != 0.0 {
             self.accrued_until += slept;
+        }
+    }
+
+    /// Bounds the next accrual by the time the monotonic clock counted since the last one,
+    /// give or take a second (the jitter between the two clocks' reads): a wall clock stepped
+    /// forward (a bad RTC put right, an operator's `date -s`) is not time the instance ran,
+    /// and billing it could exhaust a budget in one sample. The monotonic clock leaves out
+    /// time asleep, as the ledger does after `sleep`. `None` (a replayed trace, whose
+    /// timestamps are the truth) bounds nothing.
+    pub fn ran(&mut self, now: f64, monotonic: Option<f64>) {
+        let last = std::mem::replace(&mut self.monotonic, monotonic);
+        if let (Some(m), Some(l)) = (monotonic, last) {
+            let ran = m - l;
+            // The two clocks are read one after the other, so their differences disagree by
+            // the jitter between the reads: only a step beyond that is cut.
+            if self.period_start != 0.0 && ran >= 0.0 && now - self.accrued_until > ran + 1.0 {
+                self.accrued_until = now - ran;
+            }
         }
     }
 
@@ -151,6 +173,68 @@ mod tests {
         // It round-trips through the state file.
         let again: Ledger = serde_json::from_str(&serde_json::to_string(&l).unwrap()).unwrap();
         assert_eq!(again, l);
+    }
+
+    #[test]
+    fn a_wall_clock_stepped_forward_accrues_only_the_time_that_ran() {
+        let t0 = parse_rfc3339("2026-11-10T00:00:00Z").unwrap();
+        let mut l = Ledger::default();
+        // $100 an hour, sampled every 10 s; the monotonic clock starts at 5,000 s.
+        let step = |l: &mut Ledger, wall: f64, mono: f64| {
+            l.ran(t0 + wall, Some(5_000.0 + mono));
+            l.accrue(t0 + wall, Some(100.0), Period::Month, 0.0);
+        };
+        for s in (0..=3600).step_by(10) {
+            step(&mut l, s as f64, s as f64);
+        }
+        assert!(close(l.spent, 100.0), "{}", l.spent);
+        // The wall clock jumps 30 days ahead, into the next month, between two samples 10 s
+        // apart: the 10 s accrue, in the new month, not a month of spend; November closes
+        // with what really ran in it.
+        let closed = {
+            l.ran(t0 + 3610.0 + 30.0 * 86_400.0, Some(5_000.0 + 3610.0));
+            l.accrue(
+                t0 + 3610.0 + 30.0 * 86_400.0,
+                Some(100.0),
+                Period::Month,
+                0.0,
+            )
+        };
+        assert_eq!(closed.len(), 1);
+        assert!(close(closed[0].total, 100.0), "{closed:?}");
+        let ten_seconds = 100.0 * 10.0 / 3600.0;
+        assert!(close(l.spent, ten_seconds), "{}", l.spent);
+        // From there on it accrues as before.
+        for s in (3620..=7210).step_by(10) {
+            step(&mut l, s as f64 + 30.0 * 86_400.0, s as f64);
+        }
+        assert!(close(l.spent, 100.0 + ten_seconds), "{}", l.spent);
+        // Time asleep is skipped once, not twice: the monotonic clock stops while asleep, and
+        // `sleep` moves the accrual past it.
+        l.sleep(7200.0);
+        step(&mut l, 7220.0 + 30.0 * 86_400.0 + 7200.0, 7220.0);
+        assert!(close(l.spent, 100.0 + 2.0 * ten_seconds), "{}", l.spent);
+        // The jitter between the two clocks' reads is not a step: all of it accrues.
+        let before = l.spent;
+        l.ran(
+            t0 + 7230.3 + 30.0 * 86_400.0 + 7200.0,
+            Some(5_000.0 + 7230.0),
+        );
+        l.accrue(
+            t0 + 7230.3 + 30.0 * 86_400.0 + 7200.0,
+            Some(100.0),
+            Period::Month,
+            0.0,
+        );
+        let accrued = l.spent - before;
+        assert!((accrued - 100.0 * 10.3 / 3600.0).abs() < 1e-6, "{accrued}");
+        // Without a monotonic reading (a replayed trace) nothing is bounded.
+        let mut trace = Ledger::default();
+        for wall in [0.0, 3600.0, 7200.0] {
+            trace.ran(t0 + wall, None);
+            trace.accrue(t0 + wall, Some(100.0), Period::Month, 0.0);
+        }
+        assert!(close(trace.spent, 200.0), "{}", trace.spent);
     }
 
     #[test]

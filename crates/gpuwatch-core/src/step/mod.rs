@@ -208,6 +208,9 @@ pub struct Inputs {
     /// Seconds the machine has been asleep (suspended or hibernated) since it booted: that
     /// time accrues no spend.
     pub suspended: f64,
+    /// The monotonic clock when the observation was taken (seconds, any origin), which bounds
+    /// how much time it accrues (`Ledger::ran`); `None` for a replayed trace.
+    pub monotonic: Option<f64>,
 }
 
 /// What a job's or a user's GPUs cost while idle.
@@ -354,6 +357,7 @@ pub fn step(
         }
     }
     state.ledger.sleep(inputs.suspended);
+    state.ledger.ran(now, inputs.monotonic);
     let closed = state.ledger.accrue(
         now,
         inputs.price.map(|p| p.usd_per_hour),
@@ -630,5 +634,7 @@ pub fn crossing_text(c: &Crossing) -> String {
     )
 }
 
+#[cfg(test)]
+mod budget_tests;
 #[cfg(test)]
 mod tests;
