@@ -577,14 +577,11 @@ fn tags_that_stop_being_read_hold_again() {
     proxy.set(ProxyMode::Refuse);
     let held = d.await_scrape(LIMIT, |s| tag_hold().get(s).is_some());
     tag_hold().value(f64::INFINITY).assert_in(&held);
-    assert!(
-        d.log().contains("have not been read for 600ms"),
-        "{}",
-        d.log()
-    );
+    // The log is read on its own thread: wait for the line rather than expect it yet.
+    d.await_log(LIMIT, "have not been read for 600ms");
     proxy.set(ProxyMode::Forward);
     d.await_scrape(LIMIT, |s| tag_hold().get(s).is_none());
-    assert!(d.log().contains("tags are read again"), "{}", d.log());
+    d.await_log(LIMIT, "tags are read again");
     assert!(api_calls(&d.audit()).is_empty(), "{:?}", d.audit());
 }
 

@@ -182,7 +182,7 @@ mod tests {
         // $100 an hour, sampled every 10 s; the monotonic clock starts at 5,000 s.
         let step = |l: &mut Ledger, wall: f64, mono: f64| {
             l.ran(t0 + wall, Some(5_000.0 + mono));
-            l.accrue(t0 + wall, Some(100.0), Period::Month, 0.0);
+            l.accrue(t0 + wall, Some(100.0), Period::Month, 0.0)
         };
         for s in (0..=3600).step_by(10) {
             step(&mut l, s as f64, s as f64);
@@ -191,15 +191,7 @@ mod tests {
         // The wall clock jumps 30 days ahead, into the next month, between two samples 10 s
         // apart: the 10 s accrue, in the new month, not a month of spend; November closes
         // with what really ran in it.
-        let closed = {
-            l.ran(t0 + 3610.0 + 30.0 * 86_400.0, Some(5_000.0 + 3610.0));
-            l.accrue(
-                t0 + 3610.0 + 30.0 * 86_400.0,
-                Some(100.0),
-                Period::Month,
-                0.0,
-            )
-        };
+        let closed = step(&mut l, 3610.0 + 30.0 * 86_400.0, 3610.0);
         assert_eq!(closed.len(), 1);
         assert!(close(closed[0].total, 100.0), "{closed:?}");
         let ten_seconds = 100.0 * 10.0 / 3600.0;
@@ -216,16 +208,7 @@ mod tests {
         assert!(close(l.spent, 100.0 + 2.0 * ten_seconds), "{}", l.spent);
         // The jitter between the two clocks' reads is not a step: all of it accrues.
         let before = l.spent;
-        l.ran(
-            t0 + 7230.3 + 30.0 * 86_400.0 + 7200.0,
-            Some(5_000.0 + 7230.0),
-        );
-        l.accrue(
-            t0 + 7230.3 + 30.0 * 86_400.0 + 7200.0,
-            Some(100.0),
-            Period::Month,
-            0.0,
-        );
+        step(&mut l, 7230.3 + 30.0 * 86_400.0 + 7200.0, 7230.0);
         let accrued = l.spent - before;
         assert!((accrued - 100.0 * 10.3 / 3600.0).abs() < 1e-6, "{accrued}");
         // Without a monotonic reading (a replayed trace) nothing is bounded.
