@@ -51,18 +51,18 @@ pub struct Executor {
     /// How long EC2 calls are retried through throttling, 5xx and outages.
     pub retry_for: Duration,
     pub audit: Arc<AuditLog>,
-    pub cloud: Option<Cloud>,
+    /// This instance, once instance metadata has named it (at start, or later).
+    cloud: std::sync::OnceLock<Cloud>,
     pub notifier: crate::notify::Notifier,
     denied_reported: AtomicBool,
 }
 
 impl Executor {
-    /// An executor with the `[actions]` settings, writing to `audit`, acting on `cloud` when
-    /// there is one. Starts the notification task in `tasks`.
+    /// An executor with the `[actions]` settings, writing to `audit`, with no instance to act
+    /// on until `set_cloud`. Starts the notification task in `tasks`.
     pub fn new(
         actions: &ActionsConfig,
         audit: Arc<AuditLog>,
-        cloud: Option<Cloud>,
         tasks: &mut tokio::task::JoinSet<()>,
     ) -> Executor {
         Executor {
@@ -71,7 +71,7 @@ impl Executor {
             exec_timeout: actions.exec_timeout,
             retry_for: actions.retry_for,
             audit,
-            cloud,
+            cloud: std::sync::OnceLock::new(),
             notifier: crate::notify::Notifier::start(
                 actions.webhook_url.clone(),
                 actions.wall,
@@ -81,10 +81,20 @@ impl Executor {
         }
     }
 
+    /// This instance and its EC2 API, once known.
+    pub fn cloud(&self) -> Option<&Cloud> {
+        self.cloud.get()
+    }
+
+    /// Acts on `cloud` from now on. The instance is named once: a second call changes nothing.
+    pub fn set_cloud(&self, cloud: Cloud) {
+        let _ = self.cloud.set(cloud);
+    }
+
     /// Writes one audit record; an audit log that cannot be written is logged loudly and
     /// counted. Returns whether the record is durable.
     pub fn audit(&self, record: AuditRecord) -> bool {
-        let instance = self.cloud.as_ref().map(|c| c.node.instance_id.as_str());
+        let instance = self.cloud().map(|c| c.node.instance_id.as_str());
         let record = record.stamped(crate::time::now(), self.mode.as_str(), instance);
         // Each record is fsynced.
         match crate::state::off_async(|| self.audit.append(&record)) {
@@ -232,7 +242,7 @@ impl Executor {
     }
 
     async fn instance_action(&self, rule: &Rule, action: Action, recheck: Recheck<'_>) -> Outcome {
-        let Some(Cloud { node, ec2 }) = &self.cloud else {
+        let Some(Cloud { node, ec2 }) = self.cloud() else {
             return match self.mode {
                 Mode::DryRun => Outcome::DryRun(format!(
                     "would {action} this instance (no cloud provider is configured)"

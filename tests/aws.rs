@@ -553,6 +553,57 @@ fn tags_never_read_hold_every_action_until_they_are() {
     assert_eq!(api_calls(&audit), ["CreateTags", "StopInstances"]);
 }
 
+/// Instance metadata does not answer at start (the network not up yet at boot): the instance
+/// is unknown and its tags unread, so nothing is warned of or done, and metadata is asked
+/// again. Once it answers, the instance is known, its tags are read, and the rule warns and
+/// stops it.
+#[test]
+fn instance_metadata_that_answers_late_is_asked_again_and_the_rule_acts() {
+    let inst = aws::launch(Kind::OnDemand);
+    let imds = aws::imds(&inst.id, "on-demand");
+    let proxy = aws::Proxy::to(imds.addr, ProxyMode::Refuse);
+    let dir = tempfile::tempdir().unwrap();
+    let config = Setup::new(&imds, "stop").config(dir.path()).replace(
+        &format!("imds_endpoint = \"http://{}\"", imds.addr),
+        &format!("imds_endpoint = \"http://{}\"", proxy.addr),
+    );
+    assert!(config.contains(&proxy.addr.to_string()), "{config}");
+    let d = Daemon::start_scenario(dir, IDLE4, &config);
+    d.await_log(LIMIT, "asked again in the background");
+    let refused = || proxy.refused.load(std::sync::atomic::Ordering::SeqCst);
+    // Asked at start, then again: each ask a connection the proxy drops.
+    let first = d.await_sample(LIMIT, |_| refused() >= 3);
+    // Two idle periods and the warning would have passed by now.
+    d.await_time(first["timestamp"].as_f64().unwrap() + 3.0);
+    let s = d.scrape();
+    metric("gpuwatch_hold_until_timestamp_seconds")
+        .label("source", "tag")
+        .label("reason", "unread tag")
+        .value(f64::INFINITY)
+        .assert_in(&s);
+    assert!(!s.text.contains(&inst.id), "the instance is not known yet");
+    let audit = d.audit();
+    assert!(events(&audit, "warning").is_empty(), "{audit:?}");
+    assert!(events(&audit, "action_attempt").is_empty(), "{audit:?}");
+
+    proxy.set(ProxyMode::Forward);
+    let s = d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    metric("gpuwatch_node_info")
+        .label("instance_id", &inst.id)
+        .label("lifecycle", "on-demand")
+        .value(1.0)
+        .assert_in(&s);
+    d.await_log(LIMIT, "instance metadata answers");
+    let audit = d.audit();
+    assert_eq!(events(&audit, "warning").len(), 1, "{audit:?}");
+    assert_eq!(api_calls(&audit), ["CreateTags", "StopInstances"]);
+    assert_eq!(
+        events(&audit, "action_attempt")[0]["instance_id"],
+        inst.id.as_str()
+    );
+    assert!(["stopping", "stopped"].contains(&aws::instance_state(&inst.id).as_str()));
+}
+
 /// Tags read with DescribeInstances (no hold), then EC2 stops answering: the tags read last
 /// count for three tag poll intervals, then a hold tag placed since may be there, and the
 /// unknown hold holds every action until the tags are read again.

@@ -5,6 +5,7 @@
 
 mod cloud;
 mod events;
+mod identify;
 pub mod metrics;
 mod observation;
 pub mod progress;
@@ -29,14 +30,13 @@ use gpuwatch_core::step::order::{defer, settle_in_flight};
 use gpuwatch_core::step::{rule_views, step, Decision, Inputs, RuleView, Settings, View};
 
 use crate::rules::engine::Event;
-use crate::rules::{Lifecycle, Observation, Scope};
+use crate::rules::{Observation, Scope};
 use crate::state::{AuditRecord, HoldStatus, LoadError, Persisted, StateDir};
 
-/// What the node is told from outside its GPUs (its lifecycle, a hold tag, a spot interruption
-/// notice), as the watch loop reads it each cycle.
+/// What the node is told from outside its GPUs (a hold tag, a spot interruption notice), as the
+/// watch loop reads it each cycle.
 #[derive(Debug, Default)]
 pub struct NodeSignals {
-    pub lifecycle: Option<Lifecycle>,
     /// An instance-tag hold (`gpuwatch:hold`), refreshed by the cloud poller.
     pub tag_hold: Mutex<HoldStatus>,
     /// A spot interruption notice is in effect (a rebalance recommendation is not).
@@ -75,6 +75,9 @@ pub struct Watch {
     pub health_seed: Option<crate::gpu::health::Seed>,
     pub tracker: crate::spend::Tracker,
     pub services: Option<crate::cloud::services::Services>,
+    /// The instance, when instance metadata did not answer at start: it is asked again in the
+    /// background, and the loop takes the instance in once it answers.
+    pub identified: Option<tokio::sync::oneshot::Receiver<identify::Identified>>,
     /// Budget alerts being published to SNS.
     pub publishes: tokio::task::JoinSet<()>,
     /// Who holds which GPU, on Kubernetes (for pod-scoped rules).
@@ -139,6 +142,7 @@ impl Watch {
             }
             seq = snap.seq;
             let now = snap.timestamp;
+            self.take_identity();
 
             // Read.
             let (obs, mut inputs, interruption) = self.read(&snap, &mut warned_hold).await;
@@ -315,7 +319,7 @@ impl Watch {
                 .into_iter()
                 .flatten()
                 .reduce(f64::max),
-            lifecycle: self.signals.lifecycle,
+            lifecycle: self.tracker.node.as_ref().and_then(|n| n.lifecycle),
             interruption: interruption.is_some(),
             subject_holds: subject_holds
                 .iter()
@@ -476,11 +480,28 @@ impl Watch {
         persisted
     }
 
+    /// Takes in the instance once instance metadata, which did not answer at start, has named
+    /// it: its price and lifecycle count from this step on.
+    fn take_identity(&mut self) {
+        let Some(found) = &mut self.identified else {
+            return;
+        };
+        match found.try_recv() {
+            Ok(identify::Identified { node, services }) => {
+                self.tracker.node = Some(node);
+                self.services = Some(services);
+                self.identified = None;
+            }
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {}
+            Err(tokio::sync::oneshot::error::TryRecvError::Closed) => self.identified = None,
+        }
+    }
+
     /// An action that was handed out before a restart is never sent again. Its outcome is
     /// recorded from the instance's state where that can be read.
     async fn resume_in_flight(&self, persisted: &mut Persisted) {
         for (name, f) in settle_in_flight(persisted) {
-            let state = match &self.executor.cloud {
+            let state = match self.executor.cloud() {
                 Some(c) => c.ec2.state().await.ok().flatten(),
                 None => None,
             };

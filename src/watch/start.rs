@@ -7,11 +7,11 @@ use std::sync::Arc;
 use prometheus_client::registry::Registry;
 use tokio::task::JoinSet;
 
+use super::identify::{Identified, Link};
 use super::metrics::{NodeLabel, SharedWatchView, WatchCollector};
 use super::progress::Progress;
 use super::{NodeSignals, Watch};
-use crate::actions::{Cloud, Executor};
-use crate::cloud::ec2::Ec2;
+use crate::actions::Executor;
 use crate::cloud::imds::Imds;
 use crate::cloudwatch::metrics::CloudWatchCollector;
 use crate::config::{Config, Provider};
@@ -117,9 +117,13 @@ pub async fn spawn(
     ));
     registry.register_collector(Box::new(StateCollector(Arc::clone(&audit))));
     let mut signals = NodeSignals::default();
-    let mut cloud = None;
-    let mut imds = None;
-    let mut services = None;
+    if config.cloud.provider == Provider::Aws {
+        // Until the instance's tags are read, a `gpuwatch:hold` tag may be there: unknown holds.
+        signals.tag_hold = std::sync::Mutex::new(crate::state::HoldStatus::Unknown(
+            super::cloud::TAGS_UNREAD.into(),
+        ));
+    }
+    let signals = Arc::new(signals);
     let readings = Arc::new(crate::spend::PollerReadings::default());
     // Team budgets read from Prometheus need no cloud: each has its poller.
     let queried: Vec<_> = config
@@ -138,105 +142,43 @@ pub async fn spawn(
             Arc::clone(&readings.prometheus),
         ));
     }
+    let executor = Arc::new(Executor::new(&config.actions, audit, tasks));
+    let mut identified = None;
+    let mut later = None;
     if config.cloud.provider == Provider::Aws {
-        // Until the instance's tags are read, a `gpuwatch:hold` tag may be there: unknown holds.
-        signals.tag_hold = std::sync::Mutex::new(crate::state::HoldStatus::Unknown(
-            super::cloud::TAGS_UNREAD.into(),
-        ));
-        let client = Arc::new(Imds::new(&config.cloud.imds_endpoint));
-        match client.identity().await {
-            Ok(mut node) => {
-                tracing::info!(
-                    instance = %node.instance_id,
-                    instance_type = %node.instance_type,
-                    zone = %node.availability_zone,
-                    lifecycle = node.lifecycle_label(),
-                    "running on EC2"
-                );
-                if let Some(region) = &config.cloud.region {
-                    node.region.clone_from(region);
-                }
-                let shared = crate::cloud::services::Shared::new(
-                    &node.region,
-                    config.cloud.endpoint_url.as_deref(),
-                );
-                let ec2 = Ec2::new(&shared, &node.instance_id);
-                let svc = crate::cloud::services::Services::new(
-                    &shared,
-                    config.cost.pricing_endpoint_url.as_deref(),
-                );
-                if config.cost.hourly_price_usd.is_none() {
-                    match node.lifecycle {
-                        Some(crate::rules::Lifecycle::Spot) => {
-                            tasks.spawn(crate::spend::poll_spot_price(
-                                ec2.clone(),
-                                node.clone(),
-                                Arc::clone(&readings),
-                                config.cost.spot_price_refresh,
-                            ));
-                        }
-                        _ if config.cost.pricing_api => {
-                            tasks.spawn(crate::spend::poll_pricing_api(
-                                svc.clone(),
-                                node.clone(),
-                                Arc::clone(&readings),
-                            ));
-                        }
-                        _ => {}
-                    }
-                }
-                for b in &config.budgets {
-                    if matches!(b.source, crate::config::BudgetSource::AwsBudgets { .. }) {
-                        tasks.spawn(crate::spend::poll_budget(
-                            svc.clone(),
-                            b.clone(),
-                            Arc::clone(&readings),
-                        ));
-                    }
-                }
-                if config.cloudwatch.enabled {
-                    tasks.spawn(crate::cloudwatch::run(
-                        config.cloudwatch.clone(),
-                        svc.clone(),
-                        node.clone(),
-                        snapshots.clone(),
-                        Arc::clone(&cloudwatch),
-                    ));
-                }
-                services = Some(svc);
-                signals.lifecycle = node.lifecycle;
-                metrics.update(|v| v.node = Some(node.clone()));
-                cloud = Some(Cloud { node, ec2 });
-                imds = Some(client);
-            }
-            Err(e) => tracing::warn!(
-                error = %e,
-                "instance metadata is unavailable: the instance's gpuwatch:hold tag cannot be read, so every action is held until gpuwatch restarts with metadata available"
-            ),
-        }
-    }
-    let node = cloud.as_ref().map(|c| c.node.clone());
-    let executor = Arc::new(Executor::new(&config.actions, audit, cloud.clone(), tasks));
-    let signals = Arc::new(signals);
-    if let Some(imds) = imds {
-        tasks.spawn(super::poll_cloud(super::CloudPoller {
-            imds,
-            ec2: cloud.map(|c| c.ec2),
+        let link = Link {
+            config: config.clone(),
+            imds: Arc::new(Imds::new(&config.cloud.imds_endpoint)),
+            snapshots: snapshots.clone(),
+            readings: Arc::clone(&readings),
+            cloudwatch: Arc::clone(&cloudwatch),
+            metrics: Arc::clone(&metrics),
             signals: Arc::clone(&signals),
             executor: Arc::clone(&executor),
-            metrics: Arc::clone(&metrics),
-            hook: config.spot.interruption_hook.clone(),
-            tag_labels: config.node.tag_labels.clone(),
-            hook_timeout: config.spot.hook_timeout,
-            every: config.cloud.poll_interval,
-            tag_every: config.cloud.tag_poll_interval,
-        }));
+        };
+        match link.imds.identity().await {
+            Ok(node) => identified = Some(link.connect(node, tasks)),
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "instance metadata is unavailable: asked again in the background; until it answers and the instance's tags are read, every action is held, and no AWS price, budget or CloudWatch call is made"
+                );
+                let (found, wait) = tokio::sync::oneshot::channel();
+                tasks.spawn(link.retry(found));
+                later = Some(wait);
+            }
+        }
     }
-    if config.cloudwatch.enabled && services.is_none() {
+    let (node, services) = match identified {
+        Some(Identified { node, services }) => (Some(node), Some(services)),
+        None => (None, None),
+    };
+    if config.cloudwatch.enabled && config.cloud.provider != Provider::Aws {
         tracing::warn!("[cloudwatch] enabled is set, but gpuwatch is not on EC2 with provider = \"aws\": nothing is published");
     }
     for b in &config.budgets {
-        if services.is_none() && matches!(b.source, crate::config::BudgetSource::AwsBudgets { .. })
+        if config.cloud.provider != Provider::Aws
+            && matches!(b.source, crate::config::BudgetSource::AwsBudgets { .. })
         {
             tracing::warn!(budget = %b.name, "an aws_budgets budget needs provider = \"aws\" on EC2; it stays unknown");
         }
@@ -244,6 +186,7 @@ pub async fn spawn(
     let watch = Watch {
         tracker: crate::spend::Tracker::new(config.clone(), node, readings),
         services,
+        identified: later,
         publishes: JoinSet::new(),
         pods: held.pods,
         holders: held.holders,

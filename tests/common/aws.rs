@@ -393,11 +393,11 @@ pub enum ProxyMode {
     Refuse = 0,
     /// Answer every request with HTTP 503 and an AWS error body.
     Unavailable = 1,
-    /// Pass it through to moto.
+    /// Pass it through to the upstream (moto, unless another was named).
     Forward = 2,
 }
 
-/// A loopback TCP proxy in front of moto that can refuse, fail or forward.
+/// A loopback TCP proxy in front of moto (or another upstream) that can refuse, fail or forward.
 pub struct Proxy {
     pub addr: SocketAddr,
     mode: Arc<AtomicU8>,
@@ -407,7 +407,13 @@ pub struct Proxy {
 }
 
 impl Proxy {
+    /// A proxy in front of moto.
     pub fn start(mode: ProxyMode) -> Proxy {
+        Proxy::to(moto().addr, mode)
+    }
+
+    /// A proxy in front of `upstream` (the fake instance metadata, say).
+    pub fn to(upstream: SocketAddr, mode: ProxyMode) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let mode = Arc::new(AtomicU8::new(mode as u8));
@@ -418,7 +424,6 @@ impl Proxy {
             Arc::clone(&answers),
             Arc::clone(&refused),
         );
-        let upstream = moto().addr;
         std::thread::spawn(move || {
             for conn in listener.incoming().map_while(Result::ok) {
                 let mode = m.load(Ordering::SeqCst);
