@@ -45,19 +45,22 @@ impl Ledger {
         }
     }
 
-    /// Bounds the next accrual by the time the monotonic clock counted since the last one,
-    /// give or take a second (the jitter between the two clocks' reads): a wall clock stepped
-    /// forward (a bad RTC put right, an operator's `date -s`) is not time the instance ran,
-    /// and billing it could exhaust a budget in one sample. The monotonic clock leaves out
-    /// time asleep, as the ledger does after `sleep`. `None` (a replayed trace, whose
-    /// timestamps are the truth) bounds nothing.
+    /// Makes the next accrual the time the monotonic clock counted since the last one, when
+    /// the wall clock moved by more than that, or less, give or take a second (the jitter
+    /// between the two clocks' reads). A wall clock stepped forward (a bad RTC put right, an
+    /// operator's `date -s`) is not time the instance ran, and billing it could exhaust a
+    /// budget in one sample; one stepped back is, and the instance runs on while the wall
+    /// clock is behind the time already accrued. The monotonic clock leaves out time asleep,
+    /// as the ledger does after `sleep`. `None` (a replayed trace, whose timestamps are the
+    /// truth) changes nothing.
     pub fn ran(&mut self, now: f64, monotonic: Option<f64>) {
         let last = std::mem::replace(&mut self.monotonic, monotonic);
         if let (Some(m), Some(l)) = (monotonic, last) {
             let ran = m - l;
             // The two clocks are read one after the other, so their differences disagree by
-            // the jitter between the reads: only a step beyond that is cut.
-            if self.period_start != 0.0 && ran >= 0.0 && now - self.accrued_until > ran + 1.0 {
+            // the jitter between the reads: only a step beyond that counts.
+            let wall = now - self.accrued_until;
+            if self.period_start != 0.0 && ran >= 0.0 && (wall - ran).abs() > 1.0 {
                 self.accrued_until = now - ran;
             }
         }
@@ -218,6 +221,45 @@ mod tests {
             trace.accrue(t0 + wall, Some(100.0), Period::Month, 0.0);
         }
         assert!(close(trace.spent, 200.0), "{}", trace.spent);
+    }
+
+    #[test]
+    fn a_wall_clock_stepped_back_accrues_the_time_that_ran() {
+        let t0 = parse_rfc3339("2026-11-10T00:00:00Z").unwrap();
+        let mut l = Ledger::default();
+        // $100 an hour, sampled every 10 s; the monotonic clock starts at 5,000 s.
+        let step = |l: &mut Ledger, wall: f64, mono: f64| {
+            l.ran(t0 + wall, Some(5_000.0 + mono));
+            l.accrue(t0 + wall, Some(100.0), Period::Month, 0.0)
+        };
+        for s in (0..=3600).step_by(10) {
+            step(&mut l, s as f64, s as f64);
+        }
+        assert!(close(l.spent, 100.0), "{}", l.spent);
+        // The wall clock steps an hour back (a clock set ahead, put right) between two samples
+        // 10 s apart, and the instance runs another hour: it is billed, though every sample of
+        // it is timed before the time already accrued.
+        for s in (3610..=7200).step_by(10) {
+            step(&mut l, s as f64 - 3600.0, s as f64);
+        }
+        assert!(close(l.spent, 200.0), "{}", l.spent);
+        // A step back over the start of a period accrues nothing in the closed period: the new
+        // one goes on from where the wall clock is in it.
+        let t1 = parse_rfc3339("2026-12-01T00:00:00Z").unwrap();
+        let mut l = Ledger::default();
+        let step = |l: &mut Ledger, wall: f64, mono: f64| {
+            l.ran(t1 + wall, Some(5_000.0 + mono));
+            l.accrue(t1 + wall, Some(100.0), Period::Month, 0.0)
+        };
+        step(&mut l, -20.0, 0.0);
+        let closed = step(&mut l, 30.0, 50.0);
+        assert_eq!(closed.len(), 1);
+        assert!(close(closed[0].total, 100.0 * 20.0 / 3600.0), "{closed:?}");
+        assert!(close(l.spent, 100.0 * 30.0 / 3600.0), "{}", l.spent);
+        assert!(step(&mut l, -10.0, 60.0).is_empty());
+        assert!(close(l.spent, 100.0 * 30.0 / 3600.0), "{}", l.spent);
+        step(&mut l, 10.0, 80.0);
+        assert!(close(l.spent, 100.0 * 40.0 / 3600.0), "{}", l.spent);
     }
 
     #[test]

@@ -476,7 +476,9 @@ pub fn step(
             continue;
         };
         let key = g.key();
-        let since = idle.then(|| before.get(&key).copied().unwrap_or(now));
+        // A start after now (the wall clock stepped back) starts over: never a negative run.
+        let start = before.get(&key).copied().filter(|s| *s <= now);
+        let since = idle.then(|| start.unwrap_or(now));
         if let Some(s) = since {
             state.idle_since.insert(key, s);
         }
@@ -576,9 +578,8 @@ fn accrue_waste<'a>(
             }
         }
     }
-    if now > state.idle_accrued_until {
-        state.idle_accrued_until = now;
-    }
+    // Even when the wall clock stepped back: the next sample accrues from this one.
+    state.idle_accrued_until = now;
     held
 }
 

@@ -146,6 +146,25 @@ fn idle_dollars_are_the_price_times_the_idle_share_and_skip_gaps_and_unknown_pri
     assert!((run(1121.0, 0.0, 0.0, None) - 0.6).abs() < 1e-9);
     // Busy GPUs cost, but are not waste.
     assert!((run(1122.0, 0.9, 0.9, price) - 0.6).abs() < 1e-9);
+    // GPU 1 goes idle again: half the node for 1 s, $0.005.
+    assert!((run(1123.0, 0.9, 0.0, price) - 0.605).abs() < 1e-9);
+    // The wall clock steps 100 s back: that sample accrues nothing, the next ones accrue as
+    // before, though they are timed before the time already accrued.
+    assert!((run(1023.0, 0.9, 0.0, price) - 0.605).abs() < 1e-9);
+    for t in 1..=10 {
+        total = run(1023.0 + f64::from(t), 0.9, 0.0, price);
+    }
+    assert!((total - 0.655).abs() < 1e-9, "{total}");
+    // GPU 1's idle run began after the time the clock stepped back to: it starts over there,
+    // and is never negative.
+    let inputs = Inputs {
+        now: 1034.0,
+        price,
+        ..Inputs::default()
+    };
+    let out = step(&settings, &mut state, &two(1034.0, 0.9, 0.0), &inputs);
+    let seconds: Vec<f64> = out.view.gpu_idle.iter().map(|g| g.seconds).collect();
+    assert_eq!(seconds, [0.0, 11.0]);
 }
 
 #[test]
