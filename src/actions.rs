@@ -93,6 +93,7 @@ impl Executor {
 
     /// Writes one audit record; an audit log that cannot be written is logged loudly and
     /// counted. Returns whether the record is durable.
+    #[must_use = "no record, no act: what follows an audit record runs only if it was made durable"]
     pub fn audit(&self, record: AuditRecord) -> bool {
         let instance = self.cloud().map(|c| c.node.instance_id.as_str());
         let record = record.stamped(crate::time::now(), self.mode.as_str(), instance);
@@ -171,7 +172,7 @@ impl Executor {
             | Outcome::Refused(d)
             | Outcome::NotRecorded(d) => (outcome.label(), d.clone()),
         };
-        self.audit(AuditRecord::ActionResult {
+        let _ = self.audit(AuditRecord::ActionResult {
             rule: rule.name.clone(),
             action,
             result: result.to_string(),
@@ -276,7 +277,7 @@ impl Executor {
             .await
         {
             Ok(id) => {
-                self.audit(AuditRecord::ApiCall {
+                let _ = self.audit(AuditRecord::ApiCall {
                     rule: rule.name.clone(),
                     operation: "CreateTags".into(),
                     request_id: id,
@@ -294,7 +295,7 @@ impl Executor {
             };
             match result {
                 Ok(id) => {
-                    self.audit(AuditRecord::ApiCall {
+                    let _ = self.audit(AuditRecord::ApiCall {
                         rule: rule.name.clone(),
                         operation: describe(step).to_string(),
                         request_id: id,
@@ -311,7 +312,7 @@ impl Executor {
             Stopped::Cloud(e) => e,
             Stopped::CalledOff(why) => return called_off(why),
         };
-        self.audit(AuditRecord::ApiError {
+        let _ = self.audit(AuditRecord::ApiError {
             rule: rule.name.clone(),
             operation: e.operation.to_string(),
             error: e.message.clone(),

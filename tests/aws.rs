@@ -604,6 +604,46 @@ fn instance_metadata_that_answers_late_is_asked_again_and_the_rule_acts() {
     assert!(["stopping", "stopped"].contains(&aws::instance_state(&inst.id).as_str()));
 }
 
+/// A `gpuwatch:hold` tag already on the instance when instance metadata answers late holds
+/// from the first step that knows the instance: nothing is ever attempted.
+#[test]
+fn a_hold_tag_in_place_when_instance_metadata_answers_late_holds() {
+    let inst = aws::launch(Kind::OnDemand);
+    aws::tag_instance(&inst.id, "gpuwatch:hold", "after lunch");
+    let imds = aws::imds(&inst.id, "on-demand");
+    let proxy = aws::Proxy::to(imds.addr, ProxyMode::Refuse);
+    let dir = tempfile::tempdir().unwrap();
+    let config = Setup::new(&imds, "stop").config(dir.path()).replace(
+        &format!("imds_endpoint = \"http://{}\"", imds.addr),
+        &format!("imds_endpoint = \"http://{}\"", proxy.addr),
+    );
+    let d = Daemon::start_scenario(dir, IDLE4, &config);
+    let refused = || proxy.refused.load(std::sync::atomic::Ordering::SeqCst);
+    d.await_sample(LIMIT, |_| refused() >= 2);
+    proxy.set(ProxyMode::Forward);
+    // The tag is read: its hold (without end, for want of a readable expiry) replaces the
+    // unknown one.
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_hold_until_timestamp_seconds")
+            .label("reason", "unparsable tag")
+            .get(s)
+            .is_some()
+    });
+    metric("gpuwatch_node_info")
+        .label("instance_id", &inst.id)
+        .value(1.0)
+        .assert_in(&s);
+    let now = d.await_sample(LIMIT, |_| true)["timestamp"]
+        .as_f64()
+        .unwrap();
+    // Two idle periods and the warning would have passed by now.
+    d.await_time(now + 4.0);
+    let audit = d.audit();
+    assert!(events(&audit, "action_attempt").is_empty(), "{audit:?}");
+    assert!(api_calls(&audit).is_empty(), "{audit:?}");
+    assert_eq!(aws::instance_state(&inst.id), "running");
+}
+
 /// Tags read with DescribeInstances (no hold), then EC2 stops answering: the tags read last
 /// count for three tag poll intervals, then a hold tag placed since may be there, and the
 /// unknown hold holds every action until the tags are read again.

@@ -507,6 +507,31 @@ fn the_pricing_api_price_is_parsed_and_used() {
         .assert_in(&s);
 }
 
+/// Instance metadata calls the instance neither on-demand nor spot (a Capacity Block for ML is
+/// paid for otherwise): no on-demand price applies, though the bundled table has its type, so
+/// spend is unknown, and the log names the lifecycle.
+#[test]
+fn an_instance_neither_on_demand_nor_spot_gets_no_on_demand_price() {
+    let inst = aws::launch(Kind::OnDemand);
+    let imds = aws::imds(&inst.id, "capacity-block");
+    let dir = tempfile::tempdir().unwrap();
+    let config = base_config(dir.path(), &imds, aws::moto().addr, "");
+    let d = start(dir, BUSY2, config);
+    let log = d.await_log(LIMIT, "neither on-demand nor spot");
+    assert!(log.contains("capacity-block"), "{log}");
+    let first = d.await_sample(LIMIT, |s| s["nvml"]["up"] == true);
+    d.await_time(first["timestamp"].as_f64().unwrap() + 1.0);
+    let s = d.scrape();
+    metric("gpuwatch_node_info")
+        .label("instance_id", &inst.id)
+        .label("lifecycle", "unknown")
+        .value(1.0)
+        .assert_in(&s);
+    metric("gpuwatch_instance_hourly_cost_dollars")
+        .absent()
+        .assert_in(&s);
+}
+
 fn cloudwatch_config(
     dir: &std::path::Path,
     imds: &aws::Imds,

@@ -381,6 +381,50 @@ fn with_a_full_disk_no_budget_alert_is_sent_until_its_record_is_durable() {
     assert!(d.is_running());
 }
 
+/// A budget alert whose audit record cannot be written (a directory stands where the audit
+/// log goes, while state.json saves fine) is withheld, not sent; once the audit log can be
+/// written, it is sent, once for each basis.
+#[test]
+fn a_budget_alert_without_its_audit_record_is_withheld() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::create_dir(state.join("audit.jsonl")).unwrap();
+    let config = format!(
+        "[actions]\nboot_grace = \"0s\"\nwall = false\nstate_dir = \"{state}\"\n\
+         [cost]\nhourly_price_usd = 3600.0\n\
+         [[budgets]]\nname = \"b\"\nlimit_usd = 4.0\nthresholds = [0.5]\n",
+        state = state.display(),
+    );
+    let d = Daemon::start_in(dir, IDLE2, &config);
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_spend_dollars").get(s).unwrap_or(0.0) >= 3.0
+    });
+    assert!(counter(&s, "gpuwatch_state_errors_total", ("op", "audit")) >= 1.0);
+    assert_eq!(
+        counter(&s, "gpuwatch_budget_alerts_total", ("budget", "b")),
+        0.0,
+        "an alert was sent without its record:\n{}",
+        s.text
+    );
+    d.await_log(LIMIT, "budget alert withheld");
+    assert!(!d.log().contains("spend is at"), "{}", d.log());
+
+    std::fs::remove_dir(state.join("audit.jsonl")).unwrap();
+    let s = d.await_scrape(LIMIT, |s| {
+        counter(s, "gpuwatch_budget_alerts_total", ("budget", "b")) >= 2.0
+    });
+    let audit = d.audit();
+    let alerts = common::events(&audit, "budget_alert");
+    let mut bases: Vec<&str> = alerts.iter().filter_map(|a| a["basis"].as_str()).collect();
+    bases.sort_unstable();
+    assert_eq!(bases, ["actual", "forecast"], "{audit:?}");
+    assert_eq!(
+        counter(&s, "gpuwatch_budget_alerts_total", ("budget", "b")),
+        2.0
+    );
+}
+
 #[test]
 fn a_webhook_url_never_reaches_the_log() {
     // A closed port (bound, never listening, so that nothing else takes it): every post is

@@ -345,3 +345,249 @@ fn a_mig_device_belongs_to_the_job_the_prolog_gave_it() {
         assert!(!other[0].labels.contains_key("hpc_job"), "{other:?}");
     }
 }
+
+/// A daemon over real processes with one job rule (`idle-job`, or `idle-user` of user scope)
+/// that runs `true` after 2 idle periods of 1 s and a 1 s warning.
+fn judge_config(dir: &std::path::Path, mapping: &std::path::Path, scope: &str) -> String {
+    format!(
+        "[nvml]\nlibrary = \"{}\"\n[sampling]\ninterval = \"200ms\"\nprocess_owners = true\n\
+         [actions]\nmode = \"enforce\"\nboot_grace = \"0s\"\nwall = false\nstate_dir = \"{}\"\nwarning = \"1s\"\n\
+         [slurm]\nenabled = true\njob_mapping_dir = \"{}\"\n\
+         [[rules]]\nname = \"idle-{scope}\"\nscope = \"{scope}\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\nthreshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 2\naction = \"exec\"\ncommand = [\"true\"]\n",
+        common::fake_library().display(),
+        dir.join("state").display(),
+        mapping.display()
+    )
+}
+
+/// What a warning or an action of `rule` the audit log holds.
+fn judged<'a>(audit: &'a [serde_json::Value], rule: &str) -> Vec<&'a serde_json::Value> {
+    audit
+        .iter()
+        .filter(|r| {
+            ["warning", "action_attempt"].contains(&r["event"].as_str().unwrap_or_default())
+                && r["rule"] == rule
+        })
+        .collect()
+}
+
+/// Job 42 holds GPU 0 (idle) and GPU 1 (busy; its process names the job only through its
+/// environment). GPU 1's mapping file lists job 42 65th, as a prolog that appends leaves a
+/// shared GPU's: it is read, and the job is busy. Then the file grows past what is read: the
+/// mapping is unknown, and the job keeps its state and is not judged. Once the file names
+/// other jobs only, the job holds GPU 0 alone and its rule acts.
+#[test]
+fn a_mapping_entry_not_read_never_drops_a_busy_gpu_from_its_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut busy = job_process("42");
+    std::fs::write(dir.path().join("gpu1.pids"), busy.id().to_string()).unwrap();
+    let mapping = dir.path().join("jobs");
+    std::fs::create_dir(&mapping).unwrap();
+    std::fs::write(mapping.join("0"), "42\n").unwrap();
+    let others: String = (1000..1064).map(|j| format!("{j}\n")).collect();
+    std::fs::write(mapping.join("1"), format!("{others}42\n")).unwrap();
+    // Lock and temporary files left by prologs: not device files, and not counted as such.
+    for i in 0..1100 {
+        std::fs::write(mapping.join(format!(".tmp.{i}")), "").unwrap();
+    }
+    let scenario = "[[gpu]]\nutilization = 0\n\
+                    [[gpu]]\nutilization = 90\npids_file = \"gpu1.pids\"\n";
+    let config = judge_config(dir.path(), &mapping, "job");
+    let d = Daemon::start_scenario(dir, scenario, &config);
+    let job42 = |gpu: u32| {
+        metric("gpuwatch_job_gpu_allocated")
+            .label("job", "42")
+            .gpu(gpu)
+    };
+    let s = d.await_scrape(LIMIT, |s| job42(0).get(s).is_some());
+    job42(1).value(1.0).assert_in(&s);
+    metric("gpuwatch_slurm_mapping_skipped")
+        .value(0.0)
+        .assert_in(&s);
+    metric("gpuwatch_slurm_mapping_unknown")
+        .value(0.0)
+        .assert_in(&s);
+
+    // Past 64 KiB: not read, so it may name job 42, and the job may be busy.
+    let huge: String = (0..5000).map(|j| format!("{:020}\n", 10_000 + j)).collect();
+    let tmp = mapping.join(".1.tmp");
+    std::fs::write(&tmp, format!("{huge}42\n")).unwrap();
+    std::fs::rename(&tmp, mapping.join("1")).unwrap();
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_slurm_mapping_unknown").get(s) == Some(1.0)
+    });
+    assert!(metric("gpuwatch_slurm_mapping_skipped").get(&s).unwrap() >= 1.0);
+    d.await_log(LIMIT, "not read whole");
+    let now = d.await_sample(LIMIT, |_| true)["timestamp"]
+        .as_f64()
+        .unwrap();
+    // Two idle periods and the warning would have passed by now.
+    d.await_time(now + 4.0);
+    let audit = d.audit();
+    assert!(judged(&audit, "idle-job job 42").is_empty(), "{audit:?}");
+
+    // Read whole again, without job 42 on GPU 1: its claim there is not believed, and the
+    // job is judged on GPU 0 alone.
+    std::fs::write(&tmp, others).unwrap();
+    std::fs::rename(&tmp, mapping.join("1")).unwrap();
+    d.await_action(LIMIT, "idle-job job 42");
+    busy.kill().unwrap();
+    busy.wait().unwrap();
+}
+
+/// Whether this test process may make cgroups and run processes as other users.
+fn root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        eprintln!("skipped: needs root, to make cgroups and run processes as other users");
+    }
+    root
+}
+
+/// A cgroup v1 directory made for one test under the `pids` hierarchy, removed (its
+/// processes killed first) when dropped.
+struct Cgroup {
+    top: std::path::PathBuf,
+    leaf: std::path::PathBuf,
+    children: Vec<Child>,
+}
+
+impl Cgroup {
+    fn new(path: &str) -> Cgroup {
+        let top = std::path::PathBuf::from(format!(
+            "/sys/fs/cgroup/pids/gpuwatch-test-{}",
+            std::process::id()
+        ));
+        let leaf = top.join(path);
+        std::fs::create_dir_all(&leaf)
+            .unwrap_or_else(|e| panic!("cannot make {}: {e}", leaf.display()));
+        Cgroup {
+            top,
+            leaf,
+            children: Vec::new(),
+        }
+    }
+
+    /// Moves `child` into the leaf.
+    fn adopt(&mut self, child: Child) -> u32 {
+        let pid = child.id();
+        std::fs::write(self.leaf.join("cgroup.procs"), pid.to_string()).unwrap();
+        self.children.push(child);
+        pid
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        // Innermost first: cgroup directories are removed one by one.
+        let mut dir = self.leaf.clone();
+        while dir.starts_with(&self.top) {
+            let _ = std::fs::remove_dir(&dir);
+            if !dir.pop() {
+                break;
+            }
+        }
+    }
+}
+
+/// A process run as `uid` that sets `SLURM_JOB_ID`.
+fn job_process_of(job: &str, uid: u32) -> Child {
+    use std::os::unix::process::CommandExt;
+    Command::new("sleep")
+        .arg("600")
+        .env("SLURM_JOB_ID", job)
+        .uid(uid)
+        .gid(uid)
+        .spawn()
+        .unwrap()
+}
+
+/// Alice (uid 4000002002) runs job 77 in a cgroup she made under her delegated systemd
+/// subtree, `.../user@.../slurm/uid_4000002003/job_77/step_0`. The prolog gives job 77 her GPU,
+/// so the claim counts, but the uid in the path she wrote names nobody: the job is hers, and a
+/// user rule acts for her, never for the user her path names.
+#[test]
+fn a_cgroup_its_user_made_names_no_other_user() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut cgroup = Cgroup::new("user@4000002002.service/slurm/uid_4000002003/job_77/step_0");
+    let delegated = cgroup.top.join("user@4000002002.service/slurm");
+    std::os::unix::fs::chown(&delegated, Some(4_000_002_002), Some(4_000_002_002)).unwrap();
+    let alice = cgroup.adopt(job_process_of("none", 4_000_002_002));
+    std::fs::write(dir.path().join("gpu0.pids"), alice.to_string()).unwrap();
+    let mapping = dir.path().join("jobs");
+    std::fs::create_dir(&mapping).unwrap();
+    std::fs::write(mapping.join("0"), "77\n").unwrap();
+    let scenario = "[[gpu]]\nutilization = 0\npids_file = \"gpu0.pids\"\n";
+    let config = judge_config(dir.path(), &mapping, "user");
+    let d = Daemon::start_scenario(dir, scenario, &config);
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_job_gpu_allocated")
+            .label("job", "77")
+            .get(s)
+            .is_some()
+    });
+    metric("gpuwatch_job_gpu_allocated")
+        .label("job", "77")
+        .label("user", "4000002002")
+        .gpu(0)
+        .value(1.0)
+        .assert_in(&s);
+    d.await_action(LIMIT, "idle-user user 4000002002");
+    let audit = d.audit();
+    assert!(
+        judged(&audit, "idle-user user 4000002003").is_empty(),
+        "{audit:?}"
+    );
+    drop(d);
+    drop(cgroup);
+}
+
+/// Job 42 is alice's (uid 4000002001): her process on GPU 1 names it in its environment. A
+/// process of uid 4000002002 on GPU 0, which the prolog also gives job 42, claims the job too,
+/// and is read first. Neither claim can say whose the job is: its user is unknown, not the
+/// first claimant's, and its command is not handed a user.
+#[test]
+fn another_users_claim_does_not_name_a_jobs_user() {
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut intruder = job_process_of("42", 4_000_002_002);
+    let mut alice = job_process_of("42", 4_000_002_001);
+    std::fs::write(dir.path().join("gpu0.pids"), intruder.id().to_string()).unwrap();
+    std::fs::write(dir.path().join("gpu1.pids"), alice.id().to_string()).unwrap();
+    let mapping = dir.path().join("jobs");
+    std::fs::create_dir(&mapping).unwrap();
+    std::fs::write(mapping.join("0"), "42\n").unwrap();
+    std::fs::write(mapping.join("1"), "42\n").unwrap();
+    let scenario = "[[gpu]]\nutilization = 0\npids_file = \"gpu0.pids\"\n\
+                    [[gpu]]\nutilization = 0\npids_file = \"gpu1.pids\"\n";
+    let config = judge_config(dir.path(), &mapping, "job");
+    let d = Daemon::start_scenario(dir, scenario, &config);
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_job_gpu_allocated")
+            .label("job", "42")
+            .gpu(1)
+            .get(s)
+            .is_some()
+    });
+    for series in s.named("gpuwatch_job_gpu_allocated") {
+        assert!(!series.labels.contains_key("user"), "{series:?}");
+    }
+    d.await_action(LIMIT, "idle-job job 42");
+    let audit = d.audit();
+    let warned = judged(&audit, "idle-job job 42");
+    assert_eq!(warned[0]["evidence"].get("user"), None, "{audit:?}");
+    for c in [&mut intruder, &mut alice] {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+}

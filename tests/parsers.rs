@@ -281,9 +281,9 @@ proptest! {
         if let Some(j) = gpuwatch::slurm::from_environ(&env) {
             prop_assert!(is_job_id(&j), "{:?}", j);
         }
-        let (jobs, _) = gpuwatch::slurm::mapping::jobs(&text);
-        prop_assert!(jobs.len() <= 64);
-        for j in jobs {
+        let jobs = gpuwatch::slurm::mapping::jobs(&text);
+        prop_assert!(jobs.ids.len() <= 1024);
+        for j in jobs.ids {
             prop_assert!(j.len() <= 64 && !j.contains(['/', ' ', '\n']), "{:?}", j);
         }
         let _ = gpuwatch::slurm::mapping::device(&text);

@@ -272,7 +272,18 @@ impl Imds {
         let lifecycle = match self.get("instance-life-cycle").await?.as_deref() {
             Some("spot") => Some(Lifecycle::Spot),
             Some("on-demand") => Some(Lifecycle::OnDemand),
-            _ => None,
+            Some(other) => {
+                // A Capacity Block or a scheduled instance is billed otherwise than on demand.
+                tracing::warn!(
+                    lifecycle = ?other.chars().take(64).collect::<String>(),
+                    "the instance is neither on-demand nor spot: no on-demand price applies, so spend is unknown unless [cost] hourly_price_usd is set"
+                );
+                None
+            }
+            None => {
+                tracing::warn!("instance metadata does not say whether the instance is on-demand or spot: no on-demand price applies, so spend is unknown unless [cost] hourly_price_usd is set");
+                None
+            }
         };
         Ok(Node {
             instance_id,

@@ -34,6 +34,10 @@ pub struct Holders {
     pub dropped: usize,
     /// Entries of the job mapping directory that were not read (bad names, lines, or files).
     pub mapping_skipped: usize,
+    /// Why the job mapping directory is not known whole (a device file not read whole, a
+    /// directory that is not trusted): any job may hold any device then, so no job or user
+    /// rule is judged.
+    pub mapping_unknown: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -125,6 +129,30 @@ pub fn read_process(pid: u32, slurm: bool) -> Process {
     }
 }
 
+/// The users a job's processes name, by how far each can be believed. A job's user comes only
+/// from what its owner cannot forge: a Slurm cgroup that root owns (its `uid_U`, else the
+/// owner of a process slurmstepd put there), else the real uid of the processes whose claim
+/// the prolog confirmed, and only while they all agree: a process of anyone's may claim a job
+/// the prolog lists on its GPU, so a second user among the claims leaves the job's user
+/// unknown rather than the first one read.
+#[derive(Debug, Default)]
+struct JobUsers {
+    slurm: BTreeSet<String>,
+    claimed: BTreeSet<String>,
+}
+
+impl JobUsers {
+    fn user(self) -> Option<String> {
+        let one =
+            |set: BTreeSet<String>| (set.len() == 1).then(|| set.into_iter().next()).flatten();
+        if self.slurm.is_empty() {
+            one(self.claimed)
+        } else {
+            one(self.slurm)
+        }
+    }
+}
+
 /// Joins one snapshot's processes (each read by `process`) and the mapping directory's
 /// entries into who holds what.
 pub fn join(
@@ -137,6 +165,7 @@ pub fn join(
     let mut out = Holders {
         seq: snap.seq,
         mapping_skipped: mapping.skipped,
+        mapping_unknown: settings.slurm.then(|| mapping.unknown.clone()).flatten(),
         ..Holders::default()
     };
     // Every device with its UUID and its processes.
@@ -153,7 +182,8 @@ pub fn join(
     let mut seen: BTreeMap<u32, Process> = BTreeMap::new();
     let mut job_of: BTreeMap<DeviceKey, BTreeSet<String>> = BTreeMap::new();
     let mut user_of: BTreeMap<DeviceKey, BTreeSet<String>> = BTreeMap::new();
-    let mut job_user: BTreeMap<String, String> = BTreeMap::new();
+    // Who each job's user may be, by the evidence for it (see `JobUsers`).
+    let mut job_users: BTreeMap<String, JobUsers> = BTreeMap::new();
     // What the prolog says each device holds.
     if settings.slurm {
         for (device, jobs) in &mapping.jobs {
@@ -189,9 +219,12 @@ pub fn join(
             let owner = p.uid.map(|u| users.name(u));
             if let Some(h) = &p.job {
                 job_of.entry(*key).or_default().insert(h.job.clone());
-                // The cgroup's uid names the job's user; else the process's owner.
-                if let Some(u) = h.uid.map(|u| users.name(u)).or_else(|| owner.clone()) {
-                    job_user.entry(h.job.clone()).or_insert(u);
+                let seen = job_users.entry(h.job.clone()).or_default();
+                if p.claimed {
+                    // A path its owner made names nobody: only the process's real uid counts.
+                    seen.claimed.extend(owner.clone());
+                } else if let Some(u) = h.uid.map(|u| users.name(u)).or_else(|| owner.clone()) {
+                    seen.slurm.insert(u);
                 }
             }
             if let Some(o) = &owner {
@@ -211,6 +244,10 @@ pub fn join(
         .map(|j| (*j).clone())
         .collect();
     out.dropped = all.len() - kept.len();
+    let job_user: BTreeMap<String, String> = job_users
+        .into_iter()
+        .filter_map(|(j, seen)| Some((j, seen.user()?)))
+        .collect();
     for (key, uuid, _) in &devices {
         let jobs: Vec<String> = job_of
             .get(key)
@@ -283,6 +320,7 @@ async fn refresh(settings: Settings, snapshots: Snapshots, view: Arc<SharedHolde
     let mut users = Users::default();
     let mut dropping = false;
     let mut refused: Option<String> = None;
+    let mut unknown: Option<String> = None;
     loop {
         let snap = snapshots.next_after(seq).await;
         seq = snap.seq;
@@ -299,19 +337,28 @@ async fn refresh(settings: Settings, snapshots: Snapshots, view: Arc<SharedHolde
             });
             (holders, users, mapping.refused)
         });
-        let Ok((holders, back, why)) = task.await else {
+        let Ok((holders, back, refusal)) = task.await else {
             tracing::error!("reading who holds the GPUs failed; job and user rules see unknown data from now on");
             return;
         };
         users = back;
-        if why != refused {
-            match &why {
-                Some(w) => {
-                    tracing::error!(reason = %w, "the job mapping directory is not read: no GPU is given a job through it")
-                }
-                None => tracing::info!("the job mapping directory is read again"),
+        if refusal != refused {
+            if let Some(w) = &refusal {
+                tracing::error!(reason = %w, "the job mapping directory is not read: job and user rules are held until it can be");
             }
-            refused = why;
+            refused = refusal;
+        }
+        // Said once each time it changes: a directory of many files may stay so for long.
+        if holders.mapping_unknown != unknown {
+            match (&holders.mapping_unknown, refused.is_some()) {
+                (Some(w), false) => tracing::warn!(
+                    reason = %w,
+                    "the job mapping directory is not read whole: any job may hold any GPU, so job and user rules are held until it is"
+                ),
+                (None, _) => tracing::info!("the job mapping directory is read whole again"),
+                _ => {}
+            }
+            unknown = holders.mapping_unknown.clone();
         }
         if (holders.dropped > 0) != dropping {
             dropping = holders.dropped > 0;
@@ -434,6 +481,77 @@ mod tests {
         assert_eq!(h.owners[&3], "4000000001");
         assert_eq!(h.user_memory["root"], 300);
         assert_eq!(h.dropped, 0);
+    }
+
+    /// A job's user comes from a root-owned Slurm cgroup, else from its confirmed claims while
+    /// they agree; never from a path a user made, nor from the first claim read.
+    #[test]
+    fn a_jobs_user_is_only_what_its_owner_cannot_forge() {
+        let mapping = |jobs: &[(u32, &str)]| {
+            let mut m = mapping::Mapping::default();
+            for (gpu, job) in jobs {
+                m.jobs.insert(Device::Index(*gpu), vec![job.to_string()]);
+            }
+            m
+        };
+        let claim = |job: &str, path_uid: Option<u32>, uid: u32| Process {
+            job: Some(Holder {
+                job: job.into(),
+                uid: path_uid,
+            }),
+            claimed: true,
+            uid: Some(uid),
+        };
+        let snap = Snapshot {
+            seq: 1,
+            gpus: vec![gpu(0, &[20]), gpu(1, &[21]), gpu(2, &[22]), gpu(3, &[23])],
+            ..Snapshot::default()
+        };
+        let h = join(
+            &settings(256),
+            &snap,
+            &mapping(&[(0, "77"), (1, "42"), (2, "42"), (3, "9")]),
+            &mut Users::default(),
+            |pid| match pid {
+                // Alice (uid 4000002002) in a cgroup she made, `.../slurm/uid_2003/job_77/step_0`.
+                20 => claim("77", Some(4_000_002_003), 4_000_002_002),
+                // Job 42: a process of 4000002002 claims it first, then alice's (4000002001).
+                21 => claim("42", None, 4_000_002_002),
+                22 => claim("42", None, 4_000_002_001),
+                // Job 9: a claim of 4000002002 only.
+                _ => claim("9", None, 4_000_002_002),
+            },
+        );
+        assert_eq!(h.jobs["77"].user.as_deref(), Some("4000002002"));
+        assert_eq!(h.of((0, None)).unwrap().users, ["4000002002"]);
+        assert_eq!(h.jobs["42"].user, None);
+        assert_eq!(h.of((1, None)).unwrap().users, ["4000002002"]);
+        assert_eq!(h.of((2, None)).unwrap().users, ["4000002001"]);
+        assert_eq!(h.jobs["9"].user.as_deref(), Some("4000002002"));
+        // Slurm's own word wins over any claim.
+        let snap = Snapshot {
+            seq: 2,
+            gpus: vec![gpu(0, &[30, 31])],
+            ..Snapshot::default()
+        };
+        let h = join(
+            &settings(256),
+            &snap,
+            &mapping(&[(0, "9")]),
+            &mut Users::default(),
+            |pid| match pid {
+                30 => claim("9", None, 4_000_002_002),
+                _ => Process {
+                    job: Some(Holder {
+                        job: "9".into(),
+                        uid: Some(4_000_002_001),
+                    }),
+                    claimed: false,
+                    uid: Some(4_000_002_001),
+                },
+            },
+        );
+        assert_eq!(h.jobs["9"].user.as_deref(), Some("4000002001"));
     }
 
     #[test]

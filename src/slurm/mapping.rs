@@ -3,15 +3,26 @@
 //! of the jobs allocated it, one per line; the epilog removes it. A GPU allocated to a job with
 //! no process on it still belongs to the job.
 //!
-//! `deploy/slurm/prolog.sh` and `epilog.sh` write it. Bounded: at most `MAX_FILES` files of `MAX_FILE_BYTES`, `MAX_JOBS_PER_GPU` jobs each; what
-//! is beyond is counted as skipped, as are names and lines that are not a GPU or a job id.
+//! `deploy/slurm/prolog.sh` and `epilog.sh` write it. Bounded: at most `MAX_FILES` device files
+//! of `MAX_FILE_BYTES`, `MAX_JOBS_PER_GPU` jobs each, among at most `MAX_ENTRIES` entries (the
+//! scripts' lock and temporary files, which start with a dot, count only there). Names and
+//! lines that are not a GPU or a job id are counted as skipped: they name no job on a device.
+//! A device file that is not read whole (too large, too many jobs, beyond the cap, unreadable)
+//! may name any job on its device, so the mapping is then unknown (`Mapping::unknown`), and
+//! unknown holders are busy: no job or user rule is judged until it is read whole again.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
+/// Device files read: a node has at most a few dozen devices, each named by index or UUID.
 const MAX_FILES: usize = 1024;
-const MAX_FILE_BYTES: u64 = 4096;
-const MAX_JOBS_PER_GPU: usize = 64;
+/// Entries listed, device files or not: lock and temporary files left behind by crashed
+/// prologs count here only.
+const MAX_ENTRIES: usize = 65_536;
+/// A shared GPU (`OverSubscribe`, shards) may be listed for many jobs at once, and a prolog
+/// that appends leaves a line per job: 1,024 job ids of 20 digits fit in 22 KiB.
+const MAX_FILE_BYTES: u64 = 64 * 1024;
+const MAX_JOBS_PER_GPU: usize = 1024;
 
 /// The device a mapping file names.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -32,6 +43,21 @@ pub struct Mapping {
     /// Why the directory was not read at all: others could write it (and so name any job on
     /// any GPU, for rules that may cancel it).
     pub refused: Option<String>,
+    /// Why what the directory says is not known whole: a device file (or the listing) that was
+    /// not read may give any job a device, and a job judged without it may be judged on its
+    /// idle devices alone. `None` when every device file was read whole (or there is no
+    /// directory).
+    pub unknown: Option<String>,
+}
+
+impl Mapping {
+    /// Notes the first reason the mapping is not known whole; every such entry is skipped too.
+    fn unread(&mut self, why: impl FnOnce() -> String) {
+        self.skipped += 1;
+        if self.unknown.is_none() {
+            self.unknown = Some(why());
+        }
+    }
 }
 
 /// The device a file name names, if it names one.
@@ -84,41 +110,75 @@ fn trusted(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// The job ids of one file's text: one per line, trimmed; empty lines and `0` (what some
-/// epilogs write instead of removing the file) are none.
-pub fn jobs(text: &str) -> (Vec<String>, usize) {
-    let mut out: Vec<String> = Vec::new();
-    let mut skipped = 0;
+/// One file's job ids: one per line, trimmed; empty lines and `0` (what some epilogs write
+/// instead of removing the file) are none.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Jobs {
+    pub ids: Vec<String>,
+    /// Lines that are no job id.
+    pub skipped: usize,
+    /// Job ids beyond `MAX_JOBS_PER_GPU`, not read: the file is not known whole.
+    pub beyond: usize,
+}
+
+/// The job ids of one file's text.
+pub fn jobs(text: &str) -> Jobs {
+    let mut out = Jobs::default();
     for line in text
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && *l != "0")
     {
-        if !crate::state::is_job_id(line) || out.len() >= MAX_JOBS_PER_GPU {
-            skipped += 1;
-        } else if !out.iter().any(|j| j == line) {
-            out.push(line.to_string());
+        if !crate::state::is_job_id(line) {
+            out.skipped += 1;
+        } else if out.ids.iter().any(|j| j == line) {
+            continue;
+        } else if out.ids.len() >= MAX_JOBS_PER_GPU {
+            out.beyond += 1;
+        } else {
+            out.ids.push(line.to_string());
         }
     }
-    (out, skipped)
+    out
 }
 
-/// Reads the directory. A directory that is missing maps nothing; a file that cannot be read
-/// (gone between the listing and the read, as an epilog removes it) is skipped.
+/// Reads the directory. A directory that is missing maps nothing; a file that is gone between
+/// the listing and the read (as an epilog removes it) maps nothing either. Anything else that
+/// keeps a device file from being read whole makes the mapping unknown.
 pub fn read(dir: &Path) -> Mapping {
     let mut m = Mapping::default();
     if let Err(why) = trusted(dir) {
+        m.unknown = Some(format!("the directory is not trusted: {why}"));
         m.refused = Some(why);
         return m;
     }
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return m;
-    };
-    for (n, entry) in entries.flatten().enumerate() {
-        if n >= MAX_FILES {
-            m.skipped += 1;
-            continue;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return m,
+        Err(e) => {
+            m.unread(|| format!("{} cannot be listed: {e}", dir.display()));
+            return m;
         }
+    };
+    let (mut listed, mut files) = (0usize, 0usize);
+    for entry in entries {
+        listed += 1;
+        if listed > MAX_ENTRIES {
+            m.unread(|| {
+                format!(
+                    "{} holds more than {MAX_ENTRIES} entries; the rest were not read",
+                    dir.display()
+                )
+            });
+            break;
+        }
+        let entry = match entry {
+            Ok(e) => e,
+            Err(e) => {
+                m.unread(|| format!("{} cannot be listed: {e}", dir.display()));
+                continue;
+            }
+        };
         let name = entry.file_name();
         // The scripts' lock and temporary files.
         if name.as_encoded_bytes().starts_with(b".") {
@@ -128,16 +188,39 @@ pub fn read(dir: &Path) -> Mapping {
             m.skipped += 1;
             continue;
         };
-        let text =
-            crate::files::read_text(&entry.path(), MAX_FILE_BYTES, crate::files::Links::Refuse);
-        let Ok(text) = text else {
-            m.skipped += 1;
+        files += 1;
+        if files > MAX_FILES {
+            m.unread(|| {
+                format!(
+                    "{} holds more than {MAX_FILES} device files; the rest were not read",
+                    dir.display()
+                )
+            });
             continue;
+        }
+        let path = entry.path();
+        let text = match crate::files::read_text(&path, MAX_FILE_BYTES, crate::files::Links::Refuse)
+        {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                m.unread(|| format!("{}: {e}", path.display()));
+                continue;
+            }
         };
-        let (jobs, skipped) = jobs(&text);
-        m.skipped += skipped;
-        if !jobs.is_empty() {
-            m.jobs.insert(device, jobs);
+        let jobs = jobs(&text);
+        m.skipped += jobs.skipped;
+        if jobs.beyond > 0 {
+            m.skipped += jobs.beyond - 1;
+            m.unread(|| {
+                format!(
+                    "{} lists more than {MAX_JOBS_PER_GPU} jobs; the rest were not read",
+                    path.display()
+                )
+            });
+        }
+        if !jobs.ids.is_empty() {
+            m.jobs.insert(device, jobs.ids);
         }
     }
     m

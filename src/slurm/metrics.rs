@@ -60,6 +60,15 @@ impl Collector for HoldersCollector {
                 ),
                 v.mapping_skipped as i64,
             )?;
+            gauge(
+                e,
+                desc(
+                    "gpuwatch_slurm_mapping_unknown",
+                    "1 while the job mapping directory is not known whole (a device file not read whole, or a directory not trusted): job and user rules are held",
+                    None,
+                ),
+                i64::from(v.mapping_unknown.is_some()),
+            )?;
         }
         gauge(
             e,

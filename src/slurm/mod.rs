@@ -48,7 +48,8 @@ const MAX_ENVIRON_BYTES: u64 = 256 * 1024;
 pub struct Holder {
     /// The job id (`42`), or its SLUID (`sEKNKTV3WPV500`) under Slurm 26.05's cgroup v2 paths.
     pub job: String,
-    /// The job's user, from a cgroup v1 path's `uid_U`.
+    /// The job's user, from a cgroup v1 path's `uid_U` (only under a Slurm directory that
+    /// root owns).
     pub uid: Option<u32>,
 }
 
@@ -187,10 +188,12 @@ pub fn of_process(pid: u32) -> Option<(Holder, Source)> {
 
 /// The job a cgroup file names, and whether root owns its Slurm directory under `root`.
 fn of_cgroup(root: &std::path::Path, cgroup: &[u8]) -> Option<(Holder, Source)> {
-    let (holder, dirs) = located(&String::from_utf8_lossy(cgroup))?;
+    let (mut holder, dirs) = located(&String::from_utf8_lossy(cgroup))?;
     let source = if owned_by_root(root, &dirs) {
         Source::Cgroup
     } else {
+        // Its `uid_U` is a name the path's maker chose: it names no user.
+        holder.uid = None;
         Source::ForeignCgroup
     };
     Some((holder, source))

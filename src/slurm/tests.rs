@@ -177,16 +177,26 @@ mod mapping {
 
     #[test]
     fn a_file_holds_job_ids_one_per_line() {
-        assert_eq!(jobs("42\n43\n"), (vec!["42".into(), "43".into()], 0));
+        let ids = |j: Jobs| (j.ids, j.skipped, j.beyond);
+        assert_eq!(
+            ids(jobs("42\n43\n")),
+            (vec!["42".into(), "43".into()], 0, 0)
+        );
         // Blank lines, `0` (an epilog's "none") and repeats are no jobs; a line that is no id
         // is skipped.
         assert_eq!(
-            jobs("\n42\n0\n42\n1,2\n  7_3  \n"),
-            (vec!["42".into(), "7_3".into()], 1)
+            ids(jobs("\n42\n0\n42\n1,2\n  7_3  \n")),
+            (vec!["42".into(), "7_3".into()], 1, 0)
         );
-        let many: String = (1..=100).map(|i| format!("{i}\n")).collect();
-        let (ids, skipped) = jobs(&many);
-        assert_eq!((ids.len(), skipped), (64, 36));
+        // A busy shared GPU's file, as a prolog that appends leaves it: every job is read.
+        let shared: String = (1..=100).map(|i| format!("{}\n", 1_000_000 + i)).collect();
+        let j = jobs(&shared);
+        assert_eq!((j.ids.len(), j.skipped, j.beyond), (100, 0, 0));
+        assert_eq!(j.ids[64], "1000065");
+        // Beyond the cap, job ids are not read: they are counted apart from bad lines.
+        let many: String = (1..=1030).map(|i| format!("{i}\n")).collect();
+        let j = jobs(&many);
+        assert_eq!((j.ids.len(), j.skipped, j.beyond), (1024, 0, 6));
     }
 
     #[test]
@@ -195,9 +205,9 @@ mod mapping {
         let p = dir.path();
         std::fs::write(p.join("0"), "101\n").unwrap();
         std::fs::write(p.join("1.3"), "102\n103\n").unwrap();
+        // No device, no job: skipped, and the mapping is still known whole.
         std::fs::write(p.join("README"), "not a GPU").unwrap();
-        std::fs::write(p.join("2"), vec![b'9'; 8192]).unwrap();
-        std::fs::create_dir(p.join("3")).unwrap();
+        std::fs::write(p.join("4"), "not-a-job\n").unwrap();
         let m = read(p);
         assert_eq!(
             m.jobs.get(&Device::Index(0)),
@@ -208,9 +218,57 @@ mod mapping {
             Some(&vec!["102".to_string(), "103".to_string()])
         );
         assert_eq!(m.jobs.len(), 2);
-        // The README, the oversized file and the directory.
-        assert_eq!(m.skipped, 3);
+        assert_eq!(m.skipped, 2);
+        assert_eq!(m.unknown, None);
         assert_eq!(read(&p.join("missing")), Mapping::default());
+    }
+
+    #[test]
+    fn a_device_file_not_read_whole_makes_the_mapping_unknown() {
+        let unknown = |setup: &dyn Fn(&std::path::Path)| {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("0"), "101\n").unwrap();
+            setup(dir.path());
+            let m = read(dir.path());
+            // What was read is still there.
+            assert_eq!(m.jobs.get(&Device::Index(0)), Some(&vec!["101".into()]));
+            assert!(m.skipped > 0, "{m:?}");
+            m.unknown.expect("unknown")
+        };
+        // Larger than the cap: it may name any job.
+        let why = unknown(&|p| std::fs::write(p.join("2"), vec![b'9'; 70_000]).unwrap());
+        assert!(why.contains("larger than 64 KiB"), "{why}");
+        // A directory where a device file should be.
+        let why = unknown(&|p| std::fs::create_dir(p.join("3")).unwrap());
+        assert!(why.contains("/3"), "{why}");
+        // More job ids than are read.
+        let why = unknown(&|p| {
+            let many: String = (1..=1100).map(|i| format!("{i}\n")).collect();
+            std::fs::write(p.join("1"), many).unwrap()
+        });
+        assert!(why.contains("more than 1024 jobs"), "{why}");
+        // A link, which is not followed.
+        let why = unknown(&|p| std::os::unix::fs::symlink(p.join("0"), p.join("5")).unwrap());
+        assert!(why.contains("/5"), "{why}");
+    }
+
+    #[test]
+    fn lock_and_temporary_files_do_not_count_as_device_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        for i in 0..1500 {
+            std::fs::write(p.join(format!(".tmp.{i}")), "").unwrap();
+        }
+        std::fs::write(p.join("1"), "42\n").unwrap();
+        let m = read(p);
+        assert_eq!(m.jobs.get(&Device::Index(1)), Some(&vec!["42".into()]));
+        assert_eq!((m.skipped, m.unknown), (0, None));
+        // Device files beyond the cap: unknown.
+        for i in 0..1030 {
+            std::fs::write(p.join(format!("GPU-{i:08x}")), "").unwrap();
+        }
+        let m = read(p);
+        assert!(m.unknown.unwrap().contains("more than 1024 device files"));
     }
 
     #[test]
@@ -226,6 +284,7 @@ mod mapping {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).unwrap();
         let m = read(&p);
         assert!(m.jobs.is_empty());
+        assert!(m.unknown.unwrap().contains("not trusted"));
         assert!(m
             .refused
             .unwrap()

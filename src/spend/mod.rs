@@ -247,20 +247,29 @@ pub fn send_alert(
     executor: &std::sync::Arc<crate::actions::Executor>,
     services: Option<&Services>,
     publishes: &mut tokio::task::JoinSet<()>,
-) {
+) -> bool {
     let text = format!("gpuwatch: {}", gpuwatch_core::step::alert_text(c));
-    tracing::warn!("{text}");
-    executor.audit(crate::state::AuditRecord::BudgetAlert {
+    let recorded = executor.audit(crate::state::AuditRecord::BudgetAlert {
         budget: c.budget.clone(),
         threshold: c.threshold,
         basis: c.basis,
         ratio: c.ratio,
         limit: c.limit,
     });
+    // No record, no alert: a restart could not know it had been sent.
+    if !recorded {
+        tracing::error!(
+            budget = %c.budget,
+            threshold = c.threshold,
+            "budget alert withheld: its audit record could not be made durable; it is sent once it can"
+        );
+        return false;
+    }
+    tracing::warn!("{text}");
     // A team budget's threshold is the fleet's alert (through Alertmanager, once), unless
     // `notify = true`: every node of the team crossing it would send one otherwise.
     if budget.is_some_and(|b| !b.notify) {
-        return;
+        return true;
     }
     executor.notify(&text, false);
     if let (Some(topic), Some(s)) = (budget.and_then(|b| b.sns_topic_arn.clone()), services) {
@@ -268,7 +277,8 @@ pub fn send_alert(
         publishes.spawn(async move {
             match s.publish(&topic, "gpuwatch budget alert", &text).await {
                 Ok(id) => {
-                    executor.audit(crate::state::AuditRecord::SnsPublish {
+                    // Published already: a record that fails is logged by the executor.
+                    let _ = executor.audit(crate::state::AuditRecord::SnsPublish {
                         budget: name,
                         message_id: id,
                     });
@@ -279,6 +289,7 @@ pub fn send_alert(
             }
         });
     }
+    true
 }
 
 #[cfg(test)]

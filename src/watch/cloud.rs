@@ -80,7 +80,7 @@ pub async fn poll_cloud(p: CloudPoller) {
                         ?notice,
                         "spot interruption notice: gpuwatch takes no action of its own"
                     );
-                    executor.audit(AuditRecord::SpotInterruption {
+                    let _ = executor.audit(AuditRecord::SpotInterruption {
                         notice: format!("{notice:?}"),
                     });
                     executor.notify(
@@ -110,7 +110,7 @@ pub async fn poll_cloud(p: CloudPoller) {
                         at = %crate::time::rfc3339(time),
                         "spot rebalance recommendation: the instance is at elevated risk of interruption; actions are not blocked"
                     );
-                    executor.audit(AuditRecord::SpotRebalance);
+                    let _ = executor.audit(AuditRecord::SpotRebalance);
                     metrics.update(|v| v.rebalance = Some(time));
                 }
             }
@@ -237,7 +237,7 @@ async fn run_hook(hook: &[String], timeout: Duration, executor: &Executor) {
         Err(e) => e.to_string(),
     };
     tracing::warn!(hook = ?hook, result = %result, "pre-interruption hook");
-    executor.audit(AuditRecord::InterruptionHook {
+    let _ = executor.audit(AuditRecord::InterruptionHook {
         command: hook.to_vec(),
         result,
     });

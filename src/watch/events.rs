@@ -32,7 +32,7 @@ impl super::Watch {
     ) {
         let reason = format!("decided again on the next sample: {why}");
         tracing::info!(rule = %rule, action = %action, "action deferred: {reason}");
-        self.executor.audit(AuditRecord::Postponed {
+        let _ = self.executor.audit(AuditRecord::Postponed {
             rule: rule.to_string(),
             at,
             action,
@@ -75,7 +75,7 @@ impl super::Watch {
         match &event {
             Event::Breach { evidence: e, .. } => {
                 tracing::info!(rule = %rule.name, periods = e.breaching_periods, "rule breaching");
-                self.executor.audit(AuditRecord::Breach {
+                let _ = self.executor.audit(AuditRecord::Breach {
                     rule: rule.name.clone(),
                     at,
                     evidence,
@@ -83,7 +83,7 @@ impl super::Watch {
             }
             Event::Recovered { .. } => {
                 tracing::info!(rule = %rule.name, "rule no longer breaching");
-                self.executor.audit(AuditRecord::Recovered {
+                let _ = self.executor.audit(AuditRecord::Recovered {
                     rule: rule.name.clone(),
                     at,
                 });
@@ -132,7 +132,7 @@ impl super::Watch {
                     rule.name
                 );
                 tracing::info!("{text}");
-                self.executor.audit(AuditRecord::Cancelled {
+                let _ = self.executor.audit(AuditRecord::Cancelled {
                     rule: rule.name.clone(),
                     at,
                     action: *action,
@@ -143,7 +143,7 @@ impl super::Watch {
             }
             Event::Postponed { action, reason, .. } => {
                 tracing::info!(rule = %rule.name, action = %action, "action postponed: {reason}");
-                self.executor.audit(AuditRecord::Postponed {
+                let _ = self.executor.audit(AuditRecord::Postponed {
                     rule: rule.name.clone(),
                     at,
                     action: *action,

@@ -32,6 +32,8 @@ const FIRST_RETRY: Duration = Duration::from_secs(1);
 pub struct Identified {
     pub node: Node,
     pub services: Services,
+    /// The EC2 API for it, for the spot and tag poller.
+    pub ec2: Ec2,
 }
 
 /// What the AWS side of the watch needs once the instance is known.
@@ -47,9 +49,9 @@ pub struct Link {
 }
 
 impl Link {
-    /// Connects to EC2 as `node`: the executor acts on it from now on, its pollers start in
-    /// `tasks`, and the spot and tag poller last, so that no tag is read (and no action can
-    /// run) before the executor knows the instance.
+    /// Connects to EC2 as `node`: the executor acts on it from now on, and its price, budget
+    /// and CloudWatch pollers start in `tasks`. The spot and tag poller is not among them:
+    /// `watch_tags` starts it once the decision loop has the instance too.
     pub fn connect(&self, mut node: Node, tasks: &mut JoinSet<()>) -> Identified {
         let config = &self.config;
         tracing::info!(
@@ -75,7 +77,7 @@ impl Link {
                         config.cost.spot_price_refresh,
                     ));
                 }
-                _ if config.cost.pricing_api => {
+                Some(Lifecycle::OnDemand) if config.cost.pricing_api => {
                     tasks.spawn(crate::spend::poll_pricing_api(
                         services.clone(),
                         node.clone(),
@@ -108,6 +110,17 @@ impl Link {
             ec2: ec2.clone(),
         });
         self.metrics.update(|v| v.node = Some(node.clone()));
+        Identified {
+            node,
+            services,
+            ec2,
+        }
+    }
+
+    /// Starts the spot and tag poller, last: no tag is read (and no action can run) before the
+    /// executor and the decision loop know the instance.
+    pub fn watch_tags(&self, ec2: Ec2, tasks: &mut JoinSet<()>) {
+        let config = &self.config;
         tasks.spawn(super::poll_cloud(super::CloudPoller {
             imds: Arc::clone(&self.imds),
             ec2: Some(ec2),
@@ -120,7 +133,6 @@ impl Link {
             every: config.cloud.poll_interval,
             tag_every: config.cloud.tag_poll_interval,
         }));
-        Identified { node, services }
     }
 
     /// Asks instance metadata again until it answers, then connects and hands the instance to
@@ -135,13 +147,21 @@ impl Link {
                 Ok(node) => {
                     tracing::info!("instance metadata answers; the instance's tags are read next, and actions wait for them");
                     let identified = self.connect(node, &mut tasks);
+                    let ec2 = identified.ec2.clone();
                     // The loop is gone only when the watch stopped.
                     let _ = found.send(identified);
+                    self.watch_tags(ec2, &mut tasks);
                     break;
                 }
                 Err(e) => {
-                    tracing::debug!(error = %e, retry_in = ?wait, "instance metadata is still unavailable");
                     wait = (wait * 2).min(most);
+                    // Once the waits are as long as they get, a warning each time: this may
+                    // not be EC2 at all, while provider = "aws" says it is.
+                    if wait == most {
+                        tracing::warn!(error = %e, retry_in = ?wait, "instance metadata is still unavailable: every action stays held");
+                    } else {
+                        tracing::debug!(error = %e, retry_in = ?wait, "instance metadata is still unavailable");
+                    }
                 }
             }
         }

@@ -26,7 +26,7 @@ use crate::gpu::Snapshot;
 use crate::spend::metrics::{AlertKey, SharedCostView};
 use gpuwatch_core::cost::budget::Crossing;
 use gpuwatch_core::cost::ledger::Closed;
-use gpuwatch_core::step::order::{defer, settle_in_flight};
+use gpuwatch_core::step::order::{defer, on_alert_unrecorded, settle_in_flight};
 use gpuwatch_core::step::{rule_views, step, Decision, Inputs, RuleView, Settings, View};
 
 use crate::rules::engine::Event;
@@ -44,16 +44,29 @@ pub struct NodeSignals {
 }
 
 impl NodeSignals {
-    /// The instance-tag hold, as the cloud poller last read it.
+    /// The instance-tag hold, as the cloud poller last read it. A lock poisoned by a panic
+    /// while it was written is a hold that cannot be known, and unknown holds: every lock on
+    /// the decision path reads so.
     pub fn tag_hold(&self) -> HoldStatus {
-        self.tag_hold.lock().map(|h| h.clone()).unwrap_or_default()
+        match self.tag_hold.lock() {
+            Ok(h) => h.clone(),
+            Err(_) => HoldStatus::Unknown(POISONED.into()),
+        }
     }
 
-    /// When the spot interruption in effect takes effect, if one is.
+    /// When the spot interruption in effect takes effect, if one is. A poisoned lock is a
+    /// notice that cannot be known: in effect, from an unknown time (`+Inf`).
     pub fn interruption(&self) -> Option<f64> {
-        self.interruption.lock().map(|i| *i).unwrap_or(None)
+        match self.interruption.lock() {
+            Ok(i) => *i,
+            Err(_) => Some(f64::INFINITY),
+        }
     }
 }
+
+/// Why a signal whose lock is poisoned holds.
+const POISONED: &str =
+    "the lock on what the instance tags say is poisoned (a panic while it was written): unknown holds";
 
 /// Unix time the machine booted, from /proc/stat.
 fn boot_time() -> Option<f64> {
@@ -197,7 +210,7 @@ impl Watch {
             // Execute. An action behind others of the same step is decided again on the next
             // sample when they took long, or a hold or spot notice came meanwhile
             // (`order::defer`).
-            self.send_alerts(after.crossings());
+            let sent = self.send_alerts(&mut persisted, after.crossings());
             let mut actions = 0;
             for event in after.after_save() {
                 if let Event::Action { rule, action, .. } = event {
@@ -219,12 +232,12 @@ impl Watch {
 
             // Publish: an action withdrawn or completed above shows in this cycle's metrics.
             let rules = rule_views(&judged, &persisted, &settings, now);
-            self.publish(&snap, view, after.crossings(), rules, interruption);
+            self.publish(&snap, view, &sent, rules, interruption);
             self.progress.stepped(seq);
         }
         self.save(&persisted, true).await;
         tracing::info!("cost watch stopped");
-        self.executor.audit(AuditRecord::Stopped);
+        let _ = self.executor.audit(AuditRecord::Stopped);
     }
 
     /// What the step needs to know of this sample and of the world beside it: the observation
@@ -272,7 +285,8 @@ impl Watch {
                             r.users.clone_from(&held.users);
                         }
                     }
-                    obs.holders_unknown = !processes_known(snap);
+                    // A mapping entry that was not read may give any job any device.
+                    obs.holders_unknown = !processes_known(snap) || h.mapping_unknown.is_some();
                 }
                 None => obs.holders_unknown = true,
             }
@@ -336,7 +350,7 @@ impl Watch {
     fn record_closed(&self, closed: &[Closed]) {
         for c in closed {
             tracing::info!(total = c.total, "budget period closed");
-            self.executor.audit(AuditRecord::PeriodClosed {
+            let _ = self.executor.audit(AuditRecord::PeriodClosed {
                 period_start: crate::time::rfc3339(c.period_start),
                 period_end: crate::time::rfc3339(c.period_end),
                 spent_usd: c.total,
@@ -344,20 +358,29 @@ impl Watch {
         }
     }
 
-    /// Sends each budget alert whose crossing is on record.
-    fn send_alerts(&mut self, crossings: &[Crossing]) {
+    /// Sends each budget alert whose crossing is on record, and returns those sent. One whose
+    /// audit record cannot be made durable is withheld and taken back in the state, so it is
+    /// sent once it can.
+    fn send_alerts(&mut self, persisted: &mut Persisted, crossings: &[Crossing]) -> Vec<Crossing> {
         // SNS publishes that finished are reaped; the rest end with the watch.
         while self.publishes.try_join_next().is_some() {}
+        let mut sent = Vec::with_capacity(crossings.len());
         for c in crossings {
             let budget = self.config.budgets.iter().find(|b| b.name == c.budget);
-            crate::spend::send_alert(
+            let recorded = crate::spend::send_alert(
                 c,
                 budget,
                 &self.executor,
                 self.services.as_ref(),
                 &mut self.publishes,
             );
+            if recorded {
+                sent.push(c.clone());
+            } else {
+                on_alert_unrecorded(persisted, c);
+            }
         }
+        sent
     }
 
     /// Swaps in the views the watch's and the cost series show.
@@ -473,7 +496,7 @@ impl Watch {
             grace_until = %grace_until,
             "cost watch started"
         );
-        self.executor.audit(AuditRecord::Started {
+        let _ = self.executor.audit(AuditRecord::Started {
             rules: rules.iter().map(|r| r.name.clone()).collect(),
             grace_until,
         });
@@ -487,7 +510,7 @@ impl Watch {
             return;
         };
         match found.try_recv() {
-            Ok(identify::Identified { node, services }) => {
+            Ok(identify::Identified { node, services, .. }) => {
                 self.tracker.node = Some(node);
                 self.services = Some(services);
                 self.identified = None;
@@ -509,7 +532,7 @@ impl Watch {
                 rule = %name, action = %f.action, instance_state = state.as_deref().unwrap_or("unknown"),
                 "an action was sent before the restart; it is not repeated"
             );
-            self.executor.audit(AuditRecord::InFlightAtRestart {
+            let _ = self.executor.audit(AuditRecord::InFlightAtRestart {
                 rule: name.clone(),
                 action: f.action,
                 sent_at: crate::time::rfc3339(f.at),
@@ -534,7 +557,8 @@ impl Watch {
                 }
                 Err(LoadError::Corrupt(line)) => {
                     tracing::warn!("{line}");
-                    self.executor
+                    let _ = self
+                        .executor
                         .audit(AuditRecord::StateReset { reason: line });
                     return Persisted::default();
                 }
@@ -583,4 +607,39 @@ fn processes_known(snap: &Snapshot) -> bool {
             g.mig.iter().all(|m| m.processes.is_some())
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Poisons `lock`, as a panic while it is held does.
+    fn poison<T: Send>(lock: &Mutex<T>) {
+        std::thread::scope(|s| {
+            let _ = s
+                .spawn(|| {
+                    let _held = lock.lock().unwrap();
+                    panic!("poisoning the lock on purpose");
+                })
+                .join();
+        });
+        assert!(lock.is_poisoned());
+    }
+
+    /// Poisoned means unknown, and unknown holds: a tag hold that cannot be read holds, and a
+    /// spot notice that cannot be read is in effect.
+    #[test]
+    fn a_poisoned_signal_holds() {
+        let signals = NodeSignals::default();
+        assert_eq!(signals.tag_hold(), HoldStatus::None);
+        assert_eq!(signals.interruption(), None);
+        poison(&signals.tag_hold);
+        poison(&signals.interruption);
+        match signals.tag_hold() {
+            HoldStatus::Unknown(why) => assert!(why.contains("poisoned"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(signals.tag_hold().until(), Some(f64::INFINITY));
+        assert_eq!(signals.interruption(), Some(f64::INFINITY));
+    }
 }

@@ -157,7 +157,12 @@ pub async fn spawn(
             executor: Arc::clone(&executor),
         };
         match link.imds.identity().await {
-            Ok(node) => identified = Some(link.connect(node, tasks)),
+            Ok(node) => {
+                let id = link.connect(node, tasks);
+                // The loop below is built with the instance before it runs a step.
+                link.watch_tags(id.ec2.clone(), tasks);
+                identified = Some(id);
+            }
             Err(e) => {
                 tracing::warn!(
                     error = %e,
@@ -170,7 +175,7 @@ pub async fn spawn(
         }
     }
     let (node, services) = match identified {
-        Some(Identified { node, services }) => (Some(node), Some(services)),
+        Some(Identified { node, services, .. }) => (Some(node), Some(services)),
         None => (None, None),
     };
     if config.cloudwatch.enabled && config.cloud.provider != Provider::Aws {

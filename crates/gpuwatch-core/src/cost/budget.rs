@@ -49,6 +49,8 @@ pub struct Crossing {
     pub ratio: f64,
     /// The budget's limit, in USD.
     pub limit: f64,
+    /// The start of the budget period it crossed in.
+    pub period_start: f64,
 }
 
 /// The crossings already alerted, so each fires once per period, across restarts.
@@ -60,6 +62,12 @@ fn key(budget: &str, period_start: f64, basis: Basis, threshold: f64) -> String 
 }
 
 impl Alerted {
+    /// Forgets that `c` alerted: its alert was not sent, so it is sent once it crosses again.
+    pub fn forget(&mut self, c: &Crossing) {
+        self.0
+            .remove(&key(&c.budget, c.period_start, c.basis, c.threshold));
+    }
+
     /// The thresholds `reading` crosses that have not alerted yet this period; records them.
     pub fn crossings(
         &mut self,
@@ -82,6 +90,7 @@ impl Alerted {
                         basis,
                         ratio,
                         limit: reading.limit,
+                        period_start: reading.period_start,
                     });
                 }
             }

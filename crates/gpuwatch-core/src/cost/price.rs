@@ -33,7 +33,8 @@ pub struct Price {
 }
 
 /// Picks the price: the config wins; then the spot price for spot instances; then, for
-/// on-demand ones, the Pricing API and the bundled table. A spot instance never falls back to an
+/// on-demand ones, the Pricing API and the bundled table. Neither a spot instance nor one whose
+/// lifecycle is unknown (a Capacity Block, a scheduled instance, or none read) falls back to an
 /// on-demand price: overstating spend could trip a budget rule, so unknown stays unknown.
 pub fn choose(
     config: Option<f64>,
@@ -53,11 +54,12 @@ pub fn choose(
     }
     match lifecycle {
         Some(Lifecycle::Spot) => spot.and_then(|s| p(s, Source::Spot)),
-        _ => match (pricing_api, table) {
+        Some(Lifecycle::OnDemand) => match (pricing_api, table) {
             (Some(a), _) => p(a, Source::PricingApi),
             (None, Some(t)) => p(t, Source::Table),
             _ => None,
         },
+        None => None,
     }
 }
 
@@ -139,9 +141,14 @@ mod tests {
             src(choose(None, od, None, None, Some(3.0))),
             Some((3.0, Source::Table))
         );
+        // An unknown lifecycle (a Capacity Block, say) has no on-demand price, only its own.
         assert_eq!(
-            src(choose(None, None, None, None, Some(3.0))),
-            Some((3.0, Source::Table))
+            src(choose(None, None, Some(1.0), Some(2.0), Some(3.0))),
+            None
+        );
+        assert_eq!(
+            src(choose(Some(9.0), None, None, Some(2.0), Some(3.0))),
+            Some((9.0, Source::Config))
         );
         assert_eq!(src(choose(None, od, None, None, None)), None);
     }

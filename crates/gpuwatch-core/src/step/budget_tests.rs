@@ -257,8 +257,9 @@ fn an_unknown_external_spend_opens_no_gate_and_exhausts_nothing() {
             (0, exhausted.clone(), "breach"),
             (0, exhausted.clone(), "warning"),
             (3, exhausted.clone(), "recovered"),
-            // Due at 5 s, on a limit no longer breached: withdrawn, never carried out.
-            (5, exhausted, "cancelled"),
+            // Called off at once, not at its due time (5 s): a warning rests on its budget
+            // at every sample.
+            (3, exhausted, "cancelled"),
         ]
     );
 }

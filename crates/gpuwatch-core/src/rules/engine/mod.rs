@@ -273,12 +273,21 @@ pub fn evaluate(
                 .window
                 .assess(c, ctx.now, settings.slack, f64::NEG_INFINITY),
         };
+        // Why the budget the action rests on no longer lets it act (its gate, or its limit),
+        // judged on every evaluation: a warning outlives no reason it was given for.
+        let mut shut = None;
         if let Some(gate) = &rule.budget {
             // Unknown spend keeps the gate shut: a budget rule never acts on a guess.
             let ratio = ctx.budgets.get(&gate.name).copied();
             raw.budget = Some((gate.name.clone(), ratio));
             if !ratio.is_some_and(|r| r + 1e-12 >= gate.spent_at_least) {
                 raw.breaching = false;
+                shut = Some(budget_shut(&gate.name, ratio, gate.spent_at_least));
+            }
+        }
+        if let Trigger::BudgetExhausted { budget } = &rule.trigger {
+            if !raw.breaching {
+                shut = Some(budget_shut(budget, ctx.budgets.get(budget).copied(), 1.0));
             }
         }
         let name = || rule.name.clone();
@@ -373,7 +382,7 @@ pub fn evaluate(
                     }
                     _ => None,
                 };
-                if let Some(reason) = changed.or(pending.activity.take()).or(missing) {
+                if let Some(reason) = changed.or(pending.activity.take()).or(shut).or(missing) {
                     // The periods seen up to the cancellation never count again, even when it
                     // was the clock that went back.
                     rs.not_before = rs.not_before.max(ctx.now).max(pending.seen());
@@ -420,6 +429,22 @@ pub fn evaluate(
         }
     }
     events
+}
+
+/// Why a budget no longer lets an action run: its spend is unknown, or below `at_least` of
+/// its limit.
+fn budget_shut(budget: &str, ratio: Option<f64>, at_least: f64) -> String {
+    match ratio {
+        None => format!("the spend of budget \"{budget}\" is unknown (unknown holds)"),
+        Some(r) => {
+            let percent = |v: f64| (v * 1e4).round() / 1e2;
+            format!(
+                "budget \"{budget}\" is {}% spent, under the {}% the action rests on",
+                percent(r),
+                percent(at_least)
+            )
+        }
+    }
 }
 
 /// Seconds before a budget limit that acted (or was cancelled) may act again.

@@ -204,6 +204,12 @@ pub enum Executed {
     NotRecorded,
 }
 
+/// Takes back a budget alert whose audit record could not be made durable: it was not sent,
+/// and is sent once its threshold crosses again (at the next step, while it still does).
+pub fn on_alert_unrecorded(state: &mut State, crossing: &Crossing) {
+    state.alerted.forget(crossing);
+}
+
 /// Settles a warning the edge handled before the save. One whose record could not be written
 /// (a full disk, an I/O error) is taken back, and not sent: nothing is pending, and the rule
 /// warns again at its next step once the record can be made, so that no action ever follows a
