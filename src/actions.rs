@@ -55,6 +55,8 @@ pub struct Executor {
     cloud: std::sync::OnceLock<Cloud>,
     pub notifier: crate::notify::Notifier,
     denied_reported: AtomicBool,
+    /// An audit log that cannot be written is said once, then once a minute with a count.
+    audit_failing: std::sync::Mutex<crate::time::Throttle>,
 }
 
 impl Executor {
@@ -78,6 +80,7 @@ impl Executor {
                 tasks,
             ),
             denied_reported: AtomicBool::new(false),
+            audit_failing: std::sync::Mutex::default(),
         }
     }
 
@@ -98,11 +101,25 @@ impl Executor {
         let instance = self.cloud().map(|c| c.node.instance_id.as_str());
         let record = record.stamped(crate::time::now(), self.mode.as_str(), instance);
         // Each record is fsynced.
-        match crate::state::off_async(|| self.audit.append(&record)) {
-            Ok(()) => true,
+        let result = crate::state::off_async(|| self.audit.append(&record));
+        let mut failing = self.audit_failing.lock().unwrap_or_else(|e| e.into_inner());
+        match result {
+            Ok(()) => {
+                if failing.clear() {
+                    tracing::info!(path = %self.audit.path().display(), "the audit log is written again");
+                }
+                true
+            }
             Err(e) => {
                 self.audit.errors.count(crate::state::DiskOp::Audit);
-                tracing::error!(path = %self.audit.path().display(), error = %e, "cannot write the audit log");
+                if let Some(unsaid) = failing.due(Duration::from_secs(60)) {
+                    tracing::error!(
+                        path = %self.audit.path().display(),
+                        error = %e,
+                        failed_since_last_said = unsaid,
+                        "cannot write the audit log: what needs a record waits (gpuwatch_state_errors_total{{op=\"audit\"}} counts each failure)"
+                    );
+                }
                 false
             }
         }

@@ -6,16 +6,18 @@ use crate::gpu::Snapshot;
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
-/// Renders a snapshot as a fixed-width table. Unknown readings show as "-".
+/// Renders a snapshot as a fixed-width table. Unknown readings show as "-". Text NVML gives
+/// (versions, names, bus ids, UUIDs) is made plain before it is cut, so that an escape sequence
+/// in it neither drives the terminal nor is cut in the middle.
 pub fn table(snap: &Snapshot) -> String {
     let mut out = String::new();
     let nvml = &snap.nvml;
     let _ = writeln!(
         out,
         "driver {}   NVML {}   CUDA {}",
-        nvml.driver_version.as_deref().unwrap_or("-"),
-        nvml.nvml_version.as_deref().unwrap_or("-"),
-        nvml.cuda_driver_version.as_deref().unwrap_or("-"),
+        text(nvml.driver_version.as_deref()),
+        text(nvml.nvml_version.as_deref()),
+        text(nvml.cuda_driver_version.as_deref()),
     );
     let _ = writeln!(
         out,
@@ -38,7 +40,7 @@ pub fn table(snap: &Snapshot) -> String {
                 "{:<3} {:<24} lost (uuid {})",
                 g.index,
                 "-",
-                or_dash(&g.uuid)
+                text(Some(&g.uuid))
             );
             continue;
         }
@@ -59,8 +61,8 @@ pub fn table(snap: &Snapshot) -> String {
             out,
             "{:<3} {:<24} {:<18} {:>5} {:>5} {:>15} {:>5} {:>13} {:>11} {:>5}",
             g.index,
-            truncate(g.name.as_deref().unwrap_or("-"), 24),
-            g.pci_bus_id.as_deref().unwrap_or("-"),
+            truncate(&text(g.name.as_deref()), 24),
+            text(g.pci_bus_id.as_deref()),
             pct(g.utilization_ratio),
             pct(g.memory_utilization_ratio),
             memory,
@@ -90,14 +92,59 @@ fn pct(r: Option<f64>) -> String {
     r.map_or("-".to_string(), |r| format!("{:.0}%", r * 100.0))
 }
 
-fn or_dash(s: &str) -> &str {
-    if s.is_empty() {
-        "-"
-    } else {
-        s
+/// Text from NVML, plain; "-" when there is none.
+fn text(s: Option<&str>) -> String {
+    match s {
+        Some(s) if !s.is_empty() => crate::redact::plain(s),
+        _ => "-".to_string(),
     }
 }
 
 fn truncate(s: &str, n: usize) -> String {
     s.chars().take(n).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::GpuSample;
+
+    /// A GPU name with an escape sequence (that would clear the screen) and one cut at the
+    /// column's width: neither reaches the terminal raw.
+    #[test]
+    fn names_from_nvml_are_printed_plain() {
+        let snap = Snapshot {
+            gpus: vec![GpuSample {
+                index: 0,
+                up: true,
+                name: Some("NVIDIA H100\u{1b}[2J\u{1b}]0;owned\u{7}".into()),
+                uuid: "GPU-1\u{1b}[31m".into(),
+                pci_bus_id: Some("0000:01:00.0\u{1b}[0m".into()),
+                ..GpuSample::default()
+            }],
+            ..Snapshot::default()
+        };
+        let out = table(&snap);
+        assert!(!out.chars().any(|c| c.is_control() && c != '\n'), "{out:?}");
+        assert!(
+            out.contains("NVIDIA H100\u{fffd}[2J\u{fffd}]0;owned\u{fffd}"),
+            "{out:?}"
+        );
+        // Cut after being made plain: 24 characters, none of them a raw escape.
+        let long = Snapshot {
+            gpus: vec![GpuSample {
+                index: 0,
+                up: true,
+                name: Some(format!("{}\u{1b}[2J", "x".repeat(22))),
+                ..GpuSample::default()
+            }],
+            ..Snapshot::default()
+        };
+        let out = table(&long);
+        assert!(
+            out.contains(&format!("{}\u{fffd}[ ", "x".repeat(22))),
+            "{out:?}"
+        );
+        assert!(!out.contains('\u{1b}'));
+    }
 }

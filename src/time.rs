@@ -51,3 +51,49 @@ mod tests {
         assert!(s.is_finite() && s >= 0.0, "{s}");
     }
 }
+
+/// A message that a failure repeats (an audit log that cannot be written, metadata that does
+/// not answer): said the first time, then at most once every `every`, with how many times it
+/// went unsaid in between.
+#[derive(Debug, Default)]
+pub struct Throttle {
+    last: Option<std::time::Instant>,
+    unsaid: u64,
+}
+
+impl Throttle {
+    /// Whether to say it now: `Some(unsaid since it was last said)`, or `None` to count it.
+    pub fn due(&mut self, every: std::time::Duration) -> Option<u64> {
+        if self.last.is_some_and(|t| t.elapsed() < every) {
+            self.unsaid += 1;
+            return None;
+        }
+        self.last = Some(std::time::Instant::now());
+        Some(std::mem::take(&mut self.unsaid))
+    }
+
+    /// The failure is over: the next one is said at once. Returns whether it had been said.
+    pub fn clear(&mut self) -> bool {
+        self.unsaid = 0;
+        self.last.take().is_some()
+    }
+}
+
+#[cfg(test)]
+mod throttle_tests {
+    use super::Throttle;
+    use std::time::Duration;
+
+    #[test]
+    fn said_once_then_counted_until_its_interval_passes() {
+        let mut t = Throttle::default();
+        assert_eq!(t.due(Duration::from_secs(60)), Some(0));
+        assert_eq!(t.due(Duration::from_secs(60)), None);
+        assert_eq!(t.due(Duration::from_secs(60)), None);
+        // Once the interval is over, said with the count of those unsaid.
+        assert_eq!(t.due(Duration::ZERO), Some(2));
+        assert!(t.clear());
+        assert!(!t.clear());
+        assert_eq!(t.due(Duration::from_secs(60)), Some(0));
+    }
+}

@@ -405,3 +405,33 @@ fn audit_tells_what_happened_in_words() {
     let (json, _) = audit(&["--json", "--since", "1h"]);
     assert_eq!(json, newest.join("\n") + "\n");
 }
+
+/// An audit log that cannot be opened (a link, here to `/dev/zero`) is reported, the rotated
+/// files are still listed, and the exit status says the listing is not whole.
+#[test]
+fn audit_exits_non_zero_when_it_cannot_open_the_audit_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let started = serde_json::json!({"event": "started", "time": "2026-11-30T12:00:00Z",
+        "mode": "enforce", "rules": [], "grace_until": "2026-11-30T12:05:00Z"});
+    std::fs::write(state.join("audit.jsonl.1"), format!("{started}\n")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", state.join("audit.jsonl")).unwrap();
+    let config = dir.path().join("gpuwatch.toml");
+    std::fs::write(
+        &config,
+        format!("[actions]\nstate_dir = \"{}\"\n", state.display()),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .arg("audit")
+        .arg("--config")
+        .arg(&config)
+        .env("TZ", "UTC")
+        .output()
+        .unwrap();
+    let errors = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(66), "{errors}");
+    assert!(errors.contains("audit.jsonl"), "{errors}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
+}

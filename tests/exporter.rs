@@ -970,3 +970,37 @@ fields = ["clock_events"]
         .value(3_000_000.0)
         .assert_in(&s);
 }
+
+/// The start-up log says what the cost watch does: a price alone keeps it on (it accounts spend
+/// and idle dollars), and with no price only the budgets of this node's own spend wait for one,
+/// not those read from the fleet.
+#[test]
+fn the_start_up_log_says_what_the_cost_watch_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let priced = format!(
+        "[actions]\nstate_dir = \"{}\"\n[cost]\nhourly_price_usd = 2.0\n",
+        state.display()
+    );
+    let d = Daemon::start_in(dir, "[[gpu]]\n", &priced);
+    let log = d.await_log(Duration::from_secs(60), "accounts spend and idle dollars");
+    assert!(!log.contains("the cost watch is off"), "{log}");
+    drop(d);
+
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let fleet = format!(
+        "[actions]\nstate_dir = \"{}\"\n\
+         [[budgets]]\nname = \"team-ml\"\nsource = \"prometheus\"\nurl = \"http://127.0.0.1:9/\"\n\
+         query = 'team:gpuwatch_spend_dollars:sum{{team=\"ml\"}}'\nlimit_usd = 100\n\
+         [[rules]]\nname = \"gated\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\nthreshold = 0.05\n\
+         period = \"1m\"\nevaluation_periods = 1\naction = \"alert\"\nbudget = {{ name = \"team-ml\", spent_at_least = 0.8 }}\n",
+        state.display()
+    );
+    let d = Daemon::start_in(dir, "[[gpu]]\n", &fleet);
+    let log = d.await_log(
+        Duration::from_secs(60),
+        "budgets read from the fleet still count",
+    );
+    assert!(!log.contains("stay inactive"), "{log}");
+}

@@ -425,6 +425,36 @@ fn a_budget_alert_without_its_audit_record_is_withheld() {
     );
 }
 
+/// An audit log that cannot be written fails on every sample while a rule keeps trying to
+/// warn: it is said once (then once a minute, with a count), and every failure is counted.
+#[test]
+fn an_unwritable_audit_log_is_said_once_not_on_every_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::create_dir(state.join("audit.jsonl")).unwrap();
+    let config = format!(
+        "[sampling]\ninterval = \"200ms\"\n\
+         [actions]\nboot_grace = \"0s\"\nwarning = \"10s\"\nwall = false\nstate_dir = \"{state}\"\n\
+         [[rules]]\nname = \"idle\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\nthreshold = 0.05\n\
+         period = \"1s\"\nevaluation_periods = 1\naction = \"alert\"\n",
+        state = state.display(),
+    );
+    let d = Daemon::start_in(dir, IDLE2, &config);
+    d.await_scrape(LIMIT, |s| {
+        counter(s, "gpuwatch_state_errors_total", ("op", "audit")) >= 10.0
+    });
+    let log = d.log();
+    assert_eq!(
+        log.matches("cannot write the audit log").count(),
+        1,
+        "{log}"
+    );
+    // Once it can be written, that is said too.
+    std::fs::remove_dir(state.join("audit.jsonl")).unwrap();
+    d.await_log(LIMIT, "the audit log is written again");
+}
+
 #[test]
 fn a_webhook_url_never_reaches_the_log() {
     // A closed port (bound, never listening, so that nothing else takes it): every post is

@@ -252,6 +252,7 @@ fn serve(mut conn: TcpStream, stop: &AtomicBool, asked: &Mutex<Vec<Asked>>) {
         ),
         "nan" => answer(&mut conn, OK, JSON, &vector(&[("ml", "NaN")], now())),
         "negative" => answer(&mut conn, OK, JSON, &vector(&[("ml", "-5")], now())),
+        "vast" => answer(&mut conn, OK, JSON, &vector(&[("ml", "1e308")], now())),
         "error" => answer(
             &mut conn,
             "503 Service Unavailable",
@@ -382,6 +383,12 @@ const BAD: &[(&str, &str, &str)] = &[
     ("stale", "stale", "more than two poll intervals behind"),
     ("huge", "too_large", "answered more than 256 KiB"),
     ("huge-stream", "too_large", "answered more than 256 KiB"),
+    // Finite, but no spend: a wrong query, said as an amount a person can read.
+    (
+        "vast",
+        "implausible",
+        "gave $1.000e308, more than 10 times the limit",
+    ),
 ];
 
 #[test]

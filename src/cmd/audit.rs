@@ -59,6 +59,9 @@ pub fn run(config: &Config, filter: &Filter, json: bool) -> ExitCode {
         return exit::NOINPUT.into();
     }
     let mut out = std::io::stdout().lock();
+    // A file that cannot be opened is reported, the others still listed, and the exit status
+    // says the listing is not whole.
+    let mut refused = false;
     for file in files {
         // Not through a link, and never a FIFO or a device: what is planted in the state
         // directory is reported, not followed or waited on.
@@ -66,6 +69,7 @@ pub fn run(config: &Config, filter: &Filter, json: bool) -> ExitCode {
             Ok(f) => std::io::BufReader::new(f),
             Err(e) => {
                 eprintln!("audit: {}: {e}", file.display());
+                refused = true;
                 continue;
             }
         };
@@ -74,7 +78,11 @@ pub fn run(config: &Config, filter: &Filter, json: bool) -> ExitCode {
             return ExitCode::SUCCESS;
         }
     }
-    ExitCode::SUCCESS
+    if refused {
+        exit::NOINPUT.into()
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 /// Lists one file's records, a line at a time, so that a log of any size is read in little

@@ -23,6 +23,9 @@ impl Default for RawHealth {
     }
 }
 
+/// The least share of an interval `throttle_share` may be.
+const MIN_THROTTLE_SHARE: f64 = 0.01;
+
 impl RawHealth {
     pub(super) fn validate(
         &self,
@@ -34,8 +37,9 @@ impl RawHealth {
             &self.xid_hold,
             Duration::from_secs(60)..=WEEK,
         );
+        // Below 1% of an interval (10 ms of a second) no clock reason is ever that short.
         let share = if self.throttle_share.is_finite()
-            && self.throttle_share > 0.0
+            && self.throttle_share >= MIN_THROTTLE_SHARE
             && self.throttle_share <= 1.0
         {
             Some(self.throttle_share)
@@ -43,7 +47,7 @@ impl RawHealth {
             invalid(
                 "health.throttle_share",
                 format!(
-                    "\"{}\" is not a share of the interval above 0 and at most 1",
+                    "\"{:?}\" is not a share of the interval from 0.01 to 1",
                     self.throttle_share
                 ),
             );

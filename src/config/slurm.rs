@@ -46,7 +46,20 @@ impl RawSlurm {
         let job_mapping_dir = if dir.is_empty() {
             None
         } else if dir.starts_with('/') && !dir.chars().any(char::is_control) {
-            Some(PathBuf::from(dir))
+            // A prolog may make it later; what is there already must be a directory.
+            match std::fs::symlink_metadata(dir) {
+                Ok(m) if !m.is_dir() => {
+                    invalid(
+                        "slurm.job_mapping_dir",
+                        format!(
+                            "\"{dir}\" is not a directory (a prolog writes one file per GPU in it)"
+                        ),
+                    );
+                    ok = false;
+                    None
+                }
+                _ => Some(PathBuf::from(dir)),
+            }
         } else {
             invalid(
                 "slurm.job_mapping_dir",

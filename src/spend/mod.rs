@@ -102,13 +102,25 @@ impl Tracker {
         let price = self.price(persisted);
         if price.is_none() && !self.no_price_logged {
             self.no_price_logged = true;
-            let text = "no price is known for this instance; spend is unknown and budget rules stay \
-                        inactive (set [cost] hourly_price_usd, or run on EC2 with provider = \"aws\")";
-            // Only worth a warning when a budget depends on it.
-            if self.config.budgets.is_empty() {
-                tracing::info!("{text}");
-            } else {
-                tracing::warn!("{text}");
+            // A budget of the fleet's (Prometheus, AWS Budgets) is read, not accrued here: its
+            // rules do not need this node's price.
+            let local = self
+                .config
+                .budgets
+                .iter()
+                .filter(|b| matches!(b.source, crate::config::BudgetSource::Local))
+                .count();
+            let text = "no price is known for this instance, so its own spend is unknown";
+            let fix = "set [cost] hourly_price_usd, or run on EC2 with provider = \"aws\"";
+            match (local, self.config.budgets.len()) {
+                (0, 0) => tracing::info!("{text} ({fix})"),
+                (0, _) => tracing::info!(
+                    "{text}; budgets read from the fleet still count ({fix} to see this node's)"
+                ),
+                _ => tracing::warn!(
+                    local_budgets = local,
+                    "{text}, and budgets of this node's spend stay inactive ({fix})"
+                ),
             }
         } else if price.is_some() && self.no_price_logged {
             self.no_price_logged = false;

@@ -134,11 +134,8 @@ impl QueryReadings {
             return Err(settling());
         }
         let limit = b.limit_usd.unwrap_or(0.0);
-        if a.spent > IMPLAUSIBLE * limit {
-            return Err(format!(
-                "{} gave ${:.2}, more than {IMPLAUSIBLE:.0} times the limit: taken for a wrong query, not a spend",
-                q.url, a.spent
-            ));
+        if let Err(u) = plausible(&q.url, a.spent, limit) {
+            return Err(u.detail);
         }
         Ok(Reading {
             spent: a.spent,
@@ -148,6 +145,29 @@ impl QueryReadings {
             period_start: start,
         })
     }
+}
+
+/// An amount in a message: cents, or (for one too large to read as digits) its order.
+fn dollars(v: f64) -> String {
+    if v.abs() < 1e12 {
+        format!("${v:.2}")
+    } else {
+        format!("${v:.3e}")
+    }
+}
+
+/// A spend more than `IMPLAUSIBLE` times the limit is taken for a wrong query: unknown.
+fn plausible(url: &str, spent: f64, limit: f64) -> Result<(), Unknown> {
+    if spent > IMPLAUSIBLE * limit {
+        return Err(Unknown::new(
+            "implausible",
+            format!(
+                "{url} gave {}, more than {IMPLAUSIBLE:.0} times the limit: taken for a wrong query, not a spend",
+                dollars(spent)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// `gpuwatch_budget_query_failures_total{budget,reason}`.
@@ -164,7 +184,7 @@ impl Collector for QueryCollector {
             &mut enc,
             desc(
                 "gpuwatch_budget_query_failures",
-                "Queries of a prometheus budget's spend that gave no usable answer, by reason (unreachable, timeout, http_status, too_large, malformed, empty, several_series, not_finite, negative, stale, settling, secret, setup)",
+                "Queries of a prometheus budget's spend that gave no usable answer, by reason (unreachable, timeout, http_status, too_large, malformed, empty, several_series, not_finite, negative, implausible, stale, settling, secret, setup)",
                 None,
             ),
             m.iter().flat_map(|(budget, k)| {
@@ -204,7 +224,11 @@ pub async fn poll(budget: BudgetConfig, readings: Arc<QueryReadings>) {
     let mut delay = every;
     let mut forecast_failing: Option<&'static str> = None;
     loop {
-        let result = ask(&client, q, every, crate::time::now()).await;
+        let limit = budget.limit_usd.unwrap_or(0.0);
+        // An implausible answer is a failure like any other: counted, and no spend known.
+        let result = ask(&client, q, every, crate::time::now())
+            .await
+            .and_then(|a| plausible(&q.url, a.spent, limit).map(|()| a));
         match &result {
             Ok(a) => {
                 if failing.take().is_some() {

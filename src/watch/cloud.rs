@@ -205,28 +205,14 @@ fn tag_label_values(wanted: &[TagLabel], tags: &[(String, String)]) -> Vec<NodeL
 /// Failed instance metadata reads: each is counted, and logged at WARN once a minute at most
 /// (spot notices and tag holds go unseen while they fail).
 #[derive(Default)]
-struct Failures {
-    last_warned: Option<std::time::Instant>,
-    suppressed: u64,
-}
+struct Failures(crate::time::Throttle);
 
 impl Failures {
     fn report(&mut self, what: &str, e: &crate::cloud::imds::ImdsError, metrics: &SharedWatchView) {
         metrics.update(|v| v.imds_errors += 1);
-        if self
-            .last_warned
-            .is_some_and(|t| t.elapsed() < Duration::from_secs(60))
-        {
-            self.suppressed += 1;
-            return;
+        if let Some(suppressed) = self.0.due(Duration::from_secs(60)) {
+            tracing::warn!(error = %e, suppressed, "cannot read the {what} from instance metadata");
         }
-        tracing::warn!(
-            error = %e,
-            suppressed = self.suppressed,
-            "cannot read the {what} from instance metadata"
-        );
-        self.last_warned = Some(std::time::Instant::now());
-        self.suppressed = 0;
     }
 }
 

@@ -96,10 +96,12 @@ pub async fn spawn(
         && config.budgets.is_empty()
         && config.cloud.provider == Provider::None
     {
-        tracing::info!("no rules, no budgets and no cloud: the cost watch is off");
+        // A price alone keeps the watch on, to account spend and idle dollars.
         if config.cost.hourly_price_usd.is_none() {
+            tracing::info!("no rules, no budgets, no price and no cloud: the cost watch is off");
             return Ok(started);
         }
+        tracing::info!("no rules, no budgets and no cloud: the cost watch accounts spend and idle dollars at [cost] hourly_price_usd, and acts on nothing");
     }
     let state_dir = StateDir::new(&config.actions.state_dir);
     match state_dir.create() {
