@@ -127,7 +127,7 @@ mod tests {
         let out = table(&snap);
         assert!(!out.chars().any(|c| c.is_control() && c != '\n'), "{out:?}");
         assert!(
-            out.contains("NVIDIA H100\u{fffd}[2J\u{fffd}]0;owned\u{fffd}"),
+            out.contains("NVIDIA H100\u{fffd}[2J\u{fffd}]0;owned 0000"),
             "{out:?}"
         );
         // Cut after being made plain: 24 characters, none of them a raw escape.

@@ -102,6 +102,10 @@ pub struct BudgetConfig {
     pub notify: bool,
 }
 
+/// The largest limit a budget may have: a thousand billion dollars. Amounts past it are typos,
+/// and their ratios stop meaning anything.
+const MAX_LIMIT_USD: f64 = 1e12;
+
 pub(super) fn default_thresholds() -> Vec<f64> {
     vec![0.5, 0.8, 1.0]
 }
@@ -172,10 +176,27 @@ impl RawBudget {
         if self.source != "prometheus" {
             query::refuse_elsewhere(self, &mut invalid);
         }
+        // AWS Budgets' keys on a budget of another source would be silently unused.
+        if self.source != "aws_budgets" {
+            for (k, set) in [
+                ("account_id", self.account_id.is_some()),
+                ("aws_budget_name", self.aws_budget_name.is_some()),
+            ] {
+                if set {
+                    invalid(
+                        k,
+                        format!(
+                            "belongs to source = \"aws_budgets\", and this budget's source is \"{}\"",
+                            self.source
+                        ),
+                    );
+                }
+            }
+        }
         match self.limit_usd {
-            Some(l) if !(l > 0.0 && l.is_finite()) => invalid(
+            Some(l) if !(l > 0.0 && l <= MAX_LIMIT_USD) => invalid(
                 "limit_usd",
-                format!("\"{l}\" is not a positive amount in USD"),
+                format!("\"{l:?}\" is not an amount in USD above 0 and at most {MAX_LIMIT_USD:e}"),
             ),
             None if self.source == "local" => {
                 invalid("limit_usd", "a local budget needs a limit_usd".into())

@@ -104,7 +104,19 @@ pub(super) fn url(
         );
         return None;
     }
-    Some(Some(value.to_string()))
+    // What an HTTP client would refuse at the first request (no host, a port over 65535, an
+    // unclosed IPv6 bracket) is refused here, with the reason.
+    match reqwest::Url::parse(value) {
+        Ok(u) if u.host_str().is_some_and(|h| !h.is_empty()) => Some(Some(value.to_string())),
+        Ok(_) => {
+            invalid(key, format!("\"{value}\" names no host"));
+            None
+        }
+        Err(e) => {
+            invalid(key, format!("\"{value}\" is not a URL: {e}"));
+            None
+        }
+    }
 }
 
 /// The longest rule or budget name: names are label values and log fields.

@@ -49,7 +49,7 @@ const MAX_QUERY: usize = 4096;
 /// At most this many extra headers.
 const MAX_HEADERS: usize = 16;
 /// Headers gpuwatch sets itself, or that would change what the request means.
-const RESERVED_HEADERS: [&str; 12] = [
+const RESERVED_HEADERS: [&str; 16] = [
     "authorization",
     "proxy-authorization",
     "cookie",
@@ -62,6 +62,11 @@ const RESERVED_HEADERS: [&str; 12] = [
     "upgrade",
     "expect",
     "accept-encoding",
+    // A part of the answer, or one that depends on a cache: not the whole, fresh answer.
+    "range",
+    "if-range",
+    "if-modified-since",
+    "if-none-match",
 ];
 
 /// Checks the keys of a Prometheus budget.
@@ -97,6 +102,15 @@ pub(super) fn validate(
                 format!(
                     "\"{}\" has credentials in it; give username and password_file instead, so that they are never logged",
                     redact(u)
+                ),
+            );
+            ok = false;
+        } else if let Some(at) = rest.find("/api/v1") {
+            invalid(
+                "url",
+                format!(
+                    "\"{u}\" already names the API path (\"{}\"); give the base URL, such as https://prometheus.internal:9090 (gpuwatch adds /api/v1/query)",
+                    &rest[at..]
                 ),
             );
             ok = false;
@@ -148,10 +162,20 @@ pub(super) fn validate(
         )
         .map(Some),
     };
+    // Unset, a query may take 10 s, or the poll interval where that is shorter: a timeout
+    // the user never set must not make their poll_interval wrong.
+    let default_timeout = raw
+        .poll_interval
+        .as_deref()
+        .and_then(|p| humantime::parse_duration(p).ok())
+        .filter(|p| *p >= Duration::from_millis(100))
+        .map_or(Duration::from_secs(10), |p| p.min(Duration::from_secs(10)));
     let timeout = duration(
         invalid,
         "timeout",
-        raw.timeout.as_deref().unwrap_or("10s"),
+        &raw.timeout
+            .clone()
+            .unwrap_or_else(|| humantime::format_duration(default_timeout).to_string()),
         Duration::from_millis(100)..=Duration::from_secs(300),
     );
     let file = |invalid: &mut dyn FnMut(&str, String), key: &str, v: &Option<String>| match v {
@@ -303,6 +327,13 @@ pub fn read_secret(path: &std::path::Path) -> Result<String, String> {
             path.display()
         ));
     }
+    // It goes into a header, where no control character may be.
+    if secret.chars().any(char::is_control) {
+        return Err(format!(
+            "{}: holds a control character; a secret is one line of printable text",
+            path.display()
+        ));
+    }
     Ok(secret.to_string())
 }
 
@@ -372,9 +403,18 @@ fn check_headers(
             );
             ok = false;
         } else if RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+            let lower = name.to_ascii_lowercase();
+            let why =
+                if ["authorization", "proxy-authorization", "cookie"].contains(&lower.as_str()) {
+                    "credentials go in username and password_file, or bearer_token_file"
+                } else if lower == "range" || lower.starts_with("if-") {
+                    "the answer must be whole and fresh"
+                } else {
+                    "gpuwatch sets it, or it would change what the request means"
+                };
             invalid(
                 &key,
-                format!("\"{name}\" is not a header the config may set (credentials go in username and password_file, or bearer_token_file)"),
+                format!("\"{name}\" is not a header the config may set ({why})"),
             );
             ok = false;
         } else if value.len() > 1024
@@ -499,6 +539,29 @@ mod tests {
             e.contains("budgets[0].ca_file: ") && e.contains("no PEM certificate"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_secret_with_a_control_character_is_refused_without_showing_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("token"), "s3cret\u{7}x\n").unwrap();
+        let e = load(dir.path(), "bearer_token_file = \"token\"\n").unwrap_err();
+        assert!(
+            e.contains("budgets[0].bearer_token_file: ") && e.contains("control character"),
+            "{e}"
+        );
+        assert!(!e.contains("s3cret"), "{e}");
+    }
+
+    /// A timeout the user never set follows a short poll interval down, so that setting
+    /// poll_interval alone never makes the config wrong.
+    #[test]
+    fn an_unset_timeout_is_at_most_the_poll_interval() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = load(dir.path(), "poll_interval = \"5s\"\n").unwrap();
+        assert_eq!(source(&c).timeout, Duration::from_secs(5));
+        let c = load(dir.path(), "poll_interval = \"5m\"\n").unwrap();
+        assert_eq!(source(&c).timeout, Duration::from_secs(10));
     }
 
     #[test]
