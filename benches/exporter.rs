@@ -12,8 +12,8 @@
 //! `provider = "aws"`, with instance metadata from a loopback IMDSv2 fake in this process and
 //! every AWS endpoint on a closed loopback port: no packet leaves the machine.
 //!
-//!     cargo bench --bench exporter                      # 60 s per row
-//!     GPUWATCH_BENCH_SECS=40 GPUWATCH_BENCH_GPUS=8 cargo bench --bench exporter
+//!     cargo bench --profile dist --bench exporter       # 60 s per row, the shipped build
+//!     GPUWATCH_BENCH_SECS=40 GPUWATCH_BENCH_GPUS=8 cargo bench --profile dist --bench exporter
 //!
 //! gpuwatch gives the heap that startup freed back once it is ready and again 30 s later: a window
 //! shorter than that measures before the second drop.
@@ -32,7 +32,7 @@
 //! second through the window, and two more lines give both processes' memory at its end, and
 //! the ratios:
 //!
-//!     GPUWATCH_BENCH_ALL_SMI=all-smi GPUWATCH_BENCH_SECS=40 GPUWATCH_BENCH_GPUS=8 cargo bench --bench exporter
+//!     GPUWATCH_BENCH_ALL_SMI=all-smi GPUWATCH_BENCH_SECS=40 GPUWATCH_BENCH_GPUS=8 cargo bench --profile dist --bench exporter
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -166,7 +166,11 @@ impl Executor {
         }
         let outcome = match action {
             Action::Alert => {
-                let text = format!("gpuwatch: rule \"{}\" breached: GPUs idle", rule.name);
+                let text = format!(
+                    "gpuwatch: rule \"{}\" breached: {}",
+                    rule.name,
+                    rule.cause()
+                );
                 tracing::warn!(rule = %rule.name, "{text}");
                 self.notify(&text, false);
                 Outcome::Done

@@ -9,6 +9,22 @@ use clap::{Parser, Subcommand};
 use crate::cmd::{self, config_failure};
 use crate::config::{Config, DEFAULT_PATH};
 
+/// `simulate --lifecycle`: the instance's lifecycle, as instance metadata spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LifecycleArg {
+    Spot,
+    OnDemand,
+}
+
+impl From<LifecycleArg> for crate::rules::Lifecycle {
+    fn from(l: LifecycleArg) -> Self {
+        match l {
+            LifecycleArg::Spot => crate::rules::Lifecycle::Spot,
+            LifecycleArg::OnDemand => crate::rules::Lifecycle::OnDemand,
+        }
+    }
+}
+
 #[derive(Parser)]
 #[command(name = "gpuwatch", version = VERSION, about = "NVIDIA GPU exporter for Prometheus, with idle and cost watch")]
 pub struct Cli {
@@ -65,8 +81,8 @@ pub enum Command {
         #[arg(long, value_name = "PATH")]
         rules: Option<PathBuf>,
         /// The instance's lifecycle, for rules with a lifecycle filter
-        #[arg(long, value_parser = ["spot", "on-demand"])]
-        lifecycle: Option<String>,
+        #[arg(long)]
+        lifecycle: Option<LifecycleArg>,
         /// One JSON object per event
         #[arg(long)]
         json: bool,
@@ -109,8 +125,8 @@ pub enum Command {
         #[arg(long, value_name = "NAME")]
         rule: Option<String>,
         /// Only actions, warnings, cancellations or budget records
-        #[arg(long, value_parser = ["action", "warning", "cancel", "budget"])]
-        kind: Option<String>,
+        #[arg(long)]
+        kind: Option<cmd::audit::Kind>,
         /// The records as they are, one JSON object per line
         #[arg(long)]
         json: bool,
@@ -203,11 +219,7 @@ pub fn run(cli: Cli) -> ExitCode {
             power_limit_watts,
         } => with_config(&config, rules.as_deref(), |c| {
             let options = crate::simulate::Options {
-                lifecycle: match lifecycle.as_deref() {
-                    Some("spot") => Some(crate::rules::Lifecycle::Spot),
-                    Some("on-demand") => Some(crate::rules::Lifecycle::OnDemand),
-                    _ => None,
-                },
+                lifecycle: lifecycle.map(crate::rules::Lifecycle::from),
                 spend: price.map(|usd_per_hour| crate::simulate::Spend {
                     usd_per_hour,
                     start_usd: spend,
@@ -244,11 +256,7 @@ pub fn run(cli: Cli) -> ExitCode {
                     return cmd::exit::USAGE.into();
                 }
             };
-            let filter = cmd::audit::Filter {
-                since,
-                rule,
-                kind: kind.as_deref().and_then(cmd::audit::Kind::parse),
-            };
+            let filter = cmd::audit::Filter { since, rule, kind };
             cmd::audit::run(&c, &filter, json)
         }),
         Command::Status {

@@ -81,6 +81,21 @@ pub fn read_capped(path: &Path, max: u64, links: Links) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Reads at most `max` bytes of a kernel file (`/proc`, `/sys`): such files report no size, and
+/// are not regular files to `fstat` in every case, so the cap alone bounds the read. `None` when
+/// it cannot be opened or read (a process that has gone).
+pub fn read_proc(path: &Path, max: u64) -> Option<Vec<u8>> {
+    let file = std::fs::File::open(path).ok()?;
+    let mut out = Vec::new();
+    file.take(max).read_to_end(&mut out).ok()?;
+    Some(out)
+}
+
+/// `read_proc`, as text (bytes that are not UTF-8 replaced).
+pub fn read_proc_text(path: &Path, max: u64) -> Option<String> {
+    read_proc(path, max).map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
 /// `read_capped`, as UTF-8 text (`InvalidData` when it is not).
 pub fn read_text(path: &Path, max: u64, links: Links) -> io::Result<String> {
     String::from_utf8(read_capped(path, max, links)?)

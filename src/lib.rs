@@ -5,6 +5,7 @@
 mod actions;
 mod app;
 pub mod cli;
+mod client;
 pub mod cloud;
 mod cloudwatch;
 mod cmd;
@@ -22,7 +23,7 @@ pub mod metrics;
 mod notify;
 pub mod process_memory;
 mod redact;
-mod report;
+mod snapshot_table;
 pub use gpuwatch_core::rules;
 pub mod simulate;
 pub mod slurm;

@@ -58,7 +58,7 @@ impl Notifier {
 }
 
 async fn deliver(mut rx: mpsc::Receiver<Message>, webhook_url: Option<String>, wall: bool) {
-    let http = crate::crypto::http_client()
+    let http = crate::client::http_client()
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap_or_default();

@@ -10,6 +10,10 @@
 //! thread that ends (`cmd::run`), so the stack that deep work touched goes with it; one async
 //! worker; AWS clients built on first use; large futures that run once boxed; debug and trace
 //! events compiled out of release builds.
+//!
+//! Both calls are thin and their effect is on resident memory, which a unit test cannot tell
+//! from noise: `benches/exporter.rs` measures it (anonymous and file-backed memory, in one
+//! run beside other exporters).
 
 /// Limits malloc to one arena. Call first thing in `main`, before any thread starts.
 pub fn at_start() {
@@ -28,19 +32,5 @@ pub fn trim() {
     // SAFETY: malloc_trim only returns free heap memory to the kernel. (No safe API does.)
     unsafe {
         libc::malloc_trim(0);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    /// The process goes on working after a trim, and its heap with it.
-    #[test]
-    fn trimming_keeps_the_heap_working() {
-        super::at_start();
-        let big: Vec<Vec<u8>> = (0..64).map(|i| vec![i as u8; 64 * 1024]).collect();
-        drop(big);
-        super::trim();
-        let again: Vec<u8> = vec![7; 1 << 20];
-        assert!(again.iter().all(|&b| b == 7));
     }
 }

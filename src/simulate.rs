@@ -20,7 +20,7 @@ use gpuwatch_core::step::{crossing_text, step, Inputs, State};
 use crate::cloud::plan::{plan, Plan, Step};
 use crate::config::Config;
 use crate::rules::engine::Event;
-use crate::rules::{GpuReading, Lifecycle, Metric, Observation};
+use crate::rules::{GpuReading, Lifecycle, Metric, Observation, Rule};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
@@ -283,7 +283,7 @@ pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Repo
                 // The node is gone: no instance action can happen to it again.
                 continue;
             }
-            out.push(report(*t, event));
+            out.push(report(*t, event, rule));
             let Event::Action { rule, action, .. } = event else {
                 continue;
             };
@@ -385,7 +385,7 @@ fn typical_step(times: &[f64]) -> f64 {
     steps[steps.len() / 2]
 }
 
-fn report(t: f64, e: &Event) -> Report {
+fn report(t: f64, e: &Event, rule: Option<&Rule>) -> Report {
     let (action, detail, evidence) = match e {
         Event::Breach { evidence, .. } => (
             None,
@@ -406,8 +406,9 @@ fn report(t: f64, e: &Event) -> Report {
         } => (
             Some(*action),
             format!(
-                "{action} at {} unless the GPUs come back",
-                crate::time::rfc3339(*due_at)
+                "{action} at {} unless {}",
+                crate::time::rfc3339(*due_at),
+                rule.map_or_else(|| "the GPUs are used again".to_string(), Rule::calls_off)
             ),
             serde_json::to_value(evidence).ok(),
         ),

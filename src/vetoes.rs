@@ -68,6 +68,11 @@ fn check_in(cfg: &VetoesConfig, proc: &Path) -> Option<String> {
     None
 }
 
+/// A process name is at most 16 bytes (`TASK_COMM_LEN`); a little more is read.
+const MAX_COMM_BYTES: u64 = 64;
+/// sshd's session title (`sshd: user@pts/0`) is all of its command line that is read.
+const MAX_CMDLINE_BYTES: u64 = 4096;
+
 fn process_veto(cfg: &VetoesConfig, dir: &Path) -> Option<String> {
     if let Some(uid) = cfg.process_uid {
         if std::fs::metadata(dir).ok()?.uid() != uid {
@@ -75,7 +80,7 @@ fn process_veto(cfg: &VetoesConfig, dir: &Path) -> Option<String> {
         }
     }
     let exe = executable(dir);
-    let comm = std::fs::read_to_string(dir.join("comm")).ok();
+    let comm = crate::files::read_proc_text(&dir.join("comm"), MAX_COMM_BYTES);
     matching(&cfg.processes, &exe, comm.as_deref().map(str::trim))
 }
 
@@ -148,14 +153,14 @@ fn session_of(dir: &Path, exe: Exe) -> Option<String> {
     let sshd = match exe {
         Exe::Path(exe) => is_real_sshd(&exe),
         // Without ptrace rights, its name must do (a session process runs as its user).
-        Exe::Hidden => std::fs::read_to_string(dir.join("comm"))
-            .is_ok_and(|c| matches!(c.trim(), "sshd" | "sshd-session")),
+        Exe::Hidden => crate::files::read_proc_text(&dir.join("comm"), MAX_COMM_BYTES)
+            .is_some_and(|c| matches!(c.trim(), "sshd" | "sshd-session")),
         Exe::None => false,
     };
     if !sshd {
         return None;
     }
-    let cmdline = std::fs::read(dir.join("cmdline")).ok()?;
+    let cmdline = crate::files::read_proc(&dir.join("cmdline"), MAX_CMDLINE_BYTES)?;
     let cmd = String::from_utf8_lossy(&cmdline);
     let rest = cmd.strip_prefix("sshd: ")?;
     let (user, _) = rest.split_once('@')?;

@@ -382,7 +382,7 @@ fn audit_tells_what_happened_in_words() {
     assert_eq!(
         lines[5],
         format!(
-            "{}  budget team actual spend at 80% of $100.0 (threshold 80%)",
+            "{}  budget \"team\" actual spend is at 80% of $100.00 (threshold 80%)",
             clock(60.0)
         )
     );

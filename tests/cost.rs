@@ -400,6 +400,17 @@ fn an_exhausted_budget_stops_the_instance_even_when_busy() {
     let warning = events(&audit, "warning")[0];
     assert_eq!(warning["rule"], "budget team exhausted");
     assert!(secs(&events(&audit, "action_attempt")[0]["time"]) >= secs(&warning["due_at"]) - 0.5);
+    // Its warning says its own cause, on busy GPUs, and what calls it off.
+    assert_eq!(
+        warning["unless"],
+        "its spend falls under the limit or cannot be known"
+    );
+    let log = d.log();
+    assert!(
+        log.contains("gpuwatch: budget \"team\" is spent; this instance will stop at"),
+        "{log}"
+    );
+    assert!(!log.contains("GPUs idle"), "{log}");
 }
 
 #[test]

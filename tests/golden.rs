@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use gpuwatch::config::{HostnameLabel, Names};
 use gpuwatch::exposition::{BuildInfo, SnapshotCollector};
+use gpuwatch::gpu::counters::{SampleError, SamplerCounters};
 use gpuwatch::gpu::gpm::GpmReadings;
-use gpuwatch::gpu::sampler::{SampleError, SamplerCounters};
 use gpuwatch::gpu::{
     ClockEvents, GpuSample, MemoryRepair, MigSample, NvLinkCounters, NvmlStatus, PcieLink,
     ProcessSample, Snapshot, ThrottleReason,

@@ -407,7 +407,7 @@ fn a_budget_alert_without_its_audit_record_is_withheld() {
         "an alert was sent without its record:\n{}",
         s.text
     );
-    d.await_log(LIMIT, "budget alert withheld");
+    d.await_log(LIMIT, "cannot write the audit log");
     assert!(!d.log().contains("spend is at"), "{}", d.log());
 
     std::fs::remove_dir(state.join("audit.jsonl")).unwrap();

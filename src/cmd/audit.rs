@@ -18,8 +18,8 @@ pub struct Filter {
     pub kind: Option<Kind>,
 }
 
-/// The kinds `--kind` selects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The kinds `--kind` selects (clap names them: `action`, `warning`, `cancel`, `budget`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Kind {
     Action,
     Warning,
@@ -28,16 +28,6 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub fn parse(text: &str) -> Option<Kind> {
-        match text {
-            "action" => Some(Kind::Action),
-            "warning" => Some(Kind::Warning),
-            "cancel" => Some(Kind::Cancel),
-            "budget" => Some(Kind::Budget),
-            _ => None,
-        }
-    }
-
     fn matches(self, event: &str) -> bool {
         match self {
             Kind::Action => matches!(

@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::config::Config;
+use crate::gpu::counters::SamplerCounters;
 use crate::gpu::nvml::NvmlSource;
-use crate::gpu::sampler::SamplerCounters;
 use crate::gpu::GpuSource;
 
 pub fn run(path: &Path) -> ExitCode {

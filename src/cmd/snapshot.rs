@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use super::exit;
 use crate::config::Config;
+use crate::gpu::counters::SamplerCounters;
 use crate::gpu::nvml::NvmlSource;
-use crate::gpu::sampler::SamplerCounters;
 use crate::gpu::GpuSource;
 
 pub fn run(config: &Config, json: bool) -> ExitCode {
@@ -48,7 +48,7 @@ pub fn run(config: &Config, json: bool) -> ExitCode {
             }
         }
     } else {
-        print!("{}", crate::report::table(&snap));
+        print!("{}", crate::snapshot_table::table(&snap));
     }
     ExitCode::SUCCESS
 }

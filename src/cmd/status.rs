@@ -78,7 +78,7 @@ fn ask_daemon(
 ) -> Result<Status, String> {
     let base = base_url(config, url);
     let web = config.server.web.as_ref();
-    let mut client = crate::crypto::http_client()
+    let mut client = crate::client::http_client()
         .timeout(Duration::from_secs(10))
         .connect_timeout(Duration::from_secs(3))
         .no_proxy()
@@ -159,7 +159,7 @@ const ANSWER_TIME: Duration = Duration::from_secs(15);
 
 /// Reads an answer's body, at most `MAX_ANSWER_BYTES` of it, as text.
 async fn read_body(response: reqwest::Response, url: &str) -> Result<String, String> {
-    let body = crate::crypto::read_capped(response, MAX_ANSWER_BYTES)
+    let body = crate::client::read_body(response, MAX_ANSWER_BYTES)
         .await
         .map_err(|e| format!("{url}: {}", crate::notify::error_chain(&e)))?
         .ok_or_else(|| {
@@ -211,21 +211,22 @@ fn read_state(config: &Config, dir: &StateDir) -> Result<Status, String> {
         .engine
         .rules
         .iter()
-        .map(|(name, rs)| RuleStatus {
-            name: name.clone(),
-            summary: config
-                .rules
-                .iter()
-                .find(|r| r.owns_state(name))
-                .map_or_else(|| "not in this config".to_string(), |r| r.describe()),
-            breaching: rs.breaching,
-            counted: None,
-            pending: rs.pending.as_ref().map(|p| PendingAction {
-                action: p.action.to_string(),
-                warned_at: p.warned_at,
-                due_at: p.due_at,
-                hold_command: hold.clone(),
-            }),
+        .map(|(name, rs)| {
+            let rule = config.rules.iter().find(|r| r.owns_state(name));
+            RuleStatus {
+                name: name.clone(),
+                summary: rule.map_or_else(|| "not in this config".to_string(), |r| r.describe()),
+                breaching: rs.breaching,
+                counted: None,
+                pending: rs.pending.as_ref().map(|p| PendingAction {
+                    action: p.action.to_string(),
+                    warned_at: p.warned_at,
+                    due_at: p.due_at,
+                    hold_command: hold.clone(),
+                    unless: rule
+                        .map_or_else(|| "the GPUs are used again".to_string(), |r| r.calls_off()),
+                }),
+            }
         })
         .collect();
     let now = crate::time::now();

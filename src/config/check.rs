@@ -148,7 +148,7 @@ pub const MAX_FILE_BYTES: u64 = 4 << 20;
 
 /// Reads a config or rules file: a regular file (a link to one is fine), of at most
 /// `MAX_FILE_BYTES`, as UTF-8.
-pub fn read_capped(path: &Path) -> Result<String, ConfigError> {
+pub fn read_config_file(path: &Path) -> Result<String, ConfigError> {
     crate::files::read_text(path, MAX_FILE_BYTES, crate::files::Links::Follow).map_err(|source| {
         ConfigError::Read {
             path: path.to_path_buf(),

@@ -27,7 +27,7 @@ pub use budgets::{
     read_ca, read_secret, BudgetConfig, BudgetSource, PrometheusSource, QueryAuth, RawBudget,
 };
 use check::*;
-pub use check::{file_path, read_capped, MAX_FILE_BYTES, MAX_SECRET_BYTES};
+pub use check::{file_path, read_config_file, MAX_FILE_BYTES, MAX_SECRET_BYTES};
 pub use cloud::{CloudConfig, CloudWatchConfig, CostConfig, Provider};
 pub use error::{ConfigError, ConfigErrors};
 pub use health::RawHealth;
@@ -93,7 +93,7 @@ impl Default for Config {
 
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
-        let text = read_capped(path)?;
+        let text = read_config_file(path)?;
         Config::parse(&text, path)
     }
 
@@ -167,7 +167,7 @@ impl Config {
     /// are not read, so that a broken certificate or secret never keeps an operator from
     /// holding the node's actions.
     pub fn load_for_state(path: &Path) -> Result<Config, ConfigErrors> {
-        let text = read_capped(path)?;
+        let text = read_config_file(path)?;
         let mut raw = RawConfig::parse(&text, path)?;
         raw.rules_file.clear();
         raw.server.web_config_file.clear();

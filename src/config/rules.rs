@@ -56,7 +56,7 @@ pub(super) struct RawRulesFile {
 
 /// Loads rules from a file: the JSON form when it ends in `.json`, else `[[rules]]` tables.
 pub(super) fn load_rules_file(path: &Path) -> Result<Vec<RawRule>, ConfigErrors> {
-    let text = read_capped(path)?;
+    let text = read_config_file(path)?;
     let source = path.display().to_string();
     if path.extension().is_some_and(|e| e == "json") {
         Ok(json::parse(&text, &source)?)

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{read_capped, ConfigError, ConfigErrors};
+use super::{read_config_file, ConfigError, ConfigErrors};
 
 /// A validated web configuration.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -134,7 +134,7 @@ impl WebConfig {
     /// Certificates and keys are not read here: the HTTP layer loads them once, when it builds
     /// the TLS configuration (`check-config` does the same, so a bad one is reported there too).
     pub fn load(path: &Path, key: &str) -> Result<WebConfig, ConfigErrors> {
-        let text = read_capped(path)?;
+        let text = read_config_file(path)?;
         WebConfig::parse(&text, path, key)
     }
 

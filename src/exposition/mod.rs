@@ -19,7 +19,7 @@ mod value;
 use crate::config::{HostnameLabel, Names};
 use crate::gpu::sampler::Snapshots;
 use crate::gpu::{GpuSample, MigSample, Snapshot};
-use crate::kubernetes::metrics::SharedKubernetesView;
+use crate::kubernetes::view::SharedKubernetesView;
 use crate::kubernetes::PodRef;
 use crate::metrics::encode::*;
 use crate::metrics::Text;
@@ -82,8 +82,7 @@ pub fn hostname(config: &crate::config::Config) -> String {
         .clone()
         .or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()))
         .or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
+            crate::files::read_proc_text(std::path::Path::new("/proc/sys/kernel/hostname"), 256)
                 .map(|h| h.trim().to_string())
         })
         .unwrap_or_default()

@@ -3,6 +3,7 @@
 //! `Snapshot` is immutable once published. A reading that failed, is not supported, or is out of
 //! range is `None`: unknown is never 0.
 
+pub mod counters;
 pub mod gpm;
 pub mod health;
 pub mod nvml;

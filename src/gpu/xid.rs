@@ -8,7 +8,7 @@ use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 
-use super::sampler::{SampleError, SamplerCounters};
+use super::counters::{SampleError, SamplerCounters};
 
 /// XID counts per GPU index, then per XID code, and each GPU's last XID. Locked only to add one
 /// event or copy one GPU's counts.

@@ -300,12 +300,21 @@ const GATHER_LIMIT: Duration = Duration::from_secs(10);
 /// cannot be within `GATHER_LIMIT`.
 async fn gather(state: &ServerState) -> Option<crate::status::Status> {
     let sources = state.status.clone();
-    tokio::time::timeout(GATHER_LIMIT, async move {
-        // The turn goes with the thread, and comes back when the gather ends.
+    on_a_turn(GATHER_LIMIT, move || sources.gather()).await
+}
+
+/// Runs `work` on a blocking thread once one of `GATHERS`' turns is free, within `limit` in
+/// all (the wait for a turn included); `None` after it. The turn goes with the thread, and
+/// comes back only when `work` ends, however long after `limit` that is.
+async fn on_a_turn<T: Send + 'static>(
+    limit: Duration,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    tokio::time::timeout(limit, async move {
         let turn = GATHERS.acquire().await.ok()?;
         tokio::task::spawn_blocking(move || {
             let _turn = turn;
-            sources.gather()
+            work()
         })
         .await
         .ok()
@@ -367,14 +376,35 @@ async fn style() -> Response {
 mod tests {
     use super::*;
 
-    #[test]
-    fn gathers_are_capped_and_a_turn_comes_back_when_its_gather_ends() {
-        let turns: Vec<_> = std::iter::from_fn(|| GATHERS.try_acquire().ok())
-            .take(100)
-            .collect();
-        assert_eq!(turns.len(), MAX_GATHERS);
-        assert!(GATHERS.try_acquire().is_err());
-        drop(turns);
-        assert!(GATHERS.try_acquire().is_ok());
+    /// Gathers hung on a disk keep their turns past the limit; the next gather is refused at
+    /// its limit, not queued for ever; once the hung ones end, their turns come back.
+    #[tokio::test]
+    async fn hung_gathers_keep_their_turns_and_the_next_is_refused_in_time() {
+        let (release, hung) = std::sync::mpsc::channel::<()>();
+        let hung = std::sync::Arc::new(std::sync::Mutex::new(hung));
+        let mut running = tokio::task::JoinSet::new();
+        for _ in 0..MAX_GATHERS {
+            let hung = std::sync::Arc::clone(&hung);
+            running.spawn(on_a_turn(Duration::from_secs(60), move || {
+                let _ = hung.lock().unwrap().recv();
+                "hung"
+            }));
+        }
+        // Every turn is taken by a hung gather.
+        while GATHERS.available_permits() > 0 {
+            tokio::task::yield_now().await;
+        }
+        let started = std::time::Instant::now();
+        let limit = Duration::from_millis(300);
+        assert_eq!(on_a_turn(limit, || "late").await, None);
+        assert!(started.elapsed() >= limit, "{:?}", started.elapsed());
+        for _ in 0..MAX_GATHERS {
+            release.send(()).unwrap();
+        }
+        while let Some(done) = running.join_next().await {
+            assert_eq!(done.unwrap(), Some("hung"));
+        }
+        assert_eq!(on_a_turn(limit, || "next").await, Some("next"));
+        assert_eq!(GATHERS.available_permits(), MAX_GATHERS);
     }
 }

@@ -5,13 +5,14 @@
 
 pub mod metrics;
 mod proto;
+pub mod view;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use self::metrics::{KubernetesView, SharedKubernetesView};
 use self::proto::{ListPodResourcesRequest, ListPodResourcesResponse};
+use self::view::{KubernetesView, SharedKubernetesView};
 
 /// The container a GPU is assigned to.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

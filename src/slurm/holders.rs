@@ -184,18 +184,33 @@ pub fn join(
     let mut user_of: BTreeMap<DeviceKey, BTreeSet<String>> = BTreeMap::new();
     // Who each job's user may be, by the evidence for it (see `JobUsers`).
     let mut job_users: BTreeMap<String, JobUsers> = BTreeMap::new();
-    // What the prolog says each device holds.
+    // What the prolog says each device holds. A whole GPU in MIG mode is all of its MIG
+    // devices: the job holds each of them, and a claim on any of them is confirmed.
     if settings.slurm {
         for (device, jobs) in &mapping.jobs {
             let key = match device {
                 Device::Index(i) => Some((*i, None)),
                 Device::Mig(i, gi) => Some((*i, Some(*gi))),
-                Device::Uuid(u) => devices.iter().find(|d| d.1 == u).map(|d| d.0),
+                Device::Uuid(u) => devices
+                    .iter()
+                    .find(|d| d.1.eq_ignore_ascii_case(u))
+                    .map(|d| d.0),
             };
             let Some(key) = key.filter(|k| devices.iter().any(|d| d.0 == *k)) else {
                 continue;
             };
-            job_of.entry(key).or_default().extend(jobs.iter().cloned());
+            let mut keys = vec![key];
+            if key.1.is_none() {
+                keys.extend(
+                    devices
+                        .iter()
+                        .map(|d| d.0)
+                        .filter(|k| k.0 == key.0 && k.1.is_some()),
+                );
+            }
+            for k in keys {
+                job_of.entry(k).or_default().extend(jobs.iter().cloned());
+            }
         }
     }
     let mapped = job_of.clone();
@@ -552,6 +567,52 @@ mod tests {
             },
         );
         assert_eq!(h.jobs["9"].user.as_deref(), Some("4000002001"));
+    }
+
+    /// The prolog names a whole GPU that is in MIG mode: the job holds each of its MIG
+    /// devices, and a claim on one of them is confirmed, so a busy MIG device is never left
+    /// out of its job.
+    #[test]
+    fn a_whole_gpu_in_the_mapping_gives_its_mig_devices_to_the_job() {
+        let mut g0 = gpu(0, &[]);
+        g0.mig = vec![crate::gpu::MigSample {
+            uuid: "MIG-0-1".into(),
+            gpu_instance: Some(1),
+            pids: vec![ProcessRef {
+                pid: 40,
+                used_memory_bytes: Some(1),
+            }],
+            ..crate::gpu::MigSample::default()
+        }];
+        let snap = Snapshot {
+            seq: 3,
+            gpus: vec![g0, gpu(1, &[])],
+            ..Snapshot::default()
+        };
+        let mut mapping = mapping::Mapping::default();
+        for (dev, job) in [
+            (Device::Uuid("gpu-0".into()), "42"),
+            (Device::Index(1), "42"),
+        ] {
+            mapping.jobs.insert(dev, vec![job.into()]);
+        }
+        let h = join(
+            &settings(256),
+            &snap,
+            &mapping,
+            &mut Users::default(),
+            |_| Process {
+                job: Some(Holder {
+                    job: "42".into(),
+                    uid: None,
+                }),
+                claimed: true,
+                uid: Some(4_000_003_001),
+            },
+        );
+        let devices: Vec<DeviceKey> = h.jobs["42"].devices.iter().map(|d| d.0).collect();
+        assert_eq!(devices, [(0, None), (0, Some(1)), (1, None)]);
+        assert_eq!(h.of((0, Some(1))).unwrap().jobs, ["42"]);
     }
 
     #[test]

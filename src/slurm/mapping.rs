@@ -51,6 +51,46 @@ pub struct Mapping {
 }
 
 impl Mapping {
+    /// Reads one device file into the mapping: its jobs, or why it is not known whole. A file
+    /// gone since the listing (an epilog removed it) maps nothing.
+    fn read_file(&mut self, device: Device, path: &Path) {
+        let text = match crate::files::read_text(path, MAX_FILE_BYTES, crate::files::Links::Refuse)
+        {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) => return self.unread(|| format!("{}: {e}", path.display())),
+        };
+        let jobs = jobs(&text);
+        self.skipped += jobs.skipped;
+        if jobs.beyond > 0 {
+            self.skipped += jobs.beyond - 1;
+            self.unread(|| {
+                format!(
+                    "{} lists more than {MAX_JOBS_PER_GPU} jobs; the rest were not read",
+                    path.display()
+                )
+            });
+        }
+        if text.ends_with(|c| c != '\n') {
+            // A prolog may be appending to it: its last line may be an id cut short.
+            self.unread(|| {
+                format!(
+                    "{} does not end with a newline (a prolog may be writing it)",
+                    path.display()
+                )
+            });
+        }
+        if !jobs.ids.is_empty() {
+            // Two names of one device (`0` and `00`): both lists count.
+            let listed = self.jobs.entry(device).or_default();
+            for id in jobs.ids {
+                if !listed.contains(&id) {
+                    listed.push(id);
+                }
+            }
+        }
+    }
+
     /// Notes the first reason the mapping is not known whole; every such entry is skipped too.
     fn unread(&mut self, why: impl FnOnce() -> String) {
         self.skipped += 1;
@@ -121,6 +161,47 @@ pub struct Jobs {
     pub beyond: usize,
 }
 
+/// How long a read waits for the scripts to let go of their lock.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Takes the scripts' lock (`.lock`, which `deploy/slurm/prolog.sh` and `epilog.sh` hold
+/// while they change the directory) shared, waiting at most `LOCK_WAIT`; `Ok(None)` where the
+/// directory has no lock file (prologs of other make write none).
+fn lock_shared(dir: &Path) -> Result<Option<std::fs::File>, String> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(".lock");
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let began = std::time::Instant::now();
+    loop {
+        // SAFETY: flock on a descriptor this function owns, open for its whole call; it only
+        // takes an advisory lock. (The standard library's File::try_lock_shared needs a newer
+        // Rust than this crate's rust-version.)
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+            return Ok(Some(file));
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::WouldBlock {
+            return Err(format!("{}: {e}", path.display()));
+        }
+        if began.elapsed() >= LOCK_WAIT {
+            return Err(format!(
+                "{} was held for more than {LOCK_WAIT:?} (a prolog or epilog writing)",
+                path.display()
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// The job ids of one file's text.
 pub fn jobs(text: &str) -> Jobs {
     let mut out = Jobs::default();
@@ -152,6 +233,15 @@ pub fn read(dir: &Path) -> Mapping {
         m.refused = Some(why);
         return m;
     }
+    // Held until the reading is done: no file is read mid-append, and no listing misses a file
+    // the epilog renames over.
+    let _lock = match lock_shared(dir) {
+        Ok(lock) => lock,
+        Err(why) => {
+            m.unread(|| why);
+            return m;
+        }
+    };
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return m,
@@ -198,30 +288,7 @@ pub fn read(dir: &Path) -> Mapping {
             });
             continue;
         }
-        let path = entry.path();
-        let text = match crate::files::read_text(&path, MAX_FILE_BYTES, crate::files::Links::Refuse)
-        {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => {
-                m.unread(|| format!("{}: {e}", path.display()));
-                continue;
-            }
-        };
-        let jobs = jobs(&text);
-        m.skipped += jobs.skipped;
-        if jobs.beyond > 0 {
-            m.skipped += jobs.beyond - 1;
-            m.unread(|| {
-                format!(
-                    "{} lists more than {MAX_JOBS_PER_GPU} jobs; the rest were not read",
-                    path.display()
-                )
-            });
-        }
-        if !jobs.ids.is_empty() {
-            m.jobs.insert(device, jobs.ids);
-        }
+        m.read_file(device, &entry.path());
     }
     m
 }

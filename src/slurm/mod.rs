@@ -22,8 +22,6 @@ pub mod mapping;
 mod metrics;
 pub mod users;
 
-use std::io::Read;
-
 /// Registers the holders' series (`gpuwatch_job_gpu_allocated`, the users' memory), when
 /// Slurm or process owners are on.
 pub fn register(
@@ -61,7 +59,12 @@ pub fn from_cgroup(text: &str) -> Option<Holder> {
 /// The job a cgroup file places a process in, with the directories (under `/sys/fs/cgroup`)
 /// that may hold the Slurm directory its path names.
 fn located(text: &str) -> Option<(Holder, Vec<std::path::PathBuf>)> {
-    text.lines().find_map(|line| {
+    every_located(text).next()
+}
+
+/// Every line of a cgroup file that places the process in a job, in order.
+fn every_located(text: &str) -> impl Iterator<Item = (Holder, Vec<std::path::PathBuf>)> + '_ {
+    text.lines().filter_map(|line| {
         // `hierarchy-id:controllers:path`; the path may itself hold colons.
         let mut fields = line.splitn(3, ':');
         let (id, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
@@ -178,34 +181,25 @@ const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// none, has gone, or cannot be read.
 pub fn of_process(pid: u32) -> Option<(Holder, Source)> {
     let dir = std::path::PathBuf::from(format!("/proc/{pid}"));
-    let cgroup = read_bounded(&dir.join("cgroup"), MAX_CGROUP_BYTES)?;
+    let cgroup = crate::files::read_proc(&dir.join("cgroup"), MAX_CGROUP_BYTES)?;
     if let Some(found) = of_cgroup(std::path::Path::new(CGROUP_ROOT), &cgroup) {
         return Some(found);
     }
-    let environ = read_bounded(&dir.join("environ"), MAX_ENVIRON_BYTES)?;
+    let environ = crate::files::read_proc(&dir.join("environ"), MAX_ENVIRON_BYTES)?;
     from_environ(&environ).map(|job| (Holder { job, uid: None }, Source::Environ))
 }
 
 /// The job a cgroup file names, and whether root owns its Slurm directory under `root`.
 fn of_cgroup(root: &std::path::Path, cgroup: &[u8]) -> Option<(Holder, Source)> {
-    let (mut holder, dirs) = located(&String::from_utf8_lossy(cgroup))?;
-    let source = if owned_by_root(root, &dirs) {
-        Source::Cgroup
-    } else {
-        // Its `uid_U` is a name the path's maker chose: it names no user.
-        holder.uid = None;
-        Source::ForeignCgroup
-    };
-    Some((holder, source))
-}
-
-/// Reads at most `max` bytes. The files of `/proc` report no size, so the cap is what bounds
-/// the read.
-pub(crate) fn read_bounded(path: &std::path::Path, max: u64) -> Option<Vec<u8>> {
-    let file = std::fs::File::open(path).ok()?;
-    let mut out = Vec::new();
-    file.take(max).read_to_end(&mut out).ok()?;
-    Some(out)
+    let text = String::from_utf8_lossy(cgroup);
+    // A line under a Slurm directory that root owns wins over any before it that a user made.
+    if let Some((holder, _)) = every_located(&text).find(|(_, dirs)| owned_by_root(root, dirs)) {
+        return Some((holder, Source::Cgroup));
+    }
+    let (mut holder, _) = located(&text)?;
+    // Its `uid_U` is a name the path's maker chose: it names no user.
+    holder.uid = None;
+    Some((holder, Source::ForeignCgroup))
 }
 
 #[cfg(test)]

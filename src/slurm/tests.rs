@@ -252,6 +252,28 @@ mod mapping {
         assert!(why.contains("/5"), "{why}");
     }
 
+    /// While the prolog holds its lock, nothing is read: the mapping is unknown, not read
+    /// mid-append; once it lets go, it is read. A file mid-append (no final newline) is
+    /// unknown too.
+    #[test]
+    fn the_scripts_lock_is_waited_for_and_a_line_being_written_is_unknown() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        std::fs::write(p.join("0"), "101\n").unwrap();
+        let lock = std::fs::File::create(p.join(".lock")).unwrap();
+        // SAFETY: flock on a descriptor this test owns.
+        assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+        let m = std::thread::scope(|s| s.spawn(|| read(p)).join().unwrap());
+        assert!(m.jobs.is_empty());
+        assert!(m.unknown.unwrap().contains("was held"));
+        drop(lock);
+        assert_eq!(read(p).unknown, None);
+        std::fs::write(p.join("1"), "102\n10").unwrap();
+        let m = read(p);
+        assert!(m.unknown.unwrap().contains("does not end with a newline"));
+    }
+
     #[test]
     fn lock_and_temporary_files_do_not_count_as_device_files() {
         let dir = tempfile::tempdir().unwrap();

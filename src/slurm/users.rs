@@ -52,7 +52,7 @@ impl Users {
 
 /// The real uid a process runs as (`Uid:` in `/proc/PID/status`); `None` when it has gone.
 pub fn uid_of(pid: u32) -> Option<u32> {
-    let text = super::read_bounded(
+    let text = crate::files::read_proc(
         std::path::Path::new(&format!("/proc/{pid}/status")),
         MAX_STATUS_BYTES,
     )?;

@@ -268,9 +268,10 @@ pub fn send_alert(
         ratio: c.ratio,
         limit: c.limit,
     });
-    // No record, no alert: a restart could not know it had been sent.
+    // No record, no alert: a restart could not know it had been sent. (The executor says the
+    // audit log fails, once a minute; this is retried at every step meanwhile.)
     if !recorded {
-        tracing::error!(
+        tracing::debug!(
             budget = %c.budget,
             threshold = c.threshold,
             "budget alert withheld: its audit record could not be made durable; it is sent once it can"

@@ -285,7 +285,7 @@ impl Jitter {
 }
 
 fn client(q: &PrometheusSource) -> Result<reqwest::Client, String> {
-    let mut builder = crate::crypto::http_client()
+    let mut builder = crate::client::http_client()
         .timeout(q.timeout)
         .connect_timeout(q.timeout.min(Duration::from_secs(5)))
         .redirect(reqwest::redirect::Policy::none())
@@ -363,7 +363,7 @@ async fn instant(
             .await
             .map_err(|e| failed(&url, &e, q.timeout))?;
         let code = response.status();
-        let body = crate::crypto::read_capped(response, MAX_ANSWER_BYTES)
+        let body = crate::client::read_body(response, MAX_ANSWER_BYTES)
             .await
             .map_err(|e| failed(&url, &e, q.timeout))?;
         // An error is reported as one, whatever its body (a proxy's page may be large).

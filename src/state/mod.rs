@@ -197,31 +197,32 @@ impl StateDir {
     /// unreadable file. A corrupt file is kept beside as `state.json.corrupt`.
     pub fn load(&self) -> Result<Persisted, LoadError> {
         let path = self.dir.join(STATE_FILE);
-        let text = match read_capped(&path, MAX_STATE_BYTES) {
-            Ok(t) => t,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(LoadError::Missing(format!(
-                    "no state at {}; starting fresh",
-                    path.display()
-                )))
-            }
-            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                return Err(self.set_aside(&path, &e.to_string()))
-            }
-            Err(e) => {
-                return Err(LoadError::Unreadable(format!(
-                    "cannot read {}: {e}; no rule acts until it reads",
-                    path.display()
-                )))
-            }
-        };
+        let text =
+            match crate::files::read_text(&path, MAX_STATE_BYTES, crate::files::Links::Refuse) {
+                Ok(t) => t,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Err(LoadError::Missing(format!(
+                        "no state at {}; starting fresh",
+                        path.display()
+                    )))
+                }
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                    return Err(self.set_aside(&path, &e.to_string()))
+                }
+                Err(e) => {
+                    return Err(LoadError::Unreadable(format!(
+                        "cannot read {}: {e}; no rule acts until it reads",
+                        path.display()
+                    )))
+                }
+            };
         serde_json::from_str(&text).map_err(|e| self.set_aside(&path, &e.to_string()))
     }
 
     /// Reads the state and changes nothing, not even a corrupt file (for `gpuwatch status`).
     pub fn peek(&self) -> Result<Persisted, String> {
         let path = self.dir.join(STATE_FILE);
-        let text = read_capped(&path, MAX_STATE_BYTES)
+        let text = crate::files::read_text(&path, MAX_STATE_BYTES, crate::files::Links::Refuse)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         serde_json::from_str(&text).map_err(|e| format!("{} is corrupt: {e}", path.display()))
     }
@@ -254,7 +255,8 @@ impl StateDir {
     /// The hold a hold file says.
     fn hold_at(&self, path: &Path) -> HoldStatus {
         let path = path.to_path_buf();
-        let text = match read_capped(&path, MAX_HOLD_BYTES) {
+        let text = match crate::files::read_text(&path, MAX_HOLD_BYTES, crate::files::Links::Refuse)
+        {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return HoldStatus::None,
             Err(e) => {
@@ -337,13 +339,6 @@ fn check_private_of(path: &Path, meta: &fs::Metadata, me: u32) -> Result<(), Dir
         who,
         mode,
     })
-}
-
-/// Reads a regular file of at most `max` bytes, not following a symlink, without blocking on a
-/// FIFO or a device. A larger file, or one that is not UTF-8, is `InvalidData`; anything but a
-/// regular file is `InvalidInput`. Callers name the path.
-fn read_capped(path: &Path, max: u64) -> io::Result<String> {
-    crate::files::read_text(path, max, crate::files::Links::Refuse)
 }
 
 /// The state as `save` writes it.

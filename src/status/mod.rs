@@ -286,6 +286,14 @@ pub struct PendingAction {
     pub due_at: f64,
     /// The exact command that postpones it.
     pub hold_command: String,
+    /// What calls it off, the words after "unless" (`Rule::calls_off`).
+    #[serde(default = "idle_calls_off")]
+    pub unless: String,
+}
+
+/// What calls an idle rule's action off: what a status from before `unless` was kept means.
+fn idle_calls_off() -> String {
+    "the GPUs are used again".to_string()
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -425,6 +433,7 @@ impl Sources {
                     warned_at: p.warned_at,
                     due_at: p.due_at,
                     hold_command: hold.clone(),
+                    unless: r.calls_off.clone(),
                 }),
             })
             .collect();

@@ -262,8 +262,9 @@ fn main(o: &mut String, s: &Status, now: f64) {
                 let _ = write!(
                     o,
                     "<div class=\"pending\"><p><b>{action}</b> in <span class=\"countdown\" data-due=\"{due}\">{left}</span> \
-                     (at {at}) unless the GPUs are used again. To postpone it:</p><pre><code class=\"hold\">{cmd}</code></pre></div>",
+                     (at {at}) unless {unless}. To postpone it:</p><pre><code class=\"hold\">{cmd}</code></pre></div>",
                     action = escape(&p.action),
+                    unless = escape(&p.unless),
                     due = p.due_at,
                     left = duration(p.due_at - now),
                     at = crate::time::rfc3339(p.due_at),

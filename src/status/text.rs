@@ -214,10 +214,11 @@ fn render_lines(s: &Status, now: f64) -> String {
             if let Some(p) = &r.pending {
                 let _ = writeln!(
                     out,
-                    "  {} in {} (at {}) unless the GPUs are used again; to postpone it:\n    {}",
+                    "  {} in {} (at {}) unless {}; to postpone it:\n    {}",
                     p.action.to_uppercase(),
                     duration(p.due_at - now),
                     crate::time::rfc3339(p.due_at),
+                    crate::redact::plain(&p.unless),
                     p.hold_command
                 );
             }

@@ -90,23 +90,17 @@ impl super::Watch {
             }
             Event::Warning { action, due_at, .. } => {
                 // A job's or user's rule names whose GPUs, and holds only that one.
-                let (whose, them, hold) = match (rule.scope, &rule.subject) {
+                let (will, hold) = match (rule.scope, &rule.subject) {
                     (Scope::Job | Scope::User, Some(who)) => (
-                        format!(
-                            "the GPUs of {} {who} are idle; gpuwatch will {action} for it",
-                            rule.scope.as_str()
-                        ),
-                        "they are",
+                        format!("gpuwatch will {action} for it"),
                         format!("--{} {who} ", rule.scope.as_str()),
                     ),
-                    _ => (
-                        format!("GPUs idle; this instance will {action}"),
-                        "the GPUs are",
-                        String::new(),
-                    ),
+                    _ => (format!("this instance will {action}"), String::new()),
                 };
+                let unless = rule.calls_off();
                 let text = format!(
-                    "gpuwatch: {whose} at {} (rule \"{}\", {}) unless {them} used again. `gpuwatch hold 2h {hold}--reason ...` postpones it.",
+                    "gpuwatch: {}; {will} at {} (rule \"{}\", {}) unless {unless}. `gpuwatch hold 2h {hold}--reason ...` postpones it.",
+                    rule.cause(),
                     crate::time::rfc3339(*due_at),
                     rule.name,
                     self.executor.mode.as_str()
@@ -116,6 +110,7 @@ impl super::Watch {
                     at,
                     action: *action,
                     due_at: crate::time::rfc3339(*due_at),
+                    unless,
                     evidence: evidence.clone(),
                 });
                 // A warning not on record is taken back, not sent: it comes again once the

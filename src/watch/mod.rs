@@ -70,7 +70,7 @@ const POISONED: &str =
 
 /// Unix time the machine booted, from /proc/stat.
 fn boot_time() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let stat = crate::files::read_proc_text(std::path::Path::new("/proc/stat"), 1 << 20)?;
     stat.lines()
         .find_map(|l| l.strip_prefix("btime "))
         .and_then(|v| v.trim().parse().ok())
@@ -94,7 +94,7 @@ pub struct Watch {
     /// Budget alerts being published to SNS.
     pub publishes: tokio::task::JoinSet<()>,
     /// Who holds which GPU, on Kubernetes (for pod-scoped rules).
-    pub pods: Option<Arc<crate::kubernetes::metrics::SharedKubernetesView>>,
+    pub pods: Option<Arc<crate::kubernetes::view::SharedKubernetesView>>,
     /// Which jobs and users hold which GPU (for job- and user-scoped rules).
     pub holders: Option<Arc<crate::slurm::holders::SharedHolders>>,
     /// How far the loop has come, for the systemd watchdog.
@@ -211,6 +211,11 @@ impl Watch {
             // sample when they took long, or a hold or spot notice came meanwhile
             // (`order::defer`).
             let sent = self.send_alerts(&mut persisted, after.crossings());
+            if sent.len() < after.crossings().len() {
+                // The thresholds taken back are saved at once: a crash now must not leave
+                // them marked as alerted with no alert sent.
+                self.save(&persisted, true).await;
+            }
             let mut actions = 0;
             for event in after.after_save() {
                 if let Event::Action { rule, action, .. } = event {

@@ -16,7 +16,7 @@ use crate::cloud::imds::Imds;
 use crate::cloudwatch::metrics::CloudWatchCollector;
 use crate::config::{Config, Provider};
 use crate::gpu::sampler::Snapshots;
-use crate::kubernetes::metrics::SharedKubernetesView;
+use crate::kubernetes::view::SharedKubernetesView;
 use crate::spend::metrics::{CostCollector, SharedCostView};
 use crate::state::metrics::StateCollector;
 use crate::state::{AuditLog, DirError, StateDir};

@@ -20,7 +20,7 @@ use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, Temper
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{cuda_driver_version_major, cuda_driver_version_minor, Device, Nvml};
 
-use super::sampler::{SampleError, SamplerCounters};
+use super::counters::{SampleError, SamplerCounters};
 use super::xid::{self, XidCounts};
 use super::{GpuSample, GpuSource, NvmlStatus, ProcessSample, Sample, ThrottleReason};
 

@@ -107,6 +107,10 @@ pub enum AuditRecord {
         action: Action,
         #[serde(default)]
         due_at: String,
+        /// What calls the action off (`Rule::calls_off`); records before it was kept say
+        /// nothing, and read as an idle rule's.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        unless: String,
         #[serde(default)]
         evidence: Value,
     },

@@ -8,6 +8,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::AuditRecord;
+use crate::rules::Action;
+use gpuwatch_core::cost::budget::Crossing;
 
 /// One line of the log as read: the JSON object, and its typed record where it is one (a
 /// record of a kind this version does not know, or of another shape, is still shown).
@@ -58,6 +60,20 @@ impl Entry {
     }
 }
 
+/// A warning in words: what calls it off is the record's own (`Rule::calls_off`), or, in a
+/// record from before it was kept, an idle rule's.
+fn warning_words(rule: &str, action: Action, due_at: &str, unless: &str) -> String {
+    let unless = if unless.is_empty() {
+        "the GPUs are used again"
+    } else {
+        unless
+    };
+    format!(
+        "rule {rule} warns: {action} at {} unless {unless}",
+        local_clock(due_at)
+    )
+}
+
 /// A record in words; `mode` is the mode it was written in.
 fn words(r: &AuditRecord, mode: &str) -> String {
     use AuditRecord as R;
@@ -74,11 +90,9 @@ fn words(r: &AuditRecord, mode: &str) -> String {
             rule,
             action,
             due_at,
+            unless,
             ..
-        } => format!(
-            "rule {rule} warns: {action} at {} unless the GPUs are used again",
-            local_clock(due_at)
-        ),
+        } => warning_words(rule, *action, due_at, unless),
         R::Cancelled {
             rule,
             action,
@@ -120,19 +134,21 @@ fn words(r: &AuditRecord, mode: &str) -> String {
             error,
             ..
         } => format!("rule {rule}: {operation} failed: {error}"),
+        // The sentence the alert itself was sent with.
         R::BudgetAlert {
             budget,
             threshold,
             basis,
             ratio,
             limit,
-        } => format!(
-            "budget {budget} {} spend at {:.0}% of ${} (threshold {:.0}%)",
-            basis.as_str(),
-            ratio * 100.0,
-            Value::from(*limit),
-            threshold * 100.0
-        ),
+        } => gpuwatch_core::step::alert_text(&Crossing {
+            budget: budget.clone(),
+            threshold: *threshold,
+            basis: *basis,
+            ratio: *ratio,
+            limit: *limit,
+            period_start: 0.0,
+        }),
         R::PeriodClosed { spent_usd, .. } => {
             format!("budget period closed: ${} spent", Value::from(*spent_usd))
         }

@@ -118,6 +118,7 @@ fn every_kind_of_record_is_written_as_its_golden_line() {
             at: 1_796_083_200.0,
             action: Action::Stop,
             due_at: "2026-12-01T00:15:00Z".into(),
+            unless: "the GPUs are used again".into(),
             evidence: evidence.clone(),
         },
         AuditRecord::Cancelled {

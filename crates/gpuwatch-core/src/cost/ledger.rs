@@ -37,7 +37,7 @@ impl Ledger {
     /// instance is not billed for it, and the same process may wake up days later.
     /// `suspended` is the machine's total time asleep since its boot (`CLOCK_BOOTTIME` less
     /// `CLOCK_MONOTONIC`); after a reboot it starts again from zero, which skips nothing.
-    pub fn sleep(&mut self, suspended: f64) {
+    pub fn skip_asleep(&mut self, suspended: f64) {
         let slept = suspended - self.suspended;
         self.suspended = suspended;
         if slept > 0.0 && self.period_start != 0.0 {
@@ -51,9 +51,9 @@ impl Ledger {
     /// operator's `date -s`) is not time the instance ran, and billing it could exhaust a
     /// budget in one sample; one stepped back is, and the instance runs on while the wall
     /// clock is behind the time already accrued. The monotonic clock leaves out time asleep,
-    /// as the ledger does after `sleep`. `None` (a replayed trace, whose timestamps are the
+    /// as the ledger does after `skip_asleep`. `None` (a replayed trace, whose timestamps are the
     /// truth) changes nothing.
-    pub fn ran(&mut self, now: f64, monotonic: Option<f64>) {
+    pub fn skip_unrun(&mut self, now: f64, monotonic: Option<f64>) {
         let last = std::mem::replace(&mut self.monotonic, monotonic);
         if let (Some(m), Some(l)) = (monotonic, last) {
             let ran = m - l;
@@ -162,15 +162,15 @@ mod tests {
         let accrue = |l: &mut Ledger, seconds: f64| {
             l.accrue(t0 + seconds, Some(10.0), Period::Month, 0.0);
         };
-        l.sleep(40.0);
+        l.skip_asleep(40.0);
         accrue(&mut l, 0.0);
         accrue(&mut l, 43_200.0);
         let asleep = 3.0 * 86_400.0;
-        l.sleep(40.0 + asleep);
+        l.skip_asleep(40.0 + asleep);
         accrue(&mut l, 43_200.0 + asleep + 3600.0);
         assert!(close(l.spent, 10.0 * 13.0), "{}", l.spent);
         // After a reboot the count starts from zero again: nothing is skipped.
-        l.sleep(0.0);
+        l.skip_asleep(0.0);
         accrue(&mut l, 43_200.0 + asleep + 7200.0);
         assert!(close(l.spent, 10.0 * 14.0), "{}", l.spent);
         // It round-trips through the state file.
@@ -184,7 +184,7 @@ mod tests {
         let mut l = Ledger::default();
         // $100 an hour, sampled every 10 s; the monotonic clock starts at 5,000 s.
         let step = |l: &mut Ledger, wall: f64, mono: f64| {
-            l.ran(t0 + wall, Some(5_000.0 + mono));
+            l.skip_unrun(t0 + wall, Some(5_000.0 + mono));
             l.accrue(t0 + wall, Some(100.0), Period::Month, 0.0)
         };
         for s in (0..=3600).step_by(10) {
@@ -206,7 +206,7 @@ mod tests {
         assert!(close(l.spent, 100.0 + ten_seconds), "{}", l.spent);
         // Time asleep is skipped once, not twice: the monotonic clock stops while asleep, and
         // `sleep` moves the accrual past it.
-        l.sleep(7200.0);
+        l.skip_asleep(7200.0);
         step(&mut l, 7220.0 + 30.0 * 86_400.0 + 7200.0, 7220.0);
         assert!(close(l.spent, 100.0 + 2.0 * ten_seconds), "{}", l.spent);
         // The jitter between the two clocks' reads is not a step: all of it accrues.
@@ -217,7 +217,7 @@ mod tests {
         // Without a monotonic reading (a replayed trace) nothing is bounded.
         let mut trace = Ledger::default();
         for wall in [0.0, 3600.0, 7200.0] {
-            trace.ran(t0 + wall, None);
+            trace.skip_unrun(t0 + wall, None);
             trace.accrue(t0 + wall, Some(100.0), Period::Month, 0.0);
         }
         assert!(close(trace.spent, 200.0), "{}", trace.spent);
@@ -229,7 +229,7 @@ mod tests {
         let mut l = Ledger::default();
         // $100 an hour, sampled every 10 s; the monotonic clock starts at 5,000 s.
         let step = |l: &mut Ledger, wall: f64, mono: f64| {
-            l.ran(t0 + wall, Some(5_000.0 + mono));
+            l.skip_unrun(t0 + wall, Some(5_000.0 + mono));
             l.accrue(t0 + wall, Some(100.0), Period::Month, 0.0)
         };
         for s in (0..=3600).step_by(10) {
@@ -248,7 +248,7 @@ mod tests {
         let t1 = parse_rfc3339("2026-12-01T00:00:00Z").unwrap();
         let mut l = Ledger::default();
         let step = |l: &mut Ledger, wall: f64, mono: f64| {
-            l.ran(t1 + wall, Some(5_000.0 + mono));
+            l.skip_unrun(t1 + wall, Some(5_000.0 + mono));
             l.accrue(t1 + wall, Some(100.0), Period::Month, 0.0)
         };
         step(&mut l, -20.0, 0.0);

@@ -116,6 +116,46 @@ impl Rule {
         }
     }
 
+    /// What a warning or an alert of this rule is for, in words, true to its cause: "GPUs
+    /// idle", "the GPUs of job 42 are idle", "GPUs unhealthy", "budget \"team\" is spent".
+    pub fn cause(&self) -> String {
+        match &self.trigger {
+            Trigger::BudgetExhausted { budget } => format!("budget \"{budget}\" is spent"),
+            Trigger::Idle(c) if c.metric == Metric::GpuUnhealthy => "GPUs unhealthy".into(),
+            Trigger::Idle(_) => match (self.scope, &self.subject) {
+                (Scope::Job | Scope::User, Some(who)) => {
+                    format!("the GPUs of {} {who} are idle", self.scope.as_str())
+                }
+                _ => "GPUs idle".into(),
+            },
+        }
+    }
+
+    /// What calls a warning of this rule off, as the words after "unless": what the engine
+    /// re-judges at every sample of the warning.
+    pub fn calls_off(&self) -> String {
+        let mut words = match &self.trigger {
+            Trigger::BudgetExhausted { .. } => {
+                "its spend falls under the limit or cannot be known".to_string()
+            }
+            Trigger::Idle(c) if c.metric == Metric::GpuUnhealthy => {
+                "the GPUs are healthy again".to_string()
+            }
+            Trigger::Idle(_) => match (self.scope, &self.subject) {
+                (Scope::Job | Scope::User, Some(_)) => "they are used again".to_string(),
+                _ => "the GPUs are used again".to_string(),
+            },
+        };
+        if let Some(g) = &self.budget {
+            words.push_str(&format!(
+                ", or budget \"{}\" falls under {}% spent or cannot be known",
+                g.name,
+                (g.spent_at_least * 1e8).round() / 1e6
+            ));
+        }
+        words
+    }
+
     /// The rule in words, for people: "stop when every GPU's average gpu_utilization is below
     /// 5% in 2 of 2 periods of 5m".
     pub fn describe(&self) -> String {

@@ -209,7 +209,7 @@ pub struct Inputs {
     /// time accrues no spend.
     pub suspended: f64,
     /// The monotonic clock when the observation was taken (seconds, any origin), which bounds
-    /// how much time it accrues (`Ledger::ran`); `None` for a replayed trace.
+    /// how much time it accrues (`Ledger::skip_unrun`); `None` for a replayed trace.
     pub monotonic: Option<f64>,
 }
 
@@ -293,6 +293,8 @@ pub struct RuleView {
     pub counted: Option<Counted>,
     /// The pending action: which, and when it is due.
     pub pending: Option<engine::Pending>,
+    /// What calls the pending action off (`Rule::calls_off`), the words after "unless".
+    pub calls_off: String,
 }
 
 /// How a rule's last periods count: `breaching` of `of` complete periods breach, and it takes
@@ -356,8 +358,8 @@ pub fn step(
             state.spot_price = Some(p.usd_per_hour);
         }
     }
-    state.ledger.sleep(inputs.suspended);
-    state.ledger.ran(now, inputs.monotonic);
+    state.ledger.skip_asleep(inputs.suspended);
+    state.ledger.skip_unrun(now, inputs.monotonic);
     let closed = state.ledger.accrue(
         now,
         inputs.price.map(|p| p.usd_per_hour),
@@ -614,6 +616,7 @@ pub fn rule_views(rules: &[Rule], state: &State, settings: &Settings, now: f64) 
                 breaching: rs.is_some_and(|s| s.breaching),
                 counted,
                 pending: rs.and_then(|s| s.pending.clone()),
+                calls_off: r.calls_off(),
             }
         })
         .collect()

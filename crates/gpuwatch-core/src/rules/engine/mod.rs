@@ -262,7 +262,18 @@ pub fn evaluate(
     for rule in rules {
         let rs = state.rules.entry(rule.name.clone()).or_default();
         if rule.lifecycle.is_some() && rule.lifecycle != ctx.lifecycle {
-            // Not for this instance; a lifecycle that is unknown matches no filter.
+            // Not for this instance; a lifecycle that is unknown matches no filter. A warning
+            // given while it matched rests on it too: it is called off, not left to fall due
+            // whenever the lifecycle is known again.
+            if let Some(pending) = rs.pending.take() {
+                rs.not_before = rs.not_before.max(ctx.now).max(pending.seen());
+                events.push(Event::Cancelled {
+                    rule: rule.name.clone(),
+                    action: pending.action,
+                    reason: "the instance's lifecycle no longer matches the rule's (or is unknown)"
+                        .into(),
+                });
+            }
             continue;
         }
         // Whether the rule breaches at all (reported), and whether it breaches on periods

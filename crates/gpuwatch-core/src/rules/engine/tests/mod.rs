@@ -417,61 +417,6 @@ fn an_exhausted_budget_acts_even_when_busy_but_waits_for_holds() {
     assert_eq!(events, vec![(0, "breach")]);
 }
 
-/// A warning rests on its budget on every sample, not only at its due time: a fleet figure
-/// that goes unknown (or under the gate) during the warning calls the action off, though it
-/// is back over the gate by the due time.
-#[test]
-fn a_warning_is_called_off_when_its_budget_closes_or_turns_unknown() {
-    let gated = {
-        let mut r = rule(10, 1, 1);
-        r.budget = Some(crate::rules::BudgetGate {
-            name: "team".into(),
-            spent_at_least: 0.8,
-        });
-        r
-    };
-    let exhausted = {
-        let mut r = rule(10, 1, 1);
-        r.trigger = Trigger::BudgetExhausted {
-            budget: "team".into(),
-        };
-        r
-    };
-    let ctx = |ratio: Option<f64>| Context {
-        budgets: ratio.map(|r| ("team".to_string(), r)).into_iter().collect(),
-        ..Context::default()
-    };
-    for (r, over) in [(&gated, 0.9), (&exhausted, 1.1)] {
-        for (dip, why) in [
-            (
-                None,
-                "the spend of budget \"team\" is unknown (unknown holds)",
-            ),
-            (Some(0.5), "budget \"team\" is 50% spent, under the"),
-        ] {
-            let mut state = State::default();
-            let events = run(r, &mut state, &ctx(Some(over)), 0, 20, |_| vec![Some(0.0)]);
-            let warned = events.iter().find(|(_, k)| *k == "warning").unwrap().0;
-            // One sample of unknown (or under) spend in the middle of the warning.
-            let events = step_on(r, &mut state, &ctx(dip), &obs(20.0, &[Some(0.0)]));
-            let cancelled = events
-                .iter()
-                .find_map(|e| match e {
-                    Event::Cancelled { reason, .. } => Some(reason.clone()),
-                    _ => None,
-                })
-                .unwrap_or_else(|| panic!("{:?} {dip:?}: not cancelled: {events:?}", r.trigger));
-            assert!(cancelled.starts_with(why), "{cancelled}");
-            assert!(state.rules["idle"].pending.is_none());
-            // Back over by the due time: no action on the warning that was called off.
-            let events = run(r, &mut state, &ctx(Some(over)), 21, warned + 45, |_| {
-                vec![Some(0.0)]
-            });
-            assert!(!events.iter().any(|(_, k)| *k == "action"), "{events:?}");
-        }
-    }
-}
-
 #[test]
 fn state_survives_a_round_trip_mid_warning() {
     let r = rule(10, 1, 1);
@@ -665,3 +610,4 @@ fn a_broken_gpu_that_loses_its_mig_devices_is_no_relayout() {
 }
 
 mod readings;
+mod rests_on;
