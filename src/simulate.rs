@@ -13,14 +13,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
+use gpuwatch_core::cost::budget::Crossing;
 use gpuwatch_core::cost::price::Price;
-use gpuwatch_core::step::order::{on_executed, Executed};
+use gpuwatch_core::step::order::{drive, Edge, Executed, Save, Withdrawn};
 use gpuwatch_core::step::{crossing_text, step, Inputs, State};
 
 use crate::cloud::plan::{plan, Plan, Step};
 use crate::config::Config;
 use crate::rules::engine::Event;
-use crate::rules::{GpuReading, Lifecycle, Metric, Observation, Rule};
+use crate::rules::{Action, GpuReading, Lifecycle, Metric, Observation, Rule};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
@@ -259,69 +260,143 @@ pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Repo
         let at = grouped.get(&i).map(Vec::as_slice).unwrap_or(&[]);
         let obs = observation(*t, &gpus, at, memory_total_bytes, power_limit_watts);
         let outcome = step(&settings, &mut state, &obs, &inputs(*t, down.is_some()));
-        // The daemon's order, with a save that always works: a replay writes nothing.
-        let saved = outcome.order.on_saved(&mut state, true);
-        for c in saved.crossings() {
-            out.push(Report {
-                time: crate::time::rfc3339(*t),
-                at: *t,
-                rule: c.budget.clone(),
-                kind: "budget_alert",
-                action: None,
-                detail: crossing_text(c),
-                evidence: None,
-            });
-        }
-        for event in saved.events() {
-            if let Event::Action { rule, .. } = event {
-                // The daemon completes an action once it has run (and recorded it); a replay
-                // runs none, and settles it the same way.
-                let _ = on_executed(&mut state, rule, Executed::Recorded);
-            }
-            let rule = outcome.rules.iter().find(|r| r.name == event.rule());
-            if down.is_some() && rule.is_some_and(|r| r.action.is_instance_action()) {
-                // The node is gone: no instance action can happen to it again.
-                continue;
-            }
-            out.push(report(*t, event, rule));
-            let Event::Action { rule, action, .. } = event else {
-                continue;
-            };
-            if !action.is_instance_action() {
-                continue;
-            }
-            // What the daemon would call on this instance, as it plans it (without the spot
-            // request, which only EC2 knows).
-            let (kind, detail) = match plan(*action, lifecycle, None, config.actions.spot_stop) {
-                Plan::Refuse(why) => ("refused", format!("{why}; the node stays up")),
-                Plan::Steps(steps) => {
-                    let last = steps.last().cloned();
-                    down = last.clone();
-                    let what = match last {
-                        Some(Step::Terminate) => "terminated",
-                        Some(Step::Stop { hibernate: true }) => "hibernated",
-                        _ => "stopped",
-                    };
-                    (
-                        "node_down",
-                        format!(
-                            "the node is {what} here: the rest of the trace comes after it, so no further instance action is reported and spend stops (alerts and exec go on as in the daemon)"
-                        ),
-                    )
-                }
-            };
-            out.push(Report {
-                time: crate::time::rfc3339(*t),
-                at: *t,
-                rule: rule.clone(),
-                kind,
-                action: Some(action.to_string()),
-                detail,
-                evidence: None,
-            });
-        }
+        // The daemon's order, through the same function, on an edge that writes nothing and
+        // whose every record and save works.
+        let mut rehearsal = Rehearsal {
+            out: &mut out,
+            rules: &outcome.rules,
+            t: *t,
+            down: &mut down,
+            lifecycle,
+            spot_stop: config.actions.spot_stop,
+        };
+        ready(drive(&settings, &mut state, outcome.order, &mut rehearsal));
     }
     out
+}
+
+/// `simulate`'s edge of the safety order (`order::drive`, as the daemon's loop runs it): each
+/// event becomes a line of the report, every record and save works, and an action is planned
+/// as the daemon would plan it, never carried out.
+struct Rehearsal<'a> {
+    out: &'a mut Vec<Report>,
+    rules: &'a [Rule],
+    t: f64,
+    /// The EC2 call that took the node down, once one has: no instance action is reported
+    /// after it.
+    down: &'a mut Option<Step>,
+    lifecycle: Option<Lifecycle>,
+    spot_stop: crate::config::SpotStop,
+}
+
+impl Rehearsal<'_> {
+    fn rule(&self, event: &Event) -> Option<&Rule> {
+        self.rules.iter().find(|r| r.name == event.rule())
+    }
+
+    /// Reports an event, unless the node is down and its rule acts on the instance.
+    fn report(&mut self, event: &Event) {
+        let rule = self.rule(event);
+        if self.down.is_some() && rule.is_some_and(|r| r.action.is_instance_action()) {
+            return;
+        }
+        let line = report(self.t, event, rule);
+        self.out.push(line);
+    }
+}
+
+impl Edge for Rehearsal<'_> {
+    async fn record(&mut self, event: &Event) -> bool {
+        self.report(event);
+        true
+    }
+
+    async fn save(&mut self, _state: &State, _save: Save) -> bool {
+        true
+    }
+
+    fn taken_back(&mut self, _withdrawn: &[Withdrawn], _alerts: usize) {}
+
+    async fn alert(&mut self, c: &Crossing) -> bool {
+        self.out.push(Report {
+            time: crate::time::rfc3339(self.t),
+            at: self.t,
+            rule: c.budget.clone(),
+            kind: "budget_alert",
+            action: None,
+            detail: crossing_text(c),
+            evidence: None,
+        });
+        true
+    }
+
+    async fn announce(&mut self, event: &Event) {
+        self.report(event);
+    }
+
+    fn age(&self) -> f64 {
+        // A replay takes no time: no action waits behind another.
+        0.0
+    }
+
+    async fn called_off(&mut self) -> Option<String> {
+        None
+    }
+
+    async fn deferred(&mut self, _rule: &str, _action: Action, _why: &str) {}
+
+    async fn act(&mut self, event: &Event) -> Executed {
+        let was_down = self.down.is_some();
+        self.report(event);
+        let Event::Action { rule, action, .. } = event else {
+            return Executed::Recorded;
+        };
+        if !action.is_instance_action() || was_down {
+            return Executed::Recorded;
+        }
+        // What the daemon would call on this instance, as it plans it (without the spot
+        // request, which only EC2 knows).
+        let (kind, detail) = match plan(*action, self.lifecycle, None, self.spot_stop) {
+            Plan::Refuse(why) => ("refused", format!("{why}; the node stays up")),
+            Plan::Steps(steps) => {
+                let last = steps.last().cloned();
+                *self.down = last.clone();
+                let what = match last {
+                    Some(Step::Terminate) => "terminated",
+                    Some(Step::Stop { hibernate: true }) => "hibernated",
+                    _ => "stopped",
+                };
+                (
+                    "node_down",
+                    format!(
+                        "the node is {what} here: the rest of the trace comes after it, so no further instance action is reported and spend stops (alerts and exec go on as in the daemon)"
+                    ),
+                )
+            }
+        };
+        self.out.push(Report {
+            time: crate::time::rfc3339(self.t),
+            at: self.t,
+            rule: rule.clone(),
+            kind,
+            action: Some(action.to_string()),
+            detail,
+            evidence: None,
+        });
+        // The daemon completes an action once it has run (and recorded it); a replay runs
+        // none, and settles it the same way.
+        Executed::Recorded
+    }
+}
+
+/// Runs a future whose every await is ready at once: the rehearsal's edge never waits.
+fn ready<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match f.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => v,
+        std::task::Poll::Pending => unreachable!("the rehearsal's edge never waits"),
+    }
 }
 
 /// The observation of one timestamp: a reading for every GPU of the trace, unknown where the

@@ -4,6 +4,7 @@
 //! spot notices and tag holds; `metrics.rs` holds the watch's series.
 
 mod cloud;
+mod edge;
 mod events;
 mod identify;
 pub mod metrics;
@@ -26,10 +27,9 @@ use crate::gpu::Snapshot;
 use crate::spend::metrics::{AlertKey, SharedCostView};
 use gpuwatch_core::cost::budget::Crossing;
 use gpuwatch_core::cost::ledger::Closed;
-use gpuwatch_core::step::order::{defer, on_alert_unrecorded, settle_in_flight};
+use gpuwatch_core::step::order::{drive, settle_in_flight};
 use gpuwatch_core::step::{rule_views, step, Decision, Inputs, RuleView, Settings, View};
 
-use crate::rules::engine::Event;
 use crate::rules::{Observation, Scope};
 use crate::state::{AuditRecord, HoldStatus, LoadError, Persisted, StateDir};
 
@@ -163,12 +163,12 @@ impl Watch {
 
             // When the step decided, for the age of its decision as its actions run.
             let decided = std::time::Instant::now();
-            // Step. The core orders what it decided around the save (`step::order`): warnings
-            // (and the breaches, recoveries and postponements beside them) are on record and
-            // sent before the state that makes their action possible is saved, so a crash in
-            // between means a repeated warning after the restart, never an action without one.
-            // Cancellations, actions and budget alerts follow a good save; after a failed one
-            // the actions are withdrawn and the alerts withheld.
+            // Step. The core orders what it decided around the save (`step::order::drive`):
+            // warnings (and the breaches, recoveries and postponements beside them) are on
+            // record and sent before the state that makes their action possible is saved, so a
+            // crash in between means a repeated warning after the restart, never an action
+            // without one. Cancellations, actions and budget alerts follow a good save; after
+            // a failed one the actions are withdrawn and the alerts withheld.
             let Decision {
                 rules: judged,
                 order,
@@ -182,57 +182,24 @@ impl Watch {
                 persisted.health.holds.clone_from(holds);
             }
             self.record_closed(&closed);
-            for event in order.before_save() {
-                self.handle(&judged, &mut persisted, event.clone(), now)
-                    .await;
-            }
+            // SNS publishes that finished are reaped; the rest end with the watch.
+            while self.publishes.try_join_next().is_some() {}
 
-            // Persist: durably when anything was decided or alerted, and once a minute.
-            let durable = order.save().durable || holds_changed || now - last_durable > 60.0;
-            let saved = self.save(&persisted, durable).await;
-            if saved && durable {
+            // The safety order, as `simulate` runs it too: the before-save events, the save
+            // (durably when anything was decided or alerted, and once a minute), then what it
+            // lets through: budget alerts, cancellations, and actions, each one behind slow
+            // ones of its step decided again on the next sample (`order::defer`).
+            let mut live = edge::Live {
+                watch: &mut self,
+                rules: &judged,
+                at: now,
+                decided,
+                durable: holds_changed || now - last_durable > 60.0,
+                saved_durably: false,
+            };
+            let sent = drive(&settings, &mut persisted, order, &mut live).await;
+            if live.saved_durably {
                 last_durable = now;
-            }
-            let after = order.on_saved(&mut persisted, saved);
-            if after.withheld_alerts() > 0 {
-                // No record, no alert: a restart could not know it had been sent. They are
-                // sent once the disk recovers, as the thresholds cross again.
-                tracing::error!(
-                    alerts = after.withheld_alerts(),
-                    "budget alerts withheld: state.json could not be made durable; they are sent once it can"
-                );
-            }
-            for w in after.withdrawn() {
-                // No record, no action: a restart could not know it had run.
-                self.not_recorded(&w.rule, w.action, "state.json");
-            }
-
-            // Execute. An action behind others of the same step is decided again on the next
-            // sample when they took long, or a hold or spot notice came meanwhile
-            // (`order::defer`).
-            let sent = self.send_alerts(&mut persisted, after.crossings());
-            if sent.len() < after.crossings().len() {
-                // The thresholds taken back are saved at once: a crash now must not leave
-                // them marked as alerted with no alert sent.
-                self.save(&persisted, true).await;
-            }
-            let mut actions = 0;
-            for event in after.after_save() {
-                if let Event::Action { rule, action, .. } = event {
-                    let called_off = match actions {
-                        0 => None,
-                        _ => self.called_off().await,
-                    };
-                    let age = decided.elapsed().as_secs_f64();
-                    if let Some(why) = defer(&settings, actions, age, called_off.as_deref()) {
-                        self.defer_action(&mut persisted, rule, *action, &why, now)
-                            .await;
-                        continue;
-                    }
-                    actions += 1;
-                }
-                self.handle(&judged, &mut persisted, event.clone(), now)
-                    .await;
             }
 
             // Publish: an action withdrawn or completed above shows in this cycle's metrics.
@@ -363,29 +330,17 @@ impl Watch {
         }
     }
 
-    /// Sends each budget alert whose crossing is on record, and returns those sent. One whose
-    /// audit record cannot be made durable is withheld and taken back in the state, so it is
-    /// sent once it can.
-    fn send_alerts(&mut self, persisted: &mut Persisted, crossings: &[Crossing]) -> Vec<Crossing> {
-        // SNS publishes that finished are reaped; the rest end with the watch.
-        while self.publishes.try_join_next().is_some() {}
-        let mut sent = Vec::with_capacity(crossings.len());
-        for c in crossings {
-            let budget = self.config.budgets.iter().find(|b| b.name == c.budget);
-            let recorded = crate::spend::send_alert(
-                c,
-                budget,
-                &self.executor,
-                self.services.as_ref(),
-                &mut self.publishes,
-            );
-            if recorded {
-                sent.push(c.clone());
-            } else {
-                on_alert_unrecorded(persisted, c);
-            }
-        }
-        sent
+    /// Records and sends one budget alert. Returns whether it was on record (and so sent);
+    /// `order::drive` takes one that was not back.
+    fn alert(&mut self, c: &Crossing) -> bool {
+        let budget = self.config.budgets.iter().find(|b| b.name == c.budget);
+        crate::spend::send_alert(
+            c,
+            budget,
+            &self.executor,
+            self.services.as_ref(),
+            &mut self.publishes,
+        )
     }
 
     /// Swaps in the views the watch's and the cost series show.

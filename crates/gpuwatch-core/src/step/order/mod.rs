@@ -22,6 +22,9 @@
 //! another action of its step with `on_deferred` (see `defer`), and one left in flight by a
 //! restart with `settle_in_flight`. None of this does I/O: the edge saves, logs and sends.
 
+mod drive;
+pub use drive::{drive, Edge};
+
 use crate::cost::budget::{Alerted, Crossing};
 use crate::rules::engine::{self, Event, InFlight};
 use crate::rules::Action;

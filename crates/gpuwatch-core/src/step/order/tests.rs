@@ -11,6 +11,9 @@ use crate::rules::Trigger;
 use crate::step::tests::{obs, settings};
 use crate::step::{step, Budget, BudgetSource, Inputs, Settings};
 
+mod scripted;
+use scripted::{ready, Scripted};
+
 /// The world around one step.
 #[derive(Debug, Clone, Copy)]
 struct World {
@@ -28,6 +31,8 @@ struct World {
     action_secs: f64,
     /// A hold is placed while the step's first action runs.
     hold_meanwhile: bool,
+    /// Whether a budget alert's audit record can be written.
+    alert_recorded: bool,
 }
 
 const NORMAL: World = World {
@@ -38,6 +43,7 @@ const NORMAL: World = World {
     crash_before_actions: false,
     action_secs: 0.0,
     hold_meanwhile: false,
+    alert_recorded: true,
 };
 
 /// A budget "org", read from outside at 90% spent, that alerts at 80%.
@@ -50,7 +56,7 @@ fn org() -> Budget {
     }
 }
 
-struct Edge {
+struct Node {
     settings: Settings,
     state: State,
     /// The state as last saved.
@@ -61,9 +67,9 @@ struct Edge {
     durable_steps: Vec<u32>,
 }
 
-impl Edge {
-    fn new(settings: Settings) -> Edge {
-        Edge {
+impl Node {
+    fn new(settings: Settings) -> Node {
+        Node {
             settings,
             state: State::default(),
             disk: serde_json::to_string(&State::default()).unwrap(),
@@ -80,10 +86,10 @@ impl Edge {
         serde_json::from_str(&self.disk).unwrap()
     }
 
-    /// Saves the state; notes a durable save and a failed one.
-    fn save(&mut self, t: u32, save: Save, world: World) -> bool {
+    /// Saves `state`; notes a durable save and a failed one.
+    fn save_state(&mut self, state: &State, t: u32, save: Save, world: World) -> bool {
         if world.disk {
-            self.disk = serde_json::to_string(&self.state).unwrap();
+            self.disk = serde_json::to_string(state).unwrap();
         }
         match (save.durable, world.disk) {
             (true, true) => self.note(t, "saved durably"),
@@ -94,7 +100,8 @@ impl Edge {
         world.disk
     }
 
-    /// One cycle of the daemon's loop at `t`. Returns false when the process died.
+    /// One cycle of the daemon's loop at `t`, its order run by `drive` itself on a scripted
+    /// edge. Returns false when the process died.
     fn cycle(&mut self, t: u32, world: World) -> bool {
         let now = f64::from(t);
         let inputs = Inputs {
@@ -118,65 +125,21 @@ impl Edge {
             &inputs,
         )
         .order;
-        for e in order.before_save() {
-            self.note(t, format!("before: {}", e.kind()));
-            if let Event::Warning { rule, .. } = e {
-                if !world.warning_recorded {
-                    self.note(t, "warning not recorded");
-                }
-                on_warned(&mut self.state, rule, world.warning_recorded);
-            }
-        }
-        let save = order.save();
-        if save.durable {
-            self.durable_steps.push(t);
-        }
-        let ok = self.save(t, save, world);
-        let saved = order.on_saved(&mut self.state, ok);
-        for w in saved.withdrawn() {
-            self.note(t, format!("withdrawn: {} {}", w.rule, w.action));
-        }
-        if saved.withheld_alerts() > 0 {
-            self.note(t, format!("withheld: {} alert", saved.withheld_alerts()));
-        }
-        for c in saved.crossings() {
-            self.note(t, format!("alert: {} {}%", c.budget, c.threshold * 100.0));
-        }
-        if world.crash_before_actions && saved.after_save().next().is_some() {
-            return false;
-        }
-        // The actions of this step carried out so far, and how long they took.
-        let (mut ran, mut age) = (0, 0.0);
-        for e in saved.after_save() {
-            self.note(t, format!("after: {}", e.kind()));
-            let Event::Action { rule, .. } = e else {
-                continue;
-            };
-            let called_off = (ran > 0 && world.hold_meanwhile).then_some("a local hold was placed");
-            if let Some(why) = defer(&self.settings, ran, age, called_off) {
-                self.note(t, format!("because: {why}"));
-                self.note(t, format!("deferred: {rule}"));
-                let save = on_deferred(&mut self.state, rule);
-                self.save(t, save, world);
-                continue;
-            }
-            ran += 1;
-            age += world.action_secs;
-            // No record, no action: the in-flight mark is on disk before anything runs.
-            assert!(
-                self.on_disk().engine.rules[rule].in_flight.is_some(),
-                "{t}: {rule} runs unrecorded"
-            );
-            let executed = if world.audit {
-                Executed::Recorded
-            } else {
-                Executed::NotRecorded
-            };
-            self.note(t, format!("executed: {rule} {executed:?}"));
-            let save = on_executed(&mut self.state, rule, executed);
-            self.save(t, save, world);
-        }
-        true
+        let settings = self.settings.clone();
+        let mut state = std::mem::take(&mut self.state);
+        let mut edge = Scripted {
+            node: self,
+            t,
+            world,
+            ran: 0,
+            age: 0.0,
+            first_save: true,
+            dead: false,
+        };
+        ready(drive(&settings, &mut state, order, &mut edge));
+        let alive = !edge.dead;
+        self.state = state;
+        alive
     }
 
     /// Cycles through `times`, the world at each as `world` says.
@@ -193,7 +156,8 @@ impl Edge {
         for (rule, f) in &settled {
             self.note(t, format!("settled: {rule} {} at {}", f.action, f.at));
         }
-        self.save(t, Save { durable: true }, NORMAL);
+        let state = self.state.clone();
+        self.save_state(&state, t, Save { durable: true }, NORMAL);
         settled
     }
 
@@ -220,7 +184,7 @@ impl Edge {
 
 #[test]
 fn a_failed_save_withdraws_the_action_and_withholds_the_alert() {
-    let mut edge = Edge::new(settings(vec![org()]));
+    let mut edge = Node::new(settings(vec![org()]));
     let failing = |t| World {
         disk: ![0, 10, 15].contains(&t),
         ..NORMAL
@@ -259,9 +223,38 @@ fn a_failed_save_withdraws_the_action_and_withholds_the_alert() {
     );
 }
 
+/// A budget alert whose record cannot be written is not sent: its threshold is taken back and
+/// saved so at once, and it alerts at the next step that can record it.
+#[test]
+fn an_alert_that_cannot_be_recorded_is_taken_back_and_sent_later() {
+    let mut edge = Node::new(settings(vec![org()]));
+    edge.run(0..1, |_| World {
+        utilization: 0.9,
+        alert_recorded: false,
+        ..NORMAL
+    });
+    let log = edge.log_from(0);
+    let unrecorded = log
+        .iter()
+        .position(|l| l.1 == "alert not recorded: org")
+        .unwrap();
+    assert_eq!(log[unrecorded + 1], (0, "saved durably"), "{log:?}");
+    assert!(edge.on_disk().alerted == edge.state.alerted);
+    assert!(!log.iter().any(|l| l.1.starts_with("alert: ")), "{log:?}");
+    edge.run(1..2, |_| World {
+        utilization: 0.9,
+        ..NORMAL
+    });
+    assert!(
+        edge.log_from(1).contains(&(1, "alert: org 80%")),
+        "{:?}",
+        edge.log_from(1)
+    );
+}
+
 #[test]
 fn a_good_save_releases_the_action_and_the_alert_after_it() {
-    let mut edge = Edge::new(settings(vec![org()]));
+    let mut edge = Node::new(settings(vec![org()]));
     edge.run(0..30, |_| NORMAL);
     assert_eq!(
         edge.log_from(0),
@@ -296,7 +289,7 @@ fn the_save_is_durable_when_anything_was_decided_or_alerted() {
         ),
     ];
     for (budgets, utilization, want) in cases {
-        let mut edge = Edge::new(settings(budgets));
+        let mut edge = Node::new(settings(budgets));
         edge.run(0..31, |t| World {
             utilization: utilization(t),
             ..NORMAL
@@ -307,7 +300,7 @@ fn the_save_is_durable_when_anything_was_decided_or_alerted() {
 
 #[test]
 fn a_cancellation_is_announced_after_the_save_even_a_failed_one() {
-    let mut edge = Edge::new(settings(Vec::new()));
+    let mut edge = Node::new(settings(Vec::new()));
     edge.run(0..21, |t| World {
         utilization: if t == 12 { 0.9 } else { 0.0 },
         disk: t != 12,
@@ -330,7 +323,7 @@ fn a_cancellation_is_announced_after_the_save_even_a_failed_one() {
 #[test]
 fn a_failed_action_is_completed_not_repeated_and_rearms_on_fresh_data() {
     // A stop that EC2 refused still has its audit record: the edge reports it recorded.
-    let mut edge = Edge::new(settings(Vec::new()));
+    let mut edge = Node::new(settings(Vec::new()));
     edge.run(0..36, |_| NORMAL);
     assert_eq!(
         edge.log_from(15),
@@ -352,7 +345,7 @@ fn a_failed_action_is_completed_not_repeated_and_rearms_on_fresh_data() {
 
 #[test]
 fn an_action_whose_record_cannot_be_written_is_withdrawn_and_retried() {
-    let mut edge = Edge::new(settings(Vec::new()));
+    let mut edge = Node::new(settings(Vec::new()));
     edge.run(0..16, |t| World {
         audit: t != 15,
         ..NORMAL
@@ -395,7 +388,7 @@ fn an_action_behind_a_slow_one_is_decided_again_on_fresh_data() {
     // The checkpoint takes 30 s, far more than the 1 s between samples; meanwhile GPU 0 went
     // back to work. The stop is not carried out on the old decision: it is deferred, pending
     // on disk, and the next step, which sees the work, cancels it.
-    let mut edge = Edge::new(two_rules());
+    let mut edge = Node::new(two_rules());
     edge.run(0..15, |_| NORMAL);
     assert!(edge.cycle(
         15,
@@ -433,9 +426,9 @@ fn an_action_behind_a_slow_one_is_decided_again_on_fresh_data() {
 fn an_action_behind_a_quick_one_runs_in_the_same_step() {
     // Actions that take less than a sample leave the decision fresh: both run at 15. And a
     // deferred action still idle at the next step runs there.
-    let mut edge = Edge::new(two_rules());
+    let mut edge = Node::new(two_rules());
     edge.run(0..16, |_| NORMAL);
-    let ran = |edge: &Edge| -> Vec<(u32, String)> {
+    let ran = |edge: &Node| -> Vec<(u32, String)> {
         edge.log_from(15)
             .into_iter()
             .filter(|(_, w)| {
@@ -451,7 +444,7 @@ fn an_action_behind_a_quick_one_runs_in_the_same_step() {
             (15, "executed: idle Recorded".to_string()),
         ]
     );
-    let mut slow = Edge::new(two_rules());
+    let mut slow = Node::new(two_rules());
     slow.run(0..15, |_| NORMAL);
     slow.run(15..17, |t| World {
         action_secs: if t == 15 { 30.0 } else { 0.0 },
@@ -470,7 +463,7 @@ fn an_action_behind_a_quick_one_runs_in_the_same_step() {
         ]
     );
     // A quick action, but a hold placed while it ran: the next one is deferred too.
-    let mut held = Edge::new(two_rules());
+    let mut held = Node::new(two_rules());
     held.run(0..15, |_| NORMAL);
     held.run(15..16, |_| World {
         hold_meanwhile: true,
@@ -491,7 +484,7 @@ fn an_action_behind_a_quick_one_runs_in_the_same_step() {
 
 #[test]
 fn a_warning_that_cannot_be_recorded_is_taken_back_and_given_again() {
-    let mut edge = Edge::new(settings(Vec::new()));
+    let mut edge = Node::new(settings(Vec::new()));
     // The audit log cannot be written from 10 to 12: the warnings of those steps are not on
     // record, so nothing is pending on disk, and the action waits for a warning that is.
     edge.run(0..13, |t| World {
@@ -526,7 +519,7 @@ fn a_warning_that_cannot_be_recorded_is_taken_back_and_given_again() {
 
 #[test]
 fn a_restart_between_the_save_and_the_action_never_sends_it_again() {
-    let mut edge = Edge::new(settings(Vec::new()));
+    let mut edge = Node::new(settings(Vec::new()));
     edge.run(0..15, |_| NORMAL);
     let died = !edge.cycle(
         15,
