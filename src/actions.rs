@@ -150,8 +150,9 @@ impl Executor {
             evidence: evidence.clone(),
         });
         // No record, no action: a restart could not tell that it ran. Dry-run withholds it
-        // the same way, so that a rehearsal shows what enforcement would do.
-        if action != Action::Alert && !recorded {
+        // the same way, so that a rehearsal shows what enforcement would do. An alert too is
+        // withheld, as a budget alert is: sent once it is on record.
+        if !recorded {
             let why = format!(
                 "the audit log {} cannot be written; the {action} waits until it can{}",
                 self.audit.path().display(),

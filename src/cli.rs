@@ -188,25 +188,32 @@ const VERSION: &str = concat!(
 );
 
 /// Runs the subcommand; the exit status follows sysexits (64: bad config or usage).
+/// `gpuwatch run`'s config: the file (and rules file), with `--listen` over its address.
+fn run_config(
+    config: &Path,
+    rules: Option<&Path>,
+    listen: Option<String>,
+) -> Result<(Config, Option<Tls>), ExitCode> {
+    let (mut c, tls) = load_config(config, rules)?;
+    if let Some(listen) = listen {
+        match listen.parse() {
+            Ok(addr) => c.server.listen = addr,
+            Err(_) => {
+                eprintln!("run: --listen: \"{listen}\" is not an IP address and port, such as \"127.0.0.1:9400\"");
+                return Err(cmd::exit::USAGE.into());
+            }
+        }
+    }
+    Ok((c, tls))
+}
+
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Run {
             config,
             rules,
             listen,
-        } => cmd::run::run(move || {
-            let (mut c, tls) = load_config(&config, rules.as_deref())?;
-            if let Some(listen) = listen {
-                match listen.parse() {
-                    Ok(addr) => c.server.listen = addr,
-                    Err(_) => {
-                        eprintln!("run: --listen: \"{listen}\" is not an IP address and port, such as \"127.0.0.1:9400\"");
-                        return Err(cmd::exit::USAGE.into());
-                    }
-                }
-            }
-            Ok((c, tls))
-        }),
+        } => cmd::run::run(move || run_config(&config, rules.as_deref(), listen)),
         Command::Simulate {
             config,
             trace,

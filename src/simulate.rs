@@ -487,8 +487,9 @@ fn report(t: f64, e: &Event, rule: Option<&Rule>) -> Report {
             ),
             serde_json::to_value(evidence).ok(),
         ),
-        Event::Cancelled { action, reason, .. } => (Some(*action), reason.clone(), None),
-        Event::Postponed { action, reason, .. } => (Some(*action), reason.clone(), None),
+        Event::Cancelled { action, .. } | Event::Postponed { action, .. } => {
+            (Some(*action), e.sentence().unwrap_or_default(), None)
+        }
         Event::Action {
             action, evidence, ..
         } => (

@@ -339,6 +339,32 @@ fn dry_run_withholds_an_unrecorded_action_as_enforcement_would() {
     );
 }
 
+/// Budget "b" has sent no alert.
+fn assert_no_alert_sent(s: &common::Scrape) {
+    assert_eq!(
+        counter(s, "gpuwatch_budget_alerts_total", ("budget", "b")),
+        0.0,
+        "an alert was sent without its record:\n{}",
+        s.text
+    );
+}
+
+/// Budget "b" alerts once on actual spend and once on the forecast, each on record.
+fn await_one_alert_per_basis(d: &Daemon) {
+    let s = d.await_scrape(LIMIT, |s| {
+        counter(s, "gpuwatch_budget_alerts_total", ("budget", "b")) >= 2.0
+    });
+    let audit = d.audit();
+    let alerts = common::events(&audit, "budget_alert");
+    let mut bases: Vec<&str> = alerts.iter().filter_map(|a| a["basis"].as_str()).collect();
+    bases.sort_unstable();
+    assert_eq!(bases, ["actual", "forecast"], "{audit:?}");
+    assert_eq!(
+        counter(&s, "gpuwatch_budget_alerts_total", ("budget", "b")),
+        2.0
+    );
+}
+
 /// A budget alert is recorded before it is sent: while `state.json` cannot be made durable the
 /// alert is withheld, and once the disk recovers it is sent, once.
 #[test]
@@ -357,27 +383,11 @@ fn with_a_full_disk_no_budget_alert_is_sent_until_its_record_is_durable() {
         metric("gpuwatch_spend_dollars").get(s).unwrap_or(0.0) >= 3.0
     });
     assert!(counter(&s, "gpuwatch_state_errors_total", ("op", "save")) >= 1.0);
-    assert_eq!(
-        counter(&s, "gpuwatch_budget_alerts_total", ("budget", "b")),
-        0.0,
-        "an alert was sent without its record:\n{}",
-        s.text
-    );
+    assert_no_alert_sent(&s);
 
     // Space returns: the threshold alerts once on actual spend and once on the forecast.
     set_file_size_limit(d.pid(), None);
-    let s = d.await_scrape(LIMIT, |s| {
-        counter(s, "gpuwatch_budget_alerts_total", ("budget", "b")) >= 2.0
-    });
-    let audit = d.audit();
-    let alerts = common::events(&audit, "budget_alert");
-    let mut bases: Vec<&str> = alerts.iter().filter_map(|a| a["basis"].as_str()).collect();
-    bases.sort_unstable();
-    assert_eq!(bases, ["actual", "forecast"], "{audit:?}");
-    assert_eq!(
-        counter(&s, "gpuwatch_budget_alerts_total", ("budget", "b")),
-        2.0
-    );
+    await_one_alert_per_basis(&d);
     assert!(d.is_running());
 }
 
@@ -401,28 +411,38 @@ fn a_budget_alert_without_its_audit_record_is_withheld() {
         metric("gpuwatch_spend_dollars").get(s).unwrap_or(0.0) >= 3.0
     });
     assert!(counter(&s, "gpuwatch_state_errors_total", ("op", "audit")) >= 1.0);
-    assert_eq!(
-        counter(&s, "gpuwatch_budget_alerts_total", ("budget", "b")),
-        0.0,
-        "an alert was sent without its record:\n{}",
-        s.text
-    );
+    assert_no_alert_sent(&s);
     d.await_log(LIMIT, "cannot write the audit log");
     assert!(!d.log().contains("spend is at"), "{}", d.log());
 
     std::fs::remove_dir(state.join("audit.jsonl")).unwrap();
-    let s = d.await_scrape(LIMIT, |s| {
-        counter(s, "gpuwatch_budget_alerts_total", ("budget", "b")) >= 2.0
-    });
-    let audit = d.audit();
-    let alerts = common::events(&audit, "budget_alert");
-    let mut bases: Vec<&str> = alerts.iter().filter_map(|a| a["basis"].as_str()).collect();
-    bases.sort_unstable();
-    assert_eq!(bases, ["actual", "forecast"], "{audit:?}");
-    assert_eq!(
-        counter(&s, "gpuwatch_budget_alerts_total", ("budget", "b")),
-        2.0
+    await_one_alert_per_basis(&d);
+}
+
+/// An `alert` action is withheld without its record, as every action is: the warning is on
+/// record, then the audit log goes (a directory in its place); the alert is not sent (not
+/// logged, not posted) until it can be recorded, and then it is.
+#[test]
+fn an_alert_action_without_its_record_is_withheld() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let config = format!(
+        "[sampling]\ninterval = \"200ms\"\n\
+         [actions]\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\nstate_dir = \"{state}\"\n\
+         [[rules]]\nname = \"idle\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\nthreshold = 0.05\n\
+         period = \"1s\"\nevaluation_periods = 1\naction = \"alert\"\n",
+        state = state.display(),
     );
+    let d = Daemon::start_in(dir, IDLE2, &config);
+    d.await_sample(LIMIT, |_| !common::events(&d.audit(), "warning").is_empty());
+    std::fs::remove_file(state.join("audit.jsonl")).unwrap();
+    std::fs::create_dir(state.join("audit.jsonl")).unwrap();
+    d.await_scrape(LIMIT, |s| {
+        counter(s, "gpuwatch_actions_total", ("result", "not_recorded")) >= 1.0
+    });
+    assert!(!d.log().contains("breached: GPUs idle"), "{}", d.log());
+    std::fs::remove_dir(state.join("audit.jsonl")).unwrap();
+    d.await_log(LIMIT, "breached: GPUs idle");
 }
 
 /// An audit log that cannot be written fails on every sample while a rule keeps trying to

@@ -293,9 +293,6 @@ const LONG_FNS: &[(&str, &str, usize)] = &[
     ("src/config/web.rs", "tls_settings", 115),
     ("src/simulate.rs", "parse_trace", 111),
     ("src/config/web.rs", "parse", 110),
-    ("src/cli.rs", "run", 101),
-    ("src/config/mod.rs", "validate", 104),
-    ("src/watch/mod.rs", "read", 101),
 ];
 
 /// Each function of `text` outside its tests: its name, first line and length in lines. Test

@@ -179,7 +179,7 @@ mod tests {
         let out = String::from_utf8(out).unwrap();
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines.len(), 2, "{out}");
-        assert!(lines[0].ends_with("rule r: stop cancelled, \u{fffd}]2;owned\u{fffd}"));
+        assert!(lines[0].ends_with("rule r: stop cancelled: \u{fffd}]2;owned\u{fffd}"));
         assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'));
         assert!(lines[1].ends_with("gpuwatch stopped"), "{out}");
     }

@@ -275,24 +275,7 @@ impl RawConfig {
             server
         });
 
-        let mut budgets = Vec::new();
-        for (i, raw) in self.budgets.iter().enumerate() {
-            match raw.validate(&format!("budgets[{i}]")) {
-                Ok(b) => budgets.push(b),
-                Err(e) => errors.extend(e),
-            }
-        }
-        for (i, b) in budgets.iter().enumerate() {
-            if budgets[..i].iter().any(|o: &BudgetConfig| o.name == b.name) {
-                errors.push(ConfigError::Invalid {
-                    key: format!("budgets[{i}].name"),
-                    message: format!(
-                        "\"{}\" names another budget too; names must be unique",
-                        b.name
-                    ),
-                });
-            }
-        }
+        let budgets = validate_budgets(&self.budgets, &mut errors);
         let mut rules = Vec::new();
         add_rules(&mut rules, self.rules, &budgets, &mut errors);
         for b in &budgets {
@@ -347,6 +330,29 @@ impl RawConfig {
             _ => Err(ConfigErrors(errors)),
         }
     }
+}
+
+/// Validates the budgets, each named once.
+fn validate_budgets(raw: &[RawBudget], errors: &mut Vec<ConfigError>) -> Vec<BudgetConfig> {
+    let mut budgets = Vec::new();
+    for (i, raw) in raw.iter().enumerate() {
+        match raw.validate(&format!("budgets[{i}]")) {
+            Ok(b) => budgets.push(b),
+            Err(e) => errors.extend(e),
+        }
+    }
+    for (i, b) in budgets.iter().enumerate() {
+        if budgets[..i].iter().any(|o: &BudgetConfig| o.name == b.name) {
+            errors.push(ConfigError::Invalid {
+                key: format!("budgets[{i}].name"),
+                message: format!(
+                    "\"{}\" names another budget too; names must be unique",
+                    b.name
+                ),
+            });
+        }
+    }
+    budgets
 }
 
 /// Validates raw rules after those already in `rules`, numbering them on from there, and checks

@@ -91,7 +91,11 @@ impl super::Watch {
                 self.warn(rule, *action, *due_at, evidence, at)
             }
             Event::Postponed { action, reason, .. } => {
-                tracing::info!(rule = %rule.name, action = %action, "action postponed: {reason}");
+                tracing::info!(
+                    "rule \"{}\": {}",
+                    rule.name,
+                    crate::rules::engine::postponed(*action, reason)
+                );
                 self.executor.audit(AuditRecord::Postponed {
                     rule: rule_name,
                     at,
@@ -153,8 +157,9 @@ impl super::Watch {
             return;
         };
         let text = format!(
-            "gpuwatch: {action} cancelled (rule \"{}\"): {reason}",
-            rule.name
+            "gpuwatch: rule \"{}\": {}",
+            rule.name,
+            crate::rules::engine::cancelled(*action, reason)
         );
         tracing::info!("{text}");
         let _ = self.executor.audit(AuditRecord::Cancelled {

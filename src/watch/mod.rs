@@ -242,27 +242,7 @@ impl Watch {
             names.dedup();
             names
         });
-        // The jobs and users holding each device, for their rules: this sample's, read just
-        // after it. Unknown while a process list failed or they are late.
-        if let Some(h) = &self.holders {
-            let wait = self.config.sampling.interval.clamp(
-                std::time::Duration::from_millis(100),
-                std::time::Duration::from_secs(2),
-            );
-            match h.of_sample(snap.seq, wait).await {
-                Some(h) => {
-                    for r in &mut obs.gpus {
-                        if let Some(held) = h.of((r.index, r.mig.map(|m| m.gpu_instance))) {
-                            r.jobs.clone_from(&held.jobs);
-                            r.users.clone_from(&held.users);
-                        }
-                    }
-                    // A mapping entry that was not read may give any job any device.
-                    obs.holders_unknown = !processes_known(snap) || h.mapping_unknown.is_some();
-                }
-                None => obs.holders_unknown = true,
-            }
-        }
+        self.attach_holders(snap, &mut obs).await;
         // Scanning /proc and reading the hold files block: keep them off the async worker.
         let (vetoes, dir) = (Arc::clone(&self.config.vetoes), self.state_dir.clone());
         let subjects = self.holders.is_some();
@@ -316,6 +296,30 @@ impl Watch {
             ..Inputs::default()
         };
         (obs, inputs, interruption)
+    }
+
+    /// The jobs and users holding each device, for their rules: this sample's, read just after
+    /// it. Unknown while a process list failed, the mapping is not known whole (an entry not
+    /// read may give any job any device), or they are late.
+    async fn attach_holders(&self, snap: &Snapshot, obs: &mut Observation) {
+        let Some(h) = &self.holders else {
+            return;
+        };
+        let wait = self.config.sampling.interval.clamp(
+            std::time::Duration::from_millis(100),
+            std::time::Duration::from_secs(2),
+        );
+        let Some(h) = h.of_sample(snap.seq, wait).await else {
+            obs.holders_unknown = true;
+            return;
+        };
+        for r in &mut obs.gpus {
+            if let Some(held) = h.of((r.index, r.mig.map(|m| m.gpu_instance))) {
+                r.jobs.clone_from(&held.jobs);
+                r.users.clone_from(&held.users);
+            }
+        }
+        obs.holders_unknown = !processes_known(snap) || h.mapping_unknown.is_some();
     }
 
     /// Logs and audits the budget periods that closed.

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::AuditRecord;
+use crate::rules::engine::{cancelled, postponed};
 use crate::rules::Action;
 use gpuwatch_core::cost::budget::Crossing;
 
@@ -98,13 +99,13 @@ fn words(r: &AuditRecord, mode: &str) -> String {
             action,
             reason,
             ..
-        } => format!("rule {rule}: {action} cancelled, {reason}"),
+        } => format!("rule {rule}: {}", cancelled(*action, reason)),
         R::Postponed {
             rule,
             action,
             reason,
             ..
-        } => format!("rule {rule}: {action} postponed, {reason}"),
+        } => format!("rule {rule}: {}", postponed(*action, reason)),
         R::ActionAttempt { rule, action, .. } => {
             format!("rule {rule}: {action} begins ({mode} mode)")
         }

@@ -138,6 +138,17 @@ impl Event {
         }
     }
 
+    /// The event in the words every edge says it with (the log, the webhook, `gpuwatch
+    /// audit`, `simulate`), for the events whose words are their reason: a cancellation and a
+    /// postponement. `None` for the others, whose words depend on their rule or evidence.
+    pub fn sentence(&self) -> Option<String> {
+        match self {
+            Event::Cancelled { action, reason, .. } => Some(cancelled(*action, reason)),
+            Event::Postponed { action, reason, .. } => Some(postponed(*action, reason)),
+            _ => None,
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Event::Breach { .. } => "breach",
@@ -456,6 +467,16 @@ fn budget_shut(budget: &str, ratio: Option<f64>, at_least: f64) -> String {
             )
         }
     }
+}
+
+/// A cancellation in words: "stop cancelled: the GPUs came back ...".
+pub fn cancelled(action: Action, reason: &str) -> String {
+    format!("{action} cancelled: {reason}")
+}
+
+/// A postponement in words: "stop postponed: a hold is in place until ...".
+pub fn postponed(action: Action, reason: &str) -> String {
+    format!("{action} postponed: {reason}")
 }
 
 /// Seconds before a budget limit that acted (or was cancelled) may act again.
