@@ -75,6 +75,12 @@ pub enum Trigger {
     BudgetExhausted { budget: String },
 }
 
+/// A share as a percentage for people: exact to a millionth of a percent, so that 0.8 reads
+/// "80" and not "80.00000000000001".
+pub(crate) fn percent(share: f64) -> f64 {
+    (share * 1e8).round() / 1e6
+}
+
 impl Rule {
     /// Whether the engine state kept under `name` is this configured rule's: its own, or, for a
     /// pod-scoped rule, that of one of its pods (`rule namespace/pod`).
@@ -150,7 +156,7 @@ impl Rule {
             words.push_str(&format!(
                 ", or budget \"{}\" falls under {}% spent or cannot be known",
                 g.name,
-                (g.spent_at_least * 1e8).round() / 1e6
+                percent(g.spent_at_least)
             ));
         }
         words
@@ -215,7 +221,7 @@ impl Rule {
             format!(
                 ", once budget \"{}\" is {}% spent",
                 g.name,
-                (g.spent_at_least * 1e8).round() / 1e6
+                percent(g.spent_at_least)
             )
         });
         format!("{} when {when}{gate}", self.action)

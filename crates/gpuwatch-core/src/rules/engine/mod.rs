@@ -458,14 +458,11 @@ pub fn evaluate(
 fn budget_shut(budget: &str, ratio: Option<f64>, at_least: f64) -> String {
     match ratio {
         None => format!("the spend of budget \"{budget}\" is unknown (unknown holds)"),
-        Some(r) => {
-            let percent = |v: f64| (v * 1e4).round() / 1e2;
-            format!(
-                "budget \"{budget}\" is {}% spent, under the {}% the action rests on",
-                percent(r),
-                percent(at_least)
-            )
-        }
+        Some(r) => format!(
+            "budget \"{budget}\" is {}% spent, under the {}% the action rests on",
+            super::percent(r),
+            super::percent(at_least)
+        ),
     }
 }
 
