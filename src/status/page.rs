@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use super::text::{
     duration, gib, mig_name, percent, process_count, processes, spinning_hint, underutilized_hint,
 };
-use super::{Health, Status};
+use super::{BudgetStatus, GpuStatus, Health, MigStatus, RuleStatus, Status};
 
 /// The page's Content-Security-Policy: its own script, style and API, nothing else.
 pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
@@ -80,12 +80,20 @@ pub fn title(s: &Status) -> String {
 /// `now` is the server's clock, for the countdowns.
 pub fn fragment(s: &Status, now: f64) -> String {
     let mut o = String::with_capacity(8192);
-    main(&mut o, s, now);
+    summary_section(&mut o, s);
+    gpus_section(&mut o, s);
+    if s.watching {
+        rules_section(&mut o, s, now);
+    }
+    cost_section(&mut o, s);
+    if s.watching {
+        events_section(&mut o, s);
+    }
     o
 }
 
-fn main(o: &mut String, s: &Status, now: f64) {
-    // Summary.
+/// Health, NVML, how many GPUs are up, and the node with its labels.
+fn summary_section(o: &mut String, s: &Status) {
     let nvml = if s.nvml.up {
         format!(
             "NVML up, driver {}",
@@ -133,71 +141,87 @@ fn main(o: &mut String, s: &Status, now: f64) {
         o.push_str("</p>");
     }
     o.push_str("</section>\n");
+}
 
-    // GPUs.
+/// The GPU table, a row per GPU and per MIG instance, then its health problems and hints.
+fn gpus_section(o: &mut String, s: &Status) {
     o.push_str(
         "<section id=\"gpus\"><h2>GPUs</h2><div class=\"scroll\"><table><thead><tr>\
          <th>GPU</th><th>State</th><th>Utilization</th><th>Memory (GiB)</th><th>Temp</th>\
          <th>Power (W)</th><th>Idle for</th><th>Processes</th></tr></thead><tbody>",
     );
     for g in &s.gpus {
-        let power = match (g.power_watts, g.power_limit_watts) {
-            (Some(p), Some(l)) => format!("{p:.0} of {l:.0}"),
-            (Some(p), None) => format!("{p:.0}"),
-            _ => "-".into(),
-        };
-        let _ = write!(
-            o,
-            "<tr class=\"gpu{lost}\" data-index=\"{i}\"><td><b>{i}</b> <span class=\"name\">{name}</span></td>\
-             <td class=\"state\">{state}</td>\
-             <td class=\"util\"><meter min=\"0\" max=\"1\" value=\"{u}\"></meter> {util}{sm}</td>\
-             <td class=\"memory\">{used} of {total}</td><td class=\"temp\">{temp}</td>\
-             <td class=\"power\">{power}</td><td class=\"idle\" data-idle=\"{idle_s}\">{idle}</td>\
-             <td class=\"procs\">{procs}</td></tr>",
-            lost = if g.up { "" } else { " lost" },
-            i = g.index,
-            name = escape(g.name.as_deref().unwrap_or("")),
-            state = match (&g.health, g.up) {
-                (Some(h), _) => escape(&h.state),
-                (None, true) => "up".into(),
-                (None, false) => "lost".into(),
-            },
-            u = g.utilization.unwrap_or(0.0),
-            util = percent(g.utilization),
-            sm = g.sm_active.map_or(String::new(), |sm| format!(
-                " <span class=\"sm{flag}\">SM {}</span>",
-                percent(Some(sm)),
-                flag = if g.spinning { " spinning" } else { "" }
-            )),
-            used = gib(g.memory_used_bytes),
-            total = gib(g.memory_total_bytes),
-            temp = g
-                .temperature_celsius
-                .map_or("-".into(), |t| format!("{t:.0} °C")),
-            idle_s = g.idle_seconds.unwrap_or(0.0),
-            idle = g.idle_seconds.map_or("-".into(), duration),
-            procs = escape(&processes(g)),
-        );
+        gpu_row(o, g);
         for m in &g.mig {
-            let _ = write!(
-                o,
-                "<tr class=\"mig\" data-index=\"{i}\"><td>↳ <span class=\"name\">{name}</span></td>\
-                 <td class=\"state\">MIG</td><td class=\"util\">SM {sm}</td>\
-                 <td class=\"memory\">{used} of {total}</td><td class=\"temp\">-</td>\
-                 <td class=\"power\">-</td><td class=\"idle\" data-idle=\"{idle_s}\">{idle}</td>\
-                 <td class=\"procs\">{procs}</td></tr>",
-                i = g.index,
-                name = escape(&mig_name(m)),
-                sm = percent(m.sm_active),
-                used = gib(m.memory_used_bytes),
-                total = gib(m.memory_total_bytes),
-                idle_s = m.idle_seconds.unwrap_or(0.0),
-                idle = m.idle_seconds.map_or("-".into(), duration),
-                procs = process_count(m.process_count),
-            );
+            mig_row(o, g, m);
         }
     }
     o.push_str("</tbody></table></div>");
+    gpu_notes(o, s);
+    o.push_str("</section>\n");
+}
+
+fn gpu_row(o: &mut String, g: &GpuStatus) {
+    let power = match (g.power_watts, g.power_limit_watts) {
+        (Some(p), Some(l)) => format!("{p:.0} of {l:.0}"),
+        (Some(p), None) => format!("{p:.0}"),
+        _ => "-".into(),
+    };
+    let _ = write!(
+        o,
+        "<tr class=\"gpu{lost}\" data-index=\"{i}\"><td><b>{i}</b> <span class=\"name\">{name}</span></td>\
+         <td class=\"state\">{state}</td>\
+         <td class=\"util\"><meter min=\"0\" max=\"1\" value=\"{u}\"></meter> {util}{sm}</td>\
+         <td class=\"memory\">{used} of {total}</td><td class=\"temp\">{temp}</td>\
+         <td class=\"power\">{power}</td><td class=\"idle\" data-idle=\"{idle_s}\">{idle}</td>\
+         <td class=\"procs\">{procs}</td></tr>",
+        lost = if g.up { "" } else { " lost" },
+        i = g.index,
+        name = escape(g.name.as_deref().unwrap_or("")),
+        state = match (&g.health, g.up) {
+            (Some(h), _) => escape(&h.state),
+            (None, true) => "up".into(),
+            (None, false) => "lost".into(),
+        },
+        u = g.utilization.unwrap_or(0.0),
+        util = percent(g.utilization),
+        sm = g.sm_active.map_or(String::new(), |sm| format!(
+            " <span class=\"sm{flag}\">SM {}</span>",
+            percent(Some(sm)),
+            flag = if g.spinning { " spinning" } else { "" }
+        )),
+        used = gib(g.memory_used_bytes),
+        total = gib(g.memory_total_bytes),
+        temp = g
+            .temperature_celsius
+            .map_or("-".into(), |t| format!("{t:.0} °C")),
+        idle_s = g.idle_seconds.unwrap_or(0.0),
+        idle = g.idle_seconds.map_or("-".into(), duration),
+        procs = escape(&processes(g)),
+    );
+}
+
+fn mig_row(o: &mut String, g: &GpuStatus, m: &MigStatus) {
+    let _ = write!(
+        o,
+        "<tr class=\"mig\" data-index=\"{i}\"><td>↳ <span class=\"name\">{name}</span></td>\
+         <td class=\"state\">MIG</td><td class=\"util\">SM {sm}</td>\
+         <td class=\"memory\">{used} of {total}</td><td class=\"temp\">-</td>\
+         <td class=\"power\">-</td><td class=\"idle\" data-idle=\"{idle_s}\">{idle}</td>\
+         <td class=\"procs\">{procs}</td></tr>",
+        i = g.index,
+        name = escape(&mig_name(m)),
+        sm = percent(m.sm_active),
+        used = gib(m.memory_used_bytes),
+        total = gib(m.memory_total_bytes),
+        idle_s = m.idle_seconds.unwrap_or(0.0),
+        idle = m.idle_seconds.map_or("-".into(), duration),
+        procs = process_count(m.process_count),
+    );
+}
+
+/// Under the table: each GPU's health problems, then the underutilized and spinning hints.
+fn gpu_notes(o: &mut String, s: &Status) {
     for g in &s.gpus {
         let Some(h) = g.health.as_ref().filter(|h| !h.problems.is_empty()) else {
             continue;
@@ -233,148 +257,166 @@ fn main(o: &mut String, s: &Status, now: f64) {
             escape(&spinning_hint(g))
         );
     }
-    o.push_str("</section>\n");
+}
 
-    // Rules and holds.
-    if s.watching {
-        o.push_str("<section id=\"rules\"><h2>Rules</h2>");
-        if s.rules.is_empty() {
-            o.push_str("<p>No rules.</p>");
-        }
-        for r in &s.rules {
-            let counted = r.counted.map_or(String::new(), |c| {
-                format!(
-                    "{} of the last {} periods breach ({} needed)",
-                    c.breaching, c.of, c.needed
-                )
-            });
-            let _ = write!(
-                o,
-                "<div class=\"rule{b}\" data-rule=\"{name}\"><h3>{name} <span class=\"state\">{state}</span></h3>\
-                 <p class=\"summary\">{summary}</p><p class=\"counted\">{counted}</p>",
-                b = if r.breaching { " breaching" } else { "" },
-                name = escape(&r.name),
-                state = if r.breaching { "breaching" } else { "not breaching" },
-                summary = escape(&r.summary),
-                counted = escape(&counted),
-            );
-            if let Some(p) = &r.pending {
-                let _ = write!(
-                    o,
-                    "<div class=\"pending\"><p><b>{action}</b> in <span class=\"countdown\" data-due=\"{due}\">{left}</span> \
-                     (at {at}) unless {unless}. To postpone it:</p><pre><code class=\"hold\">{cmd}</code></pre></div>",
-                    action = escape(&p.action),
-                    unless = escape(&p.unless),
-                    due = p.due_at,
-                    left = duration(p.due_at - now),
-                    at = crate::time::rfc3339(p.due_at),
-                    cmd = escape(&p.hold_command),
-                );
-            }
-            o.push_str("</div>");
-        }
-        if !s.jobs.is_empty() {
-            o.push_str("<h2>Jobs</h2><table id=\"jobs\"><tr><th>Job</th><th>User</th><th>GPUs</th><th>Idle GPU time</th><th>Idle cost</th></tr>");
-            for j in &s.jobs {
-                let _ = write!(
-                    o,
-                    "<tr class=\"job\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                    escape(&j.job),
-                    escape(j.user.as_deref().unwrap_or("unknown")),
-                    escape(&j.gpus.join(", ")),
-                    escape(&super::text::duration(j.idle_seconds)),
-                    j.idle_dollars.map_or("unknown".into(), |d| format!("${d:.2}")),
-                );
-            }
-            o.push_str("</table>");
-        }
-        o.push_str("<h2>Holds</h2><ul id=\"holds\">");
-        if s.holds.is_empty() {
-            o.push_str("<li>None.</li>");
-        }
-        for h in &s.holds {
-            let until = h
-                .until
-                .map_or("without end (its expiry cannot be read)".into(), |t| {
-                    format!("until {}", crate::time::rfc3339(t))
-                });
-            let _ = write!(
-                o,
-                "<li class=\"hold\">{} {}: {}</li>",
-                escape(&h.source),
-                escape(&until),
-                escape(&h.reason)
-            );
-        }
-        o.push_str("</ul>");
-        if let Some(t) = s.interruption {
-            let _ = write!(
-                o,
-                "<p class=\"interruption\">Spot interruption: the instance goes at {}.</p>",
-                crate::time::rfc3339(t)
-            );
-        }
-        o.push_str("</section>\n");
+/// The rules with their pending actions, the jobs, the holds and a spot interruption.
+fn rules_section(o: &mut String, s: &Status, now: f64) {
+    o.push_str("<section id=\"rules\"><h2>Rules</h2>");
+    if s.rules.is_empty() {
+        o.push_str("<p>No rules.</p>");
     }
-
-    // Cost.
-    let c = &s.cost;
-    if c.usd_per_hour.is_some() || !c.budgets.is_empty() {
-        let money = |v: Option<f64>| v.map_or("-".into(), |v| format!("${v:.2}"));
+    for r in &s.rules {
+        rule_div(o, r, now);
+    }
+    if !s.jobs.is_empty() {
+        jobs_table(o, s);
+    }
+    holds_list(o, s);
+    if let Some(t) = s.interruption {
         let _ = write!(
             o,
-            "<section id=\"cost\"><h2>Cost</h2><p>Price <b class=\"price\">{price}</b> per hour ({source}). \
-             This period: spent <b class=\"spent\">{spent}</b>, forecast <b class=\"forecast\">{forecast}</b>; \
-             on idle GPUs so far <b class=\"idle-dollars\">${idle:.2}</b>, on unhealthy ones \
-             <b class=\"unhealthy-dollars\">${unhealthy:.2}</b>.</p>",
-            price = money(c.usd_per_hour),
-            source = escape(c.price_source.as_deref().unwrap_or("unknown")),
-            spent = money(c.spent),
-            forecast = money(c.forecast),
-            idle = c.idle_dollars,
-            unhealthy = c.unhealthy_dollars,
+            "<p class=\"interruption\">Spot interruption: the instance goes at {}.</p>",
+            crate::time::rfc3339(t)
         );
-        for b in &c.budgets {
-            let thresholds: Vec<String> = b.thresholds.iter().map(|t| percent(Some(*t))).collect();
-            let low = b.thresholds.first().copied().unwrap_or(1.0);
-            let high = b.thresholds.last().copied().unwrap_or(1.0);
-            if let Some(why) = &b.unknown {
-                let _ = write!(
-                    o,
-                    "<div class=\"budget unknown\" data-budget=\"{name}\"><p>{name}: spend <b>unknown</b>, so no rule tightens on it \
-                     (limit ${limit:.2}): <span class=\"why\">{why}</span></p></div>",
-                    name = escape(&b.name),
-                    limit = b.limit_usd,
-                    why = escape(why),
-                );
-                continue;
-            }
-            let _ = write!(
-                o,
-                "<div class=\"budget\" data-budget=\"{name}\"><p>{name}: {spent} of ${limit:.2} spent, forecast {forecast}; \
-                 alerts at {th}</p><meter min=\"0\" max=\"1\" low=\"{low}\" high=\"{high}\" optimum=\"0\" value=\"{v}\"></meter></div>",
-                name = escape(&b.name),
-                spent = percent(b.spent_ratio),
-                limit = b.limit_usd,
-                forecast = percent(b.forecast_ratio),
-                th = thresholds.join(", "),
-                v = b.spent_ratio.unwrap_or(0.0).min(1.0),
-            );
-        }
-        o.push_str("</section>\n");
     }
+    o.push_str("</section>\n");
+}
 
-    // Events.
-    if s.watching {
-        o.push_str("<section id=\"events\"><h2>Last events</h2><ol>");
-        if s.events.is_empty() {
-            o.push_str("<li>None yet.</li>");
-        }
-        for e in &s.events {
-            let _ = write!(o, "<li>{}</li>", escape(&e.text));
-        }
-        o.push_str("</ol></section>\n");
+fn rule_div(o: &mut String, r: &RuleStatus, now: f64) {
+    let counted = r.counted.map_or(String::new(), |c| {
+        format!(
+            "{} of the last {} periods breach ({} needed)",
+            c.breaching, c.of, c.needed
+        )
+    });
+    let _ = write!(
+        o,
+        "<div class=\"rule{b}\" data-rule=\"{name}\"><h3>{name} <span class=\"state\">{state}</span></h3>\
+         <p class=\"summary\">{summary}</p><p class=\"counted\">{counted}</p>",
+        b = if r.breaching { " breaching" } else { "" },
+        name = escape(&r.name),
+        state = if r.breaching { "breaching" } else { "not breaching" },
+        summary = escape(&r.summary),
+        counted = escape(&counted),
+    );
+    if let Some(p) = &r.pending {
+        let _ = write!(
+            o,
+            "<div class=\"pending\"><p><b>{action}</b> in <span class=\"countdown\" data-due=\"{due}\">{left}</span> \
+             (at {at}) unless {unless}. To postpone it:</p><pre><code class=\"hold\">{cmd}</code></pre></div>",
+            action = escape(&p.action),
+            unless = escape(&p.unless),
+            due = p.due_at,
+            left = duration(p.due_at - now),
+            at = crate::time::rfc3339(p.due_at),
+            cmd = escape(&p.hold_command),
+        );
     }
+    o.push_str("</div>");
+}
+
+fn jobs_table(o: &mut String, s: &Status) {
+    o.push_str("<h2>Jobs</h2><table id=\"jobs\"><tr><th>Job</th><th>User</th><th>GPUs</th><th>Idle GPU time</th><th>Idle cost</th></tr>");
+    for j in &s.jobs {
+        let _ = write!(
+            o,
+            "<tr class=\"job\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&j.job),
+            escape(j.user.as_deref().unwrap_or("unknown")),
+            escape(&j.gpus.join(", ")),
+            escape(&super::text::duration(j.idle_seconds)),
+            j.idle_dollars
+                .map_or("unknown".into(), |d| format!("${d:.2}")),
+        );
+    }
+    o.push_str("</table>");
+}
+
+fn holds_list(o: &mut String, s: &Status) {
+    o.push_str("<h2>Holds</h2><ul id=\"holds\">");
+    if s.holds.is_empty() {
+        o.push_str("<li>None.</li>");
+    }
+    for h in &s.holds {
+        let until = h
+            .until
+            .map_or("without end (its expiry cannot be read)".into(), |t| {
+                format!("until {}", crate::time::rfc3339(t))
+            });
+        let _ = write!(
+            o,
+            "<li class=\"hold\">{} {}: {}</li>",
+            escape(&h.source),
+            escape(&until),
+            escape(&h.reason)
+        );
+    }
+    o.push_str("</ul>");
+}
+
+/// The price, this period's spend and forecast, and each budget; left out when there is none.
+fn cost_section(o: &mut String, s: &Status) {
+    let c = &s.cost;
+    if c.usd_per_hour.is_none() && c.budgets.is_empty() {
+        return;
+    }
+    let money = |v: Option<f64>| v.map_or("-".into(), |v| format!("${v:.2}"));
+    let _ = write!(
+        o,
+        "<section id=\"cost\"><h2>Cost</h2><p>Price <b class=\"price\">{price}</b> per hour ({source}). \
+         This period: spent <b class=\"spent\">{spent}</b>, forecast <b class=\"forecast\">{forecast}</b>; \
+         on idle GPUs so far <b class=\"idle-dollars\">${idle:.2}</b>, on unhealthy ones \
+         <b class=\"unhealthy-dollars\">${unhealthy:.2}</b>.</p>",
+        price = money(c.usd_per_hour),
+        source = escape(c.price_source.as_deref().unwrap_or("unknown")),
+        spent = money(c.spent),
+        forecast = money(c.forecast),
+        idle = c.idle_dollars,
+        unhealthy = c.unhealthy_dollars,
+    );
+    for b in &c.budgets {
+        budget_div(o, b);
+    }
+    o.push_str("</section>\n");
+}
+
+fn budget_div(o: &mut String, b: &BudgetStatus) {
+    let thresholds: Vec<String> = b.thresholds.iter().map(|t| percent(Some(*t))).collect();
+    let low = b.thresholds.first().copied().unwrap_or(1.0);
+    let high = b.thresholds.last().copied().unwrap_or(1.0);
+    if let Some(why) = &b.unknown {
+        let _ = write!(
+            o,
+            "<div class=\"budget unknown\" data-budget=\"{name}\"><p>{name}: spend <b>unknown</b>, so no rule tightens on it \
+             (limit ${limit:.2}): <span class=\"why\">{why}</span></p></div>",
+            name = escape(&b.name),
+            limit = b.limit_usd,
+            why = escape(why),
+        );
+        return;
+    }
+    let _ = write!(
+        o,
+        "<div class=\"budget\" data-budget=\"{name}\"><p>{name}: {spent} of ${limit:.2} spent, forecast {forecast}; \
+         alerts at {th}</p><meter min=\"0\" max=\"1\" low=\"{low}\" high=\"{high}\" optimum=\"0\" value=\"{v}\"></meter></div>",
+        name = escape(&b.name),
+        spent = percent(b.spent_ratio),
+        limit = b.limit_usd,
+        forecast = percent(b.forecast_ratio),
+        th = thresholds.join(", "),
+        v = b.spent_ratio.unwrap_or(0.0).min(1.0),
+    );
+}
+
+fn events_section(o: &mut String, s: &Status) {
+    o.push_str("<section id=\"events\"><h2>Last events</h2><ol>");
+    if s.events.is_empty() {
+        o.push_str("<li>None yet.</li>");
+    }
+    for e in &s.events {
+        let _ = write!(o, "<li>{}</li>", escape(&e.text));
+    }
+    o.push_str("</ol></section>\n");
 }
 
 #[cfg(test)]

@@ -96,6 +96,27 @@ pub fn render(s: &Status, now: f64) -> String {
 
 fn render_lines(s: &Status, now: f64) -> String {
     let mut out = String::new();
+    header(&mut out, s);
+    let _ = writeln!(out);
+    gpu_table(&mut out, s);
+    gpu_notes(&mut out, s);
+    if s.watching {
+        let _ = writeln!(out);
+        rules(&mut out, s, now);
+        jobs_holds_and_interruption(&mut out, s);
+    }
+    cost(&mut out, s);
+    if !s.events.is_empty() {
+        let _ = writeln!(out, "\nLast events:");
+        for e in &s.events {
+            let _ = writeln!(out, "  {}", e.text);
+        }
+    }
+    out
+}
+
+/// The daemon, the node and its health; NVML; the instance and its labels.
+fn header(out: &mut String, s: &Status) {
     let health = match s.health {
         Health::Ok => "OK",
         Health::Pending => "ACTION PENDING",
@@ -139,7 +160,10 @@ fn render_lines(s: &Status, now: f64) -> String {
             .collect();
         let _ = writeln!(out, "Labels: {}", labels.join(" "));
     }
-    let _ = writeln!(out);
+}
+
+/// A line per GPU, each followed by a line per MIG instance.
+fn gpu_table(out: &mut String, s: &Status) {
     let _ = writeln!(
         out,
         "GPU  STATE  UTIL  MEMORY (GiB)   TEMP   POWER (W)    IDLE      PROCESSES"
@@ -177,6 +201,10 @@ fn render_lines(s: &Status, now: f64) -> String {
             );
         }
     }
+}
+
+/// Under the table: each GPU's health problems, then the underutilized and spinning hints.
+fn gpu_notes(out: &mut String, s: &Status) {
     for g in &s.gpus {
         if let Some(h) = g.health.as_ref().filter(|h| !h.problems.is_empty()) {
             let _ = writeln!(out, "GPU {} is {}:", g.index, h.state);
@@ -196,112 +224,114 @@ fn render_lines(s: &Status, now: f64) -> String {
     for g in s.gpus.iter().filter(|g| g.spinning) {
         let _ = writeln!(out, "hint: {}", spinning_hint(g));
     }
-    if s.watching {
-        let _ = writeln!(out);
-        if s.rules.is_empty() {
-            let _ = writeln!(out, "Rules: none");
-        }
-        for r in &s.rules {
-            let counted = r.counted.map_or(String::new(), |c| {
-                format!(
-                    ", {} of the last {} periods breach ({} needed)",
-                    c.breaching, c.of, c.needed
-                )
-            });
-            let state = if r.breaching { "BREACHING" } else { "ok" };
-            let _ = writeln!(out, "Rule {}: {state}{counted}", r.name);
-            let _ = writeln!(out, "  {}", r.summary);
-            if let Some(p) = &r.pending {
-                let _ = writeln!(
-                    out,
-                    "  {} in {} (at {}) unless {}; to postpone it:\n    {}",
-                    p.action.to_uppercase(),
-                    duration(p.due_at - now),
-                    crate::time::rfc3339(p.due_at),
-                    crate::redact::plain(&p.unless),
-                    p.hold_command
-                );
-            }
-        }
-        for j in &s.jobs {
-            let user = j
-                .user
-                .as_deref()
-                .map_or(String::new(), |u| format!(" of {u}"));
-            let dollars = j
-                .idle_dollars
-                .map_or(String::new(), |d| format!(", ${d:.2}"));
+}
+
+/// Each rule, its state and summary, and the action it has pending.
+fn rules(out: &mut String, s: &Status, now: f64) {
+    if s.rules.is_empty() {
+        let _ = writeln!(out, "Rules: none");
+    }
+    for r in &s.rules {
+        let counted = r.counted.map_or(String::new(), |c| {
+            format!(
+                ", {} of the last {} periods breach ({} needed)",
+                c.breaching, c.of, c.needed
+            )
+        });
+        let state = if r.breaching { "BREACHING" } else { "ok" };
+        let _ = writeln!(out, "Rule {}: {state}{counted}", r.name);
+        let _ = writeln!(out, "  {}", r.summary);
+        if let Some(p) = &r.pending {
             let _ = writeln!(
                 out,
-                "Job {}{user} on GPU {}: idle {} of GPU time{dollars}",
-                j.job,
-                j.gpus.join(", "),
-                duration(j.idle_seconds)
-            );
-        }
-        for h in &s.holds {
-            let until = h
-                .until
-                .map_or("without end (unreadable expiry)".into(), |t| {
-                    format!("until {}", crate::time::rfc3339(t))
-                });
-            let _ = writeln!(out, "Hold ({}): {until}: {}", h.source, h.reason);
-        }
-        if let Some(t) = s.interruption {
-            let _ = writeln!(
-                out,
-                "Spot interruption: the instance goes at {}",
-                crate::time::rfc3339(t)
+                "  {} in {} (at {}) unless {}; to postpone it:\n    {}",
+                p.action.to_uppercase(),
+                duration(p.due_at - now),
+                crate::time::rfc3339(p.due_at),
+                crate::redact::plain(&p.unless),
+                p.hold_command
             );
         }
     }
-    let c = &s.cost;
-    if c.usd_per_hour.is_some() || !c.budgets.is_empty() {
-        let _ = writeln!(out);
-        if let Some(p) = c.usd_per_hour {
-            let _ = writeln!(
-                out,
-                "Price: ${p:.2}/h ({})",
-                c.price_source.as_deref().unwrap_or("unknown")
-            );
-        }
-        let money = |v: Option<f64>| v.map_or("-".into(), |v| format!("${v:.2}"));
+}
+
+fn jobs_holds_and_interruption(out: &mut String, s: &Status) {
+    for j in &s.jobs {
+        let user = j
+            .user
+            .as_deref()
+            .map_or(String::new(), |u| format!(" of {u}"));
+        let dollars = j
+            .idle_dollars
+            .map_or(String::new(), |d| format!(", ${d:.2}"));
         let _ = writeln!(
             out,
-            "Spend this period: {}, forecast {}; on idle GPUs so far ${:.2}, on unhealthy ones ${:.2}",
-            money(c.spent),
-            money(c.forecast),
-            c.idle_dollars,
-            c.unhealthy_dollars
+            "Job {}{user} on GPU {}: idle {} of GPU time{dollars}",
+            j.job,
+            j.gpus.join(", "),
+            duration(j.idle_seconds)
         );
-        for b in &c.budgets {
-            if let Some(why) = &b.unknown {
-                let _ = writeln!(
-                    out,
-                    "Budget {}: spend unknown, so no rule tightens on it (limit ${:.2}): {}",
-                    plain(&b.name),
-                    b.limit_usd,
-                    plain(why)
-                );
-                continue;
-            }
+    }
+    for h in &s.holds {
+        let until = h
+            .until
+            .map_or("without end (unreadable expiry)".into(), |t| {
+                format!("until {}", crate::time::rfc3339(t))
+            });
+        let _ = writeln!(out, "Hold ({}): {until}: {}", h.source, h.reason);
+    }
+    if let Some(t) = s.interruption {
+        let _ = writeln!(
+            out,
+            "Spot interruption: the instance goes at {}",
+            crate::time::rfc3339(t)
+        );
+    }
+}
+
+/// The price, this period's spend and forecast, and each budget; nothing when there is none.
+fn cost(out: &mut String, s: &Status) {
+    let c = &s.cost;
+    if c.usd_per_hour.is_none() && c.budgets.is_empty() {
+        return;
+    }
+    let _ = writeln!(out);
+    if let Some(p) = c.usd_per_hour {
+        let _ = writeln!(
+            out,
+            "Price: ${p:.2}/h ({})",
+            c.price_source.as_deref().unwrap_or("unknown")
+        );
+    }
+    let money = |v: Option<f64>| v.map_or("-".into(), |v| format!("${v:.2}"));
+    let _ = writeln!(
+        out,
+        "Spend this period: {}, forecast {}; on idle GPUs so far ${:.2}, on unhealthy ones ${:.2}",
+        money(c.spent),
+        money(c.forecast),
+        c.idle_dollars,
+        c.unhealthy_dollars
+    );
+    for b in &c.budgets {
+        if let Some(why) = &b.unknown {
             let _ = writeln!(
                 out,
-                "Budget {}: {} of ${:.2} spent, forecast {}",
-                b.name,
-                percent(b.spent_ratio),
+                "Budget {}: spend unknown, so no rule tightens on it (limit ${:.2}): {}",
+                plain(&b.name),
                 b.limit_usd,
-                percent(b.forecast_ratio)
+                plain(why)
             );
+            continue;
         }
+        let _ = writeln!(
+            out,
+            "Budget {}: {} of ${:.2} spent, forecast {}",
+            b.name,
+            percent(b.spent_ratio),
+            b.limit_usd,
+            percent(b.forecast_ratio)
+        );
     }
-    if !s.events.is_empty() {
-        let _ = writeln!(out, "\nLast events:");
-        for e in &s.events {
-            let _ = writeln!(out, "  {}", e.text);
-        }
-    }
-    out
 }
 
 #[cfg(test)]
