@@ -137,7 +137,34 @@ impl RawBudget {
             })
         };
         check_name(&mut invalid, "budget", &self.name);
-        let source = match self.source.as_str() {
+        let source = self.spend_source(&mut invalid);
+        self.refuse_other_sources_keys(&mut invalid);
+        self.check_limit(&mut invalid);
+        let on_exhausted = self.exhausted_action(&mut invalid);
+        self.check_sns(&mut invalid);
+        let poll_interval = self.poll_every(&mut invalid, source.as_ref());
+        match (source, on_exhausted, poll_interval) {
+            (Some(source), Some(on_exhausted), Some(poll_interval)) if errors.is_empty() => {
+                Ok(BudgetConfig {
+                    name: self.name.clone(),
+                    limit_usd: self.limit_usd,
+                    thresholds: self.thresholds.clone(),
+                    on_exhausted,
+                    sns_topic_arn: self.sns_topic_arn.clone(),
+                    poll_interval,
+                    notify: self
+                        .notify
+                        .unwrap_or(!matches!(source, BudgetSource::Prometheus(_))),
+                    source,
+                })
+            }
+            _ => Err(errors),
+        }
+    }
+
+    /// Where the spend is read: kept here, in AWS Budgets, or from a Prometheus query.
+    fn spend_source(&self, invalid: &mut impl FnMut(&str, String)) -> Option<BudgetSource> {
+        match self.source.as_str() {
             "local" => Some(BudgetSource::Local),
             "aws_budgets" => match self.account_id.as_deref() {
                 Some(a) if a.len() == 12 && a.bytes().all(|b| b.is_ascii_digit()) => {
@@ -164,7 +191,7 @@ impl RawBudget {
                     None
                 }
             },
-            "prometheus" => query::validate(self, &mut invalid).map(BudgetSource::Prometheus),
+            "prometheus" => query::validate(self, invalid).map(BudgetSource::Prometheus),
             other => {
                 invalid(
                     "source",
@@ -172,11 +199,14 @@ impl RawBudget {
                 );
                 None
             }
-        };
-        if self.source != "prometheus" {
-            query::refuse_elsewhere(self, &mut invalid);
         }
-        // AWS Budgets' keys on a budget of another source would be silently unused.
+    }
+
+    /// A Prometheus or AWS Budgets key on a budget of another source would be silently unused.
+    fn refuse_other_sources_keys(&self, invalid: &mut impl FnMut(&str, String)) {
+        if self.source != "prometheus" {
+            query::refuse_elsewhere(self, invalid);
+        }
         if self.source != "aws_budgets" {
             for (k, set) in [
                 ("account_id", self.account_id.is_some()),
@@ -193,6 +223,10 @@ impl RawBudget {
                 }
             }
         }
+    }
+
+    /// The limit, which a local or Prometheus budget needs, and the thresholds, shares of it.
+    fn check_limit(&self, invalid: &mut impl FnMut(&str, String)) {
         match self.limit_usd {
             Some(l) if !(l > 0.0 && l <= MAX_LIMIT_USD) => invalid(
                 "limit_usd",
@@ -216,8 +250,12 @@ impl RawBudget {
                 );
             }
         }
+    }
+
+    /// What an exhausted budget does to the instance; never a termination on a team's figure.
+    fn exhausted_action(&self, invalid: &mut impl FnMut(&str, String)) -> Option<Option<Action>> {
         let on_exhausted = pick(
-            &mut invalid,
+            invalid,
             "on_exhausted",
             &self.on_exhausted,
             &[
@@ -233,6 +271,11 @@ impl RawBudget {
                 "\"terminate\" is refused on a prometheus budget: one wrong team figure would terminate every node of the team; use \"stop\" or \"hibernate\"".into(),
             );
         }
+        on_exhausted
+    }
+
+    /// An SNS topic is an ARN, and a Prometheus budget publishes to it only when told to.
+    fn check_sns(&self, invalid: &mut impl FnMut(&str, String)) {
         if self.sns_topic_arn.is_some() && self.source == "prometheus" && self.notify != Some(true)
         {
             invalid(
@@ -248,17 +291,25 @@ impl RawBudget {
                 );
             }
         }
+    }
+
+    /// How often the spend is read; a Prometheus query must answer within it.
+    fn poll_every(
+        &self,
+        invalid: &mut impl FnMut(&str, String),
+        source: Option<&BudgetSource>,
+    ) -> Option<Duration> {
         let every = match self.source.as_str() {
             "prometheus" => "60s",
             _ => "5m",
         };
         let poll_interval = duration(
-            &mut invalid,
+            invalid,
             "poll_interval",
             self.poll_interval.as_deref().unwrap_or(every),
             Duration::from_secs(1)..=DAY,
         );
-        if let (Some(every), Some(BudgetSource::Prometheus(q))) = (poll_interval, &source) {
+        if let (Some(every), Some(BudgetSource::Prometheus(q))) = (poll_interval, source) {
             if q.timeout > every {
                 invalid(
                     "timeout",
@@ -270,22 +321,6 @@ impl RawBudget {
                 );
             }
         }
-        match (source, on_exhausted, poll_interval) {
-            (Some(source), Some(on_exhausted), Some(poll_interval)) if errors.is_empty() => {
-                Ok(BudgetConfig {
-                    name: self.name.clone(),
-                    limit_usd: self.limit_usd,
-                    thresholds: self.thresholds.clone(),
-                    on_exhausted,
-                    sns_topic_arn: self.sns_topic_arn.clone(),
-                    poll_interval,
-                    notify: self
-                        .notify
-                        .unwrap_or(!matches!(source, BudgetSource::Prometheus(_))),
-                    source,
-                })
-            }
-            _ => Err(errors),
-        }
+        poll_interval
     }
 }

@@ -126,6 +126,18 @@ pub(super) fn check_holders(
     }
 }
 
+/// A rule's words, each read into what it names; `None` where one is missing or wrong.
+struct Words {
+    metric: Option<Metric>,
+    statistic: Option<Statistic>,
+    comparison: Option<Comparison>,
+    threshold: Option<f64>,
+    gpus: Option<Aggregation>,
+    scope: Option<Scope>,
+    lifecycle: Option<Option<Lifecycle>>,
+    action: Option<Action>,
+}
+
 impl RawRule {
     /// Validates one rule; `key` is its place, such as `rules[1]`.
     pub fn validate(&self, key: &str) -> Result<Rule, Vec<ConfigError>> {
@@ -139,166 +151,14 @@ impl RawRule {
         check_name(&mut invalid, "rule", &self.name);
         // A rule on health reads "any GPU is unhealthy" unless it says otherwise.
         let health = self.metric == Metric::GpuUnhealthy.as_str();
-        let comparison_text = match (&self.comparison, health) {
-            (Some(c), _) => Some(c.as_str()),
-            (None, true) => Some("greater_than_or_equal"),
-            (None, false) => {
-                invalid(
-                    "comparison",
-                    "a rule needs a comparison, such as \"less_than\"".into(),
-                );
-                None
-            }
-        };
-        let threshold = match (self.threshold, health) {
-            (Some(t), _) => Some(t),
-            (None, true) => Some(1.0),
-            (None, false) => {
-                invalid("threshold", "a rule needs a threshold, such as 0.05".into());
-                None
-            }
-        };
-        let metric = pick(
-            &mut invalid,
-            "metric",
-            &self.metric,
-            &Metric::ALL.map(|m| (m.as_str(), m)),
-        );
-        let statistic = pick(
-            &mut invalid,
-            "statistic",
-            self.statistic.as_deref().unwrap_or("average"),
-            &[
-                ("average", Statistic::Average),
-                ("maximum", Statistic::Maximum),
-            ],
-        );
-        let comparison = comparison_text.and_then(|c| {
-            pick(
-                &mut invalid,
-                "comparison",
-                c,
-                &[
-                    ("less_than", Comparison::LessThan),
-                    ("less_than_or_equal", Comparison::LessThanOrEqual),
-                    ("greater_than", Comparison::GreaterThan),
-                    ("greater_than_or_equal", Comparison::GreaterThanOrEqual),
-                ],
-            )
-        });
-        let gpus = pick(
-            &mut invalid,
-            "gpus",
-            self.gpus
-                .as_deref()
-                .unwrap_or(if health { "any" } else { "every" }),
-            &[("every", Aggregation::Every), ("any", Aggregation::Any)],
-        );
-        let scope = pick(
-            &mut invalid,
-            "scope",
-            self.scope.as_deref().unwrap_or("node"),
-            &[
-                ("node", Scope::Node),
-                ("pod", Scope::Pod),
-                ("job", Scope::Job),
-                ("user", Scope::User),
-            ],
-        );
-        let lifecycle = match self.lifecycle.as_deref() {
-            None => Some(None),
-            Some(l) => pick(
-                &mut invalid,
-                "lifecycle",
-                l,
-                &[
-                    ("spot", Some(Lifecycle::Spot)),
-                    ("on-demand", Some(Lifecycle::OnDemand)),
-                ],
-            ),
-        };
-        let action = pick(
-            &mut invalid,
-            "action",
-            &self.action,
-            &[
-                ("alert", Action::Alert),
-                ("exec", Action::Exec),
-                ("stop", Action::Stop),
-                ("hibernate", Action::Hibernate),
-                ("terminate", Action::Terminate),
-            ],
-        );
-        if let (Some(m), Some(threshold)) = (metric, threshold) {
-            let ok = if m.is_ratio() {
-                (0.0..=1.0).contains(&threshold)
-            } else {
-                threshold >= 0.0 && threshold.is_finite()
-            };
-            if !ok {
-                let what = if m.is_ratio() {
-                    "a ratio between 0 and 1"
-                } else {
-                    "a count of 0 or more"
-                };
-                invalid("threshold", format!("\"{threshold}\" is not {what}"));
-            }
+        let w = self.words(health, &mut invalid);
+        if let (Some(m), Some(threshold)) = (w.metric, w.threshold) {
+            check_threshold(&mut invalid, m, threshold);
         }
         if health {
-            // Any other comparison or threshold would breach on healthy GPUs.
-            if comparison.is_some_and(|c| c != Comparison::GreaterThanOrEqual)
-                || threshold.is_some_and(|t| t != 1.0)
-            {
-                invalid(
-                    "comparison",
-                    "a rule on gpu_unhealthy breaches while a GPU is unhealthy: leave out comparison and threshold (they are \"greater_than_or_equal\" and 1)".into(),
-                );
-            }
-            if let Some(s) = scope.filter(|s| *s != Scope::Node) {
-                invalid(
-                    "scope",
-                    format!(
-                        "\"{}\": a rule on gpu_unhealthy judges the node's GPUs",
-                        s.as_str()
-                    ),
-                );
-            }
-            if let Some(a) =
-                action.filter(|a| !matches!(a, Action::Alert | Action::Exec | Action::Stop))
-            {
-                invalid(
-                    "action",
-                    format!("\"{a}\": a rule on gpu_unhealthy may alert, exec or stop (on EC2 a stop and a start moves the instance to new hardware)"),
-                );
-            }
+            check_health_rule(&mut invalid, &w);
         }
-        let period = duration(
-            &mut invalid,
-            "period",
-            &self.period,
-            Duration::from_secs(1)..=DAY,
-        );
-        if self.evaluation_periods == 0 || self.evaluation_periods > MAX_EVALUATION_PERIODS {
-            invalid(
-                "evaluation_periods",
-                format!(
-                    "\"{}\" must be between 1 and {MAX_EVALUATION_PERIODS}",
-                    self.evaluation_periods
-                ),
-            );
-        } else if let Some(p) = period {
-            if p * self.evaluation_periods > MAX_RULE_SPAN {
-                invalid(
-                    "evaluation_periods",
-                    format!(
-                        "\"{}\" periods of \"{}\" span more than {} days",
-                        self.evaluation_periods,
-                        self.period,
-                        MAX_RULE_SPAN.as_secs() / 86_400
-                    ),
-                );
-            }
-        }
+        let period = self.window(&mut invalid);
         if let Some(g) = &self.budget {
             if !(g.spent_at_least.is_finite() && (0.0..=10.0).contains(&g.spent_at_least)) {
                 invalid(
@@ -320,31 +180,17 @@ impl RawRule {
                 ),
             );
         }
-        if action == Some(Action::Exec) && self.command.is_empty() {
-            invalid(
-                "command",
-                "an exec rule needs a command, such as [\"/usr/local/bin/notify\", \"idle\"]"
-                    .into(),
-            );
-        }
-        if let (Some(Scope::Pod), Some(a)) = (scope, action) {
-            if a.is_instance_action() {
-                invalid(
-                    "action",
-                    format!("\"{a}\" acts on the instance, and a pod-scoped rule judges one pod: on Kubernetes the cluster autoscaler owns the node; use \"alert\" or \"exec\""),
-                );
-            }
-        }
-        if let (Some(s @ (Scope::Job | Scope::User)), Some(a)) = (scope, action) {
-            if a.is_instance_action() {
-                invalid(
-                    "action",
-                    format!("\"{a}\" acts on the instance, and a {0}-scoped rule judges one {0}: the node is not theirs to stop; use \"alert\" or \"exec\" (which may, say, scancel the job)", s.as_str()),
-                );
-            }
-        }
+        self.check_action(&mut invalid, w.scope, w.action);
         match (
-            metric, statistic, comparison, gpus, scope, lifecycle, action, period, threshold,
+            w.metric,
+            w.statistic,
+            w.comparison,
+            w.gpus,
+            w.scope,
+            w.lifecycle,
+            w.action,
+            period,
+            w.threshold,
         ) {
             (
                 Some(metric),
@@ -380,6 +226,232 @@ impl RawRule {
             }),
             _ => Err(errors),
         }
+    }
+
+    /// Reads each word of the rule, with the defaults a rule on health (`health`) takes.
+    fn words(&self, health: bool, invalid: &mut impl FnMut(&str, String)) -> Words {
+        let comparison_text = match (&self.comparison, health) {
+            (Some(c), _) => Some(c.as_str()),
+            (None, true) => Some("greater_than_or_equal"),
+            (None, false) => {
+                invalid(
+                    "comparison",
+                    "a rule needs a comparison, such as \"less_than\"".into(),
+                );
+                None
+            }
+        };
+        let threshold = match (self.threshold, health) {
+            (Some(t), _) => Some(t),
+            (None, true) => Some(1.0),
+            (None, false) => {
+                invalid("threshold", "a rule needs a threshold, such as 0.05".into());
+                None
+            }
+        };
+        let metric = pick(
+            invalid,
+            "metric",
+            &self.metric,
+            &Metric::ALL.map(|m| (m.as_str(), m)),
+        );
+        let statistic = pick(
+            invalid,
+            "statistic",
+            self.statistic.as_deref().unwrap_or("average"),
+            &[
+                ("average", Statistic::Average),
+                ("maximum", Statistic::Maximum),
+            ],
+        );
+        let comparison = comparison_text.and_then(|c| {
+            pick(
+                invalid,
+                "comparison",
+                c,
+                &[
+                    ("less_than", Comparison::LessThan),
+                    ("less_than_or_equal", Comparison::LessThanOrEqual),
+                    ("greater_than", Comparison::GreaterThan),
+                    ("greater_than_or_equal", Comparison::GreaterThanOrEqual),
+                ],
+            )
+        });
+        let gpus = pick(
+            invalid,
+            "gpus",
+            self.gpus
+                .as_deref()
+                .unwrap_or(if health { "any" } else { "every" }),
+            &[("every", Aggregation::Every), ("any", Aggregation::Any)],
+        );
+        let (scope, lifecycle, action) = self.target(invalid);
+        Words {
+            metric,
+            statistic,
+            comparison,
+            threshold,
+            gpus,
+            scope,
+            lifecycle,
+            action,
+        }
+    }
+
+    /// Whom the rule judges, on which lifecycle, and what it does.
+    fn target(
+        &self,
+        invalid: &mut impl FnMut(&str, String),
+    ) -> (Option<Scope>, Option<Option<Lifecycle>>, Option<Action>) {
+        let scope = pick(
+            invalid,
+            "scope",
+            self.scope.as_deref().unwrap_or("node"),
+            &[
+                ("node", Scope::Node),
+                ("pod", Scope::Pod),
+                ("job", Scope::Job),
+                ("user", Scope::User),
+            ],
+        );
+        let lifecycle = match self.lifecycle.as_deref() {
+            None => Some(None),
+            Some(l) => pick(
+                invalid,
+                "lifecycle",
+                l,
+                &[
+                    ("spot", Some(Lifecycle::Spot)),
+                    ("on-demand", Some(Lifecycle::OnDemand)),
+                ],
+            ),
+        };
+        let action = pick(
+            invalid,
+            "action",
+            &self.action,
+            &[
+                ("alert", Action::Alert),
+                ("exec", Action::Exec),
+                ("stop", Action::Stop),
+                ("hibernate", Action::Hibernate),
+                ("terminate", Action::Terminate),
+            ],
+        );
+        (scope, lifecycle, action)
+    }
+
+    /// The period, and how many of them the rule looks back over.
+    fn window(&self, invalid: &mut impl FnMut(&str, String)) -> Option<Duration> {
+        let period = duration(
+            invalid,
+            "period",
+            &self.period,
+            Duration::from_secs(1)..=DAY,
+        );
+        if self.evaluation_periods == 0 || self.evaluation_periods > MAX_EVALUATION_PERIODS {
+            invalid(
+                "evaluation_periods",
+                format!(
+                    "\"{}\" must be between 1 and {MAX_EVALUATION_PERIODS}",
+                    self.evaluation_periods
+                ),
+            );
+        } else if let Some(p) = period {
+            if p * self.evaluation_periods > MAX_RULE_SPAN {
+                invalid(
+                    "evaluation_periods",
+                    format!(
+                        "\"{}\" periods of \"{}\" span more than {} days",
+                        self.evaluation_periods,
+                        self.period,
+                        MAX_RULE_SPAN.as_secs() / 86_400
+                    ),
+                );
+            }
+        }
+        period
+    }
+
+    /// An exec rule needs a command; a pod's, job's or user's rule may not act on the instance.
+    fn check_action(
+        &self,
+        invalid: &mut impl FnMut(&str, String),
+        scope: Option<Scope>,
+        action: Option<Action>,
+    ) {
+        if action == Some(Action::Exec) && self.command.is_empty() {
+            invalid(
+                "command",
+                "an exec rule needs a command, such as [\"/usr/local/bin/notify\", \"idle\"]"
+                    .into(),
+            );
+        }
+        if let (Some(Scope::Pod), Some(a)) = (scope, action) {
+            if a.is_instance_action() {
+                invalid(
+                    "action",
+                    format!("\"{a}\" acts on the instance, and a pod-scoped rule judges one pod: on Kubernetes the cluster autoscaler owns the node; use \"alert\" or \"exec\""),
+                );
+            }
+        }
+        if let (Some(s @ (Scope::Job | Scope::User)), Some(a)) = (scope, action) {
+            if a.is_instance_action() {
+                invalid(
+                    "action",
+                    format!("\"{a}\" acts on the instance, and a {0}-scoped rule judges one {0}: the node is not theirs to stop; use \"alert\" or \"exec\" (which may, say, scancel the job)", s.as_str()),
+                );
+            }
+        }
+    }
+}
+
+/// A ratio's threshold lies between 0 and 1; a count's is 0 or more.
+fn check_threshold(invalid: &mut impl FnMut(&str, String), m: Metric, threshold: f64) {
+    let ok = if m.is_ratio() {
+        (0.0..=1.0).contains(&threshold)
+    } else {
+        threshold >= 0.0 && threshold.is_finite()
+    };
+    if !ok {
+        let what = if m.is_ratio() {
+            "a ratio between 0 and 1"
+        } else {
+            "a count of 0 or more"
+        };
+        invalid("threshold", format!("\"{threshold}\" is not {what}"));
+    }
+}
+
+/// A rule on `gpu_unhealthy` breaches while a GPU is unhealthy, on the node, and acts gently.
+fn check_health_rule(invalid: &mut impl FnMut(&str, String), w: &Words) {
+    // Any other comparison or threshold would breach on healthy GPUs.
+    if w.comparison
+        .is_some_and(|c| c != Comparison::GreaterThanOrEqual)
+        || w.threshold.is_some_and(|t| t != 1.0)
+    {
+        invalid(
+            "comparison",
+            "a rule on gpu_unhealthy breaches while a GPU is unhealthy: leave out comparison and threshold (they are \"greater_than_or_equal\" and 1)".into(),
+        );
+    }
+    if let Some(s) = w.scope.filter(|s| *s != Scope::Node) {
+        invalid(
+            "scope",
+            format!(
+                "\"{}\": a rule on gpu_unhealthy judges the node's GPUs",
+                s.as_str()
+            ),
+        );
+    }
+    if let Some(a) = w
+        .action
+        .filter(|a| !matches!(a, Action::Alert | Action::Exec | Action::Stop))
+    {
+        invalid(
+            "action",
+            format!("\"{a}\": a rule on gpu_unhealthy may alert, exec or stop (on EC2 a stop and a start moves the instance to new hardware)"),
+        );
     }
 }
 

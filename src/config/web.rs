@@ -146,102 +146,18 @@ impl WebConfig {
 
     /// Parses and validates the text; relative paths are resolved against `path`'s directory.
     pub fn parse(text: &str, path: &Path, key: &str) -> Result<WebConfig, ConfigErrors> {
-        let raw: RawWeb = if text.trim().is_empty() {
-            RawWeb::default()
-        } else {
-            let de = yaml_serde::Deserializer::from_str(text);
-            serde_path_to_error::deserialize(de).map_err(|e| {
-                let at = e.path().to_string();
-                // The YAML parser may name the key itself too: once is enough.
-                let message = e.into_inner().to_string().replace('`', "\"");
-                let message = message.strip_prefix(&format!("{at}: ")).unwrap_or(&message);
-                invalid(key, path, &at, message)
-            })?
-        };
+        let raw = read_raw(text, path, key)?;
         let dir = path.parent().unwrap_or(Path::new("."));
         let mut errors = Vec::new();
         let mut bad = |k: &str, message: String| errors.push(invalid(key, path, k, message));
         let tls = raw
             .tls_server_config
             .and_then(|t| tls_settings(t, dir, &mut bad));
-        let mut users = BTreeMap::new();
-        for (user, hash) in raw.basic_auth_users {
-            let k = format!("basic_auth_users.{user}");
-            if user.is_empty() || user.contains(':') || user.chars().any(char::is_control) {
-                bad(
-                    &k,
-                    format!("{user:?} is not a user name (no colon, no control characters)"),
-                );
-            } else if let Ok(parts) = hash.parse::<bcrypt::HashParts>() {
-                if parts.get_cost() > MAX_COST {
-                    bad(&k, format!("has cost {}; above {MAX_COST} one check takes seconds of CPU, which any client could make the daemon spend", parts.get_cost()));
-                } else {
-                    users.insert(user, hash);
-                }
-            } else {
-                // The hash is a secret: say what is wrong, not what it is.
-                bad(&k, "is not a bcrypt hash, such as the output of `htpasswd -nBC 10 \"\" | tr -d ':\\n'`".into());
-            }
-        }
-        // One cost for every user: a check against a cheaper hash answers sooner, and so would
-        // tell which users exist (unknown users are checked against a decoy of that one cost).
-        let costs: BTreeMap<&String, u32> = users
-            .iter()
-            .filter_map(|(u, h)| Some((u, h.parse::<bcrypt::HashParts>().ok()?.get_cost())))
-            .collect();
-        if let Some((first, &cost)) = costs.iter().next() {
-            for (user, &other) in &costs {
-                if other != cost {
-                    bad(
-                        &format!("basic_auth_users.{user}"),
-                        format!("has bcrypt cost {other}, and {first:?} has cost {cost}: every user must have the same cost, or the time of a refusal tells which users exist"),
-                    );
-                }
-            }
-        }
-        let mut headers = Vec::new();
-        if let Some(http) = raw.http_server_config {
-            let _ = http.http2;
-            for (name, value) in http.headers {
-                let k = format!("http_server_config.headers.{name}");
-                if !HEADERS.contains(&name.as_str()) {
-                    bad(&k, format!("{name:?} is not one of {HEADERS:?}"));
-                } else if axum::http::HeaderValue::from_str(&value).is_err() {
-                    bad(&k, format!("{value:?} is not a header value"));
-                } else if !value.is_empty() {
-                    headers.push((name, value));
-                }
-            }
-        }
-        let rate_limit = match raw.rate_limit {
-            None => None,
-            Some(r) => match crate::time::parse_duration(&r.interval) {
-                Some(d) if d.is_zero() => None,
-                Some(d) if d <= Duration::from_secs(3600) && (1..=100_000).contains(&r.burst) => {
-                    Some(RateLimit {
-                        interval: d,
-                        burst: r.burst,
-                    })
-                }
-                Some(_) => {
-                    bad(
-                        "rate_limit",
-                        format!(
-                            "interval {:?} must be at most 1h and burst {} between 1 and 100000",
-                            r.interval, r.burst
-                        ),
-                    );
-                    None
-                }
-                None => {
-                    bad(
-                        "rate_limit.interval",
-                        format!("{:?} is not a duration, such as \"1s\"", r.interval),
-                    );
-                    None
-                }
-            },
-        };
+        let users = users(raw.basic_auth_users, &mut bad);
+        let headers = raw
+            .http_server_config
+            .map_or_else(Vec::new, |http| headers(http, &mut bad));
+        let rate_limit = raw.rate_limit.and_then(|r| rate_limit(r, &mut bad));
         if errors.is_empty() {
             Ok(WebConfig {
                 path: path.to_path_buf(),
@@ -257,6 +173,111 @@ impl WebConfig {
     }
 }
 
+/// The file's YAML, read into its keys; an empty file has none.
+fn read_raw(text: &str, path: &Path, key: &str) -> Result<RawWeb, ConfigError> {
+    if text.trim().is_empty() {
+        return Ok(RawWeb::default());
+    }
+    let de = yaml_serde::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let at = e.path().to_string();
+        // The YAML parser may name the key itself too: once is enough.
+        let message = e.into_inner().to_string().replace('`', "\"");
+        let message = message.strip_prefix(&format!("{at}: ")).unwrap_or(&message);
+        invalid(key, path, &at, message)
+    })
+}
+
+/// `basic_auth_users`: each a user name and a bcrypt hash, every hash of one cost.
+fn users(
+    raw: BTreeMap<String, String>,
+    bad: &mut impl FnMut(&str, String),
+) -> BTreeMap<String, String> {
+    let mut users = BTreeMap::new();
+    for (user, hash) in raw {
+        let k = format!("basic_auth_users.{user}");
+        if user.is_empty() || user.contains(':') || user.chars().any(char::is_control) {
+            bad(
+                &k,
+                format!("{user:?} is not a user name (no colon, no control characters)"),
+            );
+        } else if let Ok(parts) = hash.parse::<bcrypt::HashParts>() {
+            if parts.get_cost() > MAX_COST {
+                bad(&k, format!("has cost {}; above {MAX_COST} one check takes seconds of CPU, which any client could make the daemon spend", parts.get_cost()));
+            } else {
+                users.insert(user, hash);
+            }
+        } else {
+            // The hash is a secret: say what is wrong, not what it is.
+            bad(&k, "is not a bcrypt hash, such as the output of `htpasswd -nBC 10 \"\" | tr -d ':\\n'`".into());
+        }
+    }
+    // One cost for every user: a check against a cheaper hash answers sooner, and so would
+    // tell which users exist (unknown users are checked against a decoy of that one cost).
+    let costs: BTreeMap<&String, u32> = users
+        .iter()
+        .filter_map(|(u, h)| Some((u, h.parse::<bcrypt::HashParts>().ok()?.get_cost())))
+        .collect();
+    if let Some((first, &cost)) = costs.iter().next() {
+        for (user, &other) in &costs {
+            if other != cost {
+                bad(
+                    &format!("basic_auth_users.{user}"),
+                    format!("has bcrypt cost {other}, and {first:?} has cost {cost}: every user must have the same cost, or the time of a refusal tells which users exist"),
+                );
+            }
+        }
+    }
+    users
+}
+
+/// `http_server_config.headers`: the toolkit's headers, each with a value to send.
+fn headers(http: RawHttp, bad: &mut impl FnMut(&str, String)) -> Vec<(String, String)> {
+    let _ = http.http2;
+    let mut headers = Vec::new();
+    for (name, value) in http.headers {
+        let k = format!("http_server_config.headers.{name}");
+        if !HEADERS.contains(&name.as_str()) {
+            bad(&k, format!("{name:?} is not one of {HEADERS:?}"));
+        } else if axum::http::HeaderValue::from_str(&value).is_err() {
+            bad(&k, format!("{value:?} is not a header value"));
+        } else if !value.is_empty() {
+            headers.push((name, value));
+        }
+    }
+    headers
+}
+
+/// `rate_limit`: none with a zero interval.
+fn rate_limit(r: RawRate, bad: &mut impl FnMut(&str, String)) -> Option<RateLimit> {
+    match crate::time::parse_duration(&r.interval) {
+        Some(d) if d.is_zero() => None,
+        Some(d) if d <= Duration::from_secs(3600) && (1..=100_000).contains(&r.burst) => {
+            Some(RateLimit {
+                interval: d,
+                burst: r.burst,
+            })
+        }
+        Some(_) => {
+            bad(
+                "rate_limit",
+                format!(
+                    "interval {:?} must be at most 1h and burst {} between 1 and 100000",
+                    r.interval, r.burst
+                ),
+            );
+            None
+        }
+        None => {
+            bad(
+                "rate_limit.interval",
+                format!("{:?} is not a duration, such as \"1s\"", r.interval),
+            );
+            None
+        }
+    }
+}
+
 fn invalid(key: &str, path: &Path, at: &str, message: impl ToString) -> ConfigError {
     ConfigError::Invalid {
         key: format!("{key}: {}: {at}", path.display()),
@@ -265,27 +286,9 @@ fn invalid(key: &str, path: &Path, at: &str, message: impl ToString) -> ConfigEr
 }
 
 fn tls_settings(t: RawTls, dir: &Path, bad: &mut impl FnMut(&str, String)) -> Option<TlsSettings> {
-    let pem = |inline: Option<String>,
-               file: Option<String>,
-               name: &str,
-               bad: &mut dyn FnMut(&str, String)|
-     -> Option<Pem> {
-        match (inline, file) {
-            (Some(_), Some(_)) => {
-                bad(
-                    &format!("tls_server_config.{name}_file"),
-                    format!("give {name} or {name}_file, not both"),
-                );
-                None
-            }
-            (Some(i), None) => Some(Pem::Inline(i)),
-            (None, Some(f)) if !f.is_empty() => Some(Pem::File(super::file_path(dir, &f))),
-            _ => None,
-        }
-    };
-    let cert = pem(t.cert, t.cert_file, "cert", bad);
-    let key = pem(t.key, t.key_file, "key", bad);
-    let client_ca = pem(t.client_ca, t.client_ca_file, "client_ca", bad);
+    let cert = pem(t.cert, t.cert_file, "cert", dir, bad);
+    let key = pem(t.key, t.key_file, "key", dir, bad);
+    let client_ca = pem(t.client_ca, t.client_ca_file, "client_ca", dir, bad);
     if cert.is_none() {
         bad(
             "tls_server_config.cert_file",
@@ -298,55 +301,13 @@ fn tls_settings(t: RawTls, dir: &Path, bad: &mut impl FnMut(&str, String)) -> Op
             "TLS needs a key: key_file or key".into(),
         );
     }
-    let client_auth = match t.client_auth_type.as_deref().unwrap_or("NoClientCert") {
-        "NoClientCert" => Some(ClientAuth::NoClientCert),
-        "VerifyClientCertIfGiven" => Some(ClientAuth::VerifyClientCertIfGiven),
-        "RequireAndVerifyClientCert" => Some(ClientAuth::RequireAndVerifyClientCert),
-        other @ ("RequestClientCert" | "RequireAnyClientCert") => {
-            bad(
-                "tls_server_config.client_auth_type",
-                format!("{other:?} accepts certificates nobody verified; use \"RequireAndVerifyClientCert\" (or \"VerifyClientCertIfGiven\") with client_ca_file"),
-            );
-            None
-        }
-        other => {
-            bad(
-                "tls_server_config.client_auth_type",
-                format!("{other:?} is not one of \"NoClientCert\", \"VerifyClientCertIfGiven\", \"RequireAndVerifyClientCert\""),
-            );
-            None
-        }
-    };
+    let client_auth = client_auth(t.client_auth_type.as_deref(), bad);
     if client_auth.is_some_and(|c| c != ClientAuth::NoClientCert) && client_ca.is_none() {
         bad(
             "tls_server_config.client_ca_file",
             "verifying client certificates needs the CA that signs them".into(),
         );
     }
-    let version = |v: Option<String>,
-                   default: Version,
-                   name: &str,
-                   bad: &mut dyn FnMut(&str, String)| {
-        match v.as_deref() {
-            None | Some("") => Some(default),
-            Some("TLS12") => Some(Version::Tls12),
-            Some("TLS13") => Some(Version::Tls13),
-            Some(other @ ("TLS10" | "TLS11")) => {
-                bad(
-                    &format!("tls_server_config.{name}"),
-                    format!("{other:?} is not supported: TLS 1.0 and 1.1 are broken; use \"TLS12\" or \"TLS13\""),
-                );
-                None
-            }
-            Some(other) => {
-                bad(
-                    &format!("tls_server_config.{name}"),
-                    format!("{other:?} is not one of \"TLS12\", \"TLS13\""),
-                );
-                None
-            }
-        }
-    };
     let min_version = version(t.min_version, Version::Tls12, "min_version", bad);
     let max_version = version(t.max_version, Version::Tls13, "max_version", bad);
     if let (Some(lo), Some(hi)) = (min_version, max_version) {
@@ -378,6 +339,79 @@ fn tls_settings(t: RawTls, dir: &Path, bad: &mut impl FnMut(&str, String)) -> Op
         min_version: min_version?,
         max_version: max_version?,
     })
+}
+
+/// A PEM document given inline as `name` or in a file as `{name}_file`, not both.
+fn pem(
+    inline: Option<String>,
+    file: Option<String>,
+    name: &str,
+    dir: &Path,
+    bad: &mut impl FnMut(&str, String),
+) -> Option<Pem> {
+    match (inline, file) {
+        (Some(_), Some(_)) => {
+            bad(
+                &format!("tls_server_config.{name}_file"),
+                format!("give {name} or {name}_file, not both"),
+            );
+            None
+        }
+        (Some(i), None) => Some(Pem::Inline(i)),
+        (None, Some(f)) if !f.is_empty() => Some(Pem::File(super::file_path(dir, &f))),
+        _ => None,
+    }
+}
+
+/// `client_auth_type`: the ones that verify what they accept.
+fn client_auth(text: Option<&str>, bad: &mut impl FnMut(&str, String)) -> Option<ClientAuth> {
+    match text.unwrap_or("NoClientCert") {
+        "NoClientCert" => Some(ClientAuth::NoClientCert),
+        "VerifyClientCertIfGiven" => Some(ClientAuth::VerifyClientCertIfGiven),
+        "RequireAndVerifyClientCert" => Some(ClientAuth::RequireAndVerifyClientCert),
+        other @ ("RequestClientCert" | "RequireAnyClientCert") => {
+            bad(
+                "tls_server_config.client_auth_type",
+                format!("{other:?} accepts certificates nobody verified; use \"RequireAndVerifyClientCert\" (or \"VerifyClientCertIfGiven\") with client_ca_file"),
+            );
+            None
+        }
+        other => {
+            bad(
+                "tls_server_config.client_auth_type",
+                format!("{other:?} is not one of \"NoClientCert\", \"VerifyClientCertIfGiven\", \"RequireAndVerifyClientCert\""),
+            );
+            None
+        }
+    }
+}
+
+/// `min_version` or `max_version` (`name`): TLS 1.2 or 1.3, `default` where unset.
+fn version(
+    v: Option<String>,
+    default: Version,
+    name: &str,
+    bad: &mut impl FnMut(&str, String),
+) -> Option<Version> {
+    match v.as_deref() {
+        None | Some("") => Some(default),
+        Some("TLS12") => Some(Version::Tls12),
+        Some("TLS13") => Some(Version::Tls13),
+        Some(other @ ("TLS10" | "TLS11")) => {
+            bad(
+                &format!("tls_server_config.{name}"),
+                format!("{other:?} is not supported: TLS 1.0 and 1.1 are broken; use \"TLS12\" or \"TLS13\""),
+            );
+            None
+        }
+        Some(other) => {
+            bad(
+                &format!("tls_server_config.{name}"),
+                format!("{other:?} is not one of \"TLS12\", \"TLS13\""),
+            );
+            None
+        }
+    }
 }
 
 #[cfg(test)]

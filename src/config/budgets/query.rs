@@ -74,70 +74,7 @@ pub(super) fn validate(
     raw: &RawBudget,
     invalid: &mut impl FnMut(&str, String),
 ) -> Option<PrometheusSource> {
-    let mut ok = true;
-    let base = match raw.url.as_deref() {
-        None => {
-            invalid(
-                "url",
-                "a prometheus budget needs the url of the Prometheus that scrapes the fleet".into(),
-            );
-            None
-        }
-        Some(u) => url(invalid, "url", u, true).flatten(),
-    };
-    if let Some(u) = &base {
-        let rest = u.split_once("://").map_or("", |(_, r)| r);
-        let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-        let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-        let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        let loopback = host == "localhost"
-            || host
-                .parse::<std::net::IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback());
-        let plain_http = u.starts_with("http://");
-        if authority.contains('@') {
-            invalid(
-                "url",
-                format!(
-                    "\"{}\" has credentials in it; give username and password_file instead, so that they are never logged",
-                    redact(u)
-                ),
-            );
-            ok = false;
-        } else if let Some(at) = rest.find("/api/v1") {
-            invalid(
-                "url",
-                format!(
-                    "\"{u}\" already names the API path (\"{}\"); give the base URL, such as https://prometheus.internal:9090 (gpuwatch adds /api/v1/query)",
-                    &rest[at..]
-                ),
-            );
-            ok = false;
-        } else if rest.contains(['?', '#']) {
-            let base = u.split(['?', '#']).next().unwrap_or("");
-            invalid(
-                "url",
-                format!("\"{base}...\" has a query or fragment; give the API's base URL, such as https://prometheus.internal:9090"),
-            );
-            ok = false;
-        } else if plain_http
-            && !loopback
-            && (raw.username.is_some() || raw.bearer_token_file.is_some())
-        {
-            invalid(
-                "url",
-                format!("\"{u}\" is plain HTTP beyond this machine: the credentials would cross the network in the clear; use https"),
-            );
-            ok = false;
-        } else if plain_http && raw.ca_file.is_some() {
-            invalid(
-                "ca_file",
-                format!("is given, but \"{u}\" is plain HTTP: a CA is for https"),
-            );
-            ok = false;
-        }
-    }
+    let base = base_url(raw, invalid);
     let query = check_query(invalid, "query", raw.query.as_deref(), true);
     let forecast_query = check_query(
         invalid,
@@ -162,6 +99,113 @@ pub(super) fn validate(
         )
         .map(Some),
     };
+    let timeout = timeout(raw, invalid);
+    let ca_file = file(invalid, "ca_file", &raw.ca_file);
+    let auth = auth(raw, invalid);
+    let headers = check_headers(invalid, &raw.headers);
+    match (
+        base,
+        query,
+        forecast_query,
+        period,
+        timeout,
+        ca_file,
+        auth,
+        headers,
+    ) {
+        (
+            Some(base),
+            Some(Some(query)),
+            Some(forecast_query),
+            Some(period),
+            Some(timeout),
+            Some(ca_file),
+            Some(auth),
+            Some(headers),
+        ) => Some(PrometheusSource {
+            url: base.trim_end_matches('/').to_string(),
+            query,
+            forecast_query,
+            // A calendar month by default, as the shipped fleet rules count it.
+            period: period.unwrap_or(Period::Month),
+            timeout,
+            ca_file,
+            auth,
+            headers,
+        }),
+        _ => None,
+    }
+}
+
+/// The API's base URL, where one is given and it passes `check_base`.
+fn base_url(raw: &RawBudget, invalid: &mut impl FnMut(&str, String)) -> Option<String> {
+    let base = match raw.url.as_deref() {
+        None => {
+            invalid(
+                "url",
+                "a prometheus budget needs the url of the Prometheus that scrapes the fleet".into(),
+            );
+            None
+        }
+        Some(u) => url(invalid, "url", u, true).flatten(),
+    };
+    base.filter(|u| check_base(raw, u, invalid))
+}
+
+/// Whether a well-formed URL is a base URL fit for the budget's credentials and CA: without
+/// credentials, path, query or fragment in it, and with TLS where a secret leaves the machine.
+fn check_base(raw: &RawBudget, u: &str, invalid: &mut impl FnMut(&str, String)) -> bool {
+    let rest = u.split_once("://").map_or("", |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    let plain_http = u.starts_with("http://");
+    if authority.contains('@') {
+        invalid(
+            "url",
+            format!(
+                "\"{}\" has credentials in it; give username and password_file instead, so that they are never logged",
+                redact(u)
+            ),
+        );
+    } else if let Some(at) = rest.find("/api/v1") {
+        invalid(
+            "url",
+            format!(
+                "\"{u}\" already names the API path (\"{}\"); give the base URL, such as https://prometheus.internal:9090 (gpuwatch adds /api/v1/query)",
+                &rest[at..]
+            ),
+        );
+    } else if rest.contains(['?', '#']) {
+        let base = u.split(['?', '#']).next().unwrap_or("");
+        invalid(
+            "url",
+            format!("\"{base}...\" has a query or fragment; give the API's base URL, such as https://prometheus.internal:9090"),
+        );
+    } else if plain_http && !loopback && (raw.username.is_some() || raw.bearer_token_file.is_some())
+    {
+        invalid(
+            "url",
+            format!("\"{u}\" is plain HTTP beyond this machine: the credentials would cross the network in the clear; use https"),
+        );
+    } else if plain_http && raw.ca_file.is_some() {
+        invalid(
+            "ca_file",
+            format!("is given, but \"{u}\" is plain HTTP: a CA is for https"),
+        );
+    } else {
+        return true;
+    }
+    false
+}
+
+/// The longest one query may take.
+fn timeout(raw: &RawBudget, invalid: &mut impl FnMut(&str, String)) -> Option<Duration> {
     // Unset, a query may take 10 s, or the poll interval where that is shorter: a timeout
     // the user never set must not make their poll_interval wrong.
     let default_timeout = raw
@@ -170,26 +214,37 @@ pub(super) fn validate(
         .and_then(|p| humantime::parse_duration(p).ok())
         .filter(|p| *p >= Duration::from_millis(100))
         .map_or(Duration::from_secs(10), |p| p.min(Duration::from_secs(10)));
-    let timeout = duration(
+    duration(
         invalid,
         "timeout",
         &raw.timeout
             .clone()
             .unwrap_or_else(|| humantime::format_duration(default_timeout).to_string()),
         Duration::from_millis(100)..=Duration::from_secs(300),
-    );
-    let file = |invalid: &mut dyn FnMut(&str, String), key: &str, v: &Option<String>| match v {
+    )
+}
+
+/// A file key: `Some(None)` where it is unset, `None` where it is empty.
+fn file(
+    invalid: &mut impl FnMut(&str, String),
+    key: &str,
+    v: &Option<String>,
+) -> Option<Option<PathBuf>> {
+    match v {
         Some(p) if p.trim().is_empty() => {
             invalid(key, "\"\" is empty; name a file".into());
             None
         }
         Some(p) => Some(Some(PathBuf::from(p))),
         None => Some(None),
-    };
-    let ca_file = file(invalid, "ca_file", &raw.ca_file);
+    }
+}
+
+/// Basic auth (username and password_file), a bearer token, or none; never two.
+fn auth(raw: &RawBudget, invalid: &mut impl FnMut(&str, String)) -> Option<QueryAuth> {
     let password_file = file(invalid, "password_file", &raw.password_file);
     let token_file = file(invalid, "bearer_token_file", &raw.bearer_token_file);
-    let auth = match (&raw.username, password_file, token_file) {
+    match (&raw.username, password_file, token_file) {
         (_, None, _) | (_, _, None) => None,
         (Some(_), _, Some(Some(_))) | (None, Some(Some(_)), Some(Some(_))) => {
             invalid(
@@ -228,39 +283,6 @@ pub(super) fn validate(
         }
         (None, Some(None), Some(Some(token_file))) => Some(QueryAuth::Bearer { token_file }),
         (None, Some(None), Some(None)) => Some(QueryAuth::None),
-    };
-    let headers = check_headers(invalid, &raw.headers);
-    match (
-        base,
-        query,
-        forecast_query,
-        period,
-        timeout,
-        ca_file,
-        auth,
-        headers,
-    ) {
-        (
-            Some(base),
-            Some(Some(query)),
-            Some(forecast_query),
-            Some(period),
-            Some(timeout),
-            Some(ca_file),
-            Some(auth),
-            Some(headers),
-        ) if ok => Some(PrometheusSource {
-            url: base.trim_end_matches('/').to_string(),
-            query,
-            forecast_query,
-            // A calendar month by default, as the shipped fleet rules count it.
-            period: period.unwrap_or(Period::Month),
-            timeout,
-            ca_file,
-            auth,
-            headers,
-        }),
-        _ => None,
     }
 }
 
