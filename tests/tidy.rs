@@ -272,18 +272,11 @@ const MAX_FN_LINES: usize = 100;
 /// and none may join them. Each leaves this list as it is split into named parts.
 const LONG_FNS: &[(&str, &str, usize)] = &[
     ("src/gpu/nvml/mod.rs", "read_all", 249),
-    ("crates/gpuwatch-core/src/step/mod.rs", "step", 219),
-    (
-        "crates/gpuwatch-core/src/rules/engine/mod.rs",
-        "evaluate",
-        189,
-    ),
     ("src/watch/start.rs", "spawn", 173),
     ("src/watch/metrics.rs", "encode", 171),
     ("src/spend/metrics.rs", "encode", 155),
     ("src/exposition/mod.rs", "encode", 154),
     ("src/slurm/holders.rs", "join", 150),
-    ("crates/fake-nvml/src/scenario/parse.rs", "validate", 147),
     ("src/watch/cloud.rs", "poll_cloud", 146),
     ("src/simulate.rs", "parse_trace", 111),
 ];

@@ -226,56 +226,7 @@ impl RawScenario {
         }
         let mut faults = Vec::with_capacity(self.fault.len());
         for (i, f) in self.fault.into_iter().enumerate() {
-            let key = format!("fault[{i}]");
-            if let Some(g) = f.gpu {
-                if g as usize >= gpus.len() {
-                    return Err(format!("{key}.gpu: \"{g}\" is not a GPU of this scenario"));
-                }
-            }
-            let kind = match f.kind.as_str() {
-                "lost" if f.fields.is_empty() => FaultKind::Lost,
-                "lost" => FaultKind::LostFor(f.fields.into_iter().collect()),
-                "not_supported" => {
-                    if f.fields.is_empty() {
-                        return Err(format!("{key}.fields: a not_supported fault names fields"));
-                    }
-                    FaultKind::NotSupported(f.fields.into_iter().collect())
-                }
-                "fails" => {
-                    if f.fields.is_empty() {
-                        return Err(format!("{key}.fields: a fails fault names fields"));
-                    }
-                    FaultKind::Fails(f.fields.into_iter().collect())
-                }
-                "delay" => {
-                    let text = f
-                        .delay
-                        .ok_or_else(|| format!("{key}.delay: a delay fault needs a delay"))?;
-                    FaultKind::Delay(Duration::from_secs_f64(secs(
-                        &format!("{key}.delay"),
-                        &text,
-                    )?))
-                }
-                "xid" => FaultKind::Xid(
-                    f.xid
-                        .ok_or_else(|| format!("{key}.xid: an xid fault needs an xid"))?,
-                ),
-                "init_failure" => FaultKind::InitFailure,
-                other => {
-                    return Err(format!(
-                        "{key}.kind: \"{other}\" is not one of lost, not_supported, fails, delay, xid, init_failure"
-                    ))
-                }
-            };
-            faults.push(Fault {
-                at: secs(&format!("{key}.at"), &f.at)?,
-                until: match f.until {
-                    Some(u) => Some(secs(&format!("{key}.until"), &u)?),
-                    None => None,
-                },
-                gpu: f.gpu,
-                kind,
-            });
+            faults.push(f.validate(i, gpus.len())?);
         }
         Ok(Scenario {
             nvml_version: self
@@ -292,24 +243,93 @@ impl RawScenario {
     }
 }
 
+impl RawFault {
+    /// Validates `fault[i]` of a scenario with `gpus` GPUs.
+    fn validate(self, i: usize, gpus: usize) -> Result<Fault, String> {
+        let key = format!("fault[{i}]");
+        if let Some(g) = self.gpu {
+            if g as usize >= gpus {
+                return Err(format!("{key}.gpu: \"{g}\" is not a GPU of this scenario"));
+            }
+        }
+        let kind = match self.kind.as_str() {
+            "lost" if self.fields.is_empty() => FaultKind::Lost,
+            "lost" => FaultKind::LostFor(self.fields.into_iter().collect()),
+            "not_supported" => {
+                if self.fields.is_empty() {
+                    return Err(format!("{key}.fields: a not_supported fault names fields"));
+                }
+                FaultKind::NotSupported(self.fields.into_iter().collect())
+            }
+            "fails" => {
+                if self.fields.is_empty() {
+                    return Err(format!("{key}.fields: a fails fault names fields"));
+                }
+                FaultKind::Fails(self.fields.into_iter().collect())
+            }
+            "delay" => {
+                let text = self
+                    .delay
+                    .ok_or_else(|| format!("{key}.delay: a delay fault needs a delay"))?;
+                FaultKind::Delay(Duration::from_secs_f64(secs(
+                    &format!("{key}.delay"),
+                    &text,
+                )?))
+            }
+            "xid" => FaultKind::Xid(
+                self.xid
+                    .ok_or_else(|| format!("{key}.xid: an xid fault needs an xid"))?,
+            ),
+            "init_failure" => FaultKind::InitFailure,
+            other => {
+                return Err(format!(
+                    "{key}.kind: \"{other}\" is not one of lost, not_supported, fails, delay, xid, init_failure"
+                ))
+            }
+        };
+        Ok(Fault {
+            at: secs(&format!("{key}.at"), &self.at)?,
+            until: match self.until {
+                Some(u) => Some(secs(&format!("{key}.until"), &u)?),
+                None => None,
+            },
+            gpu: self.gpu,
+            kind,
+        })
+    }
+}
+
+/// A GPU's place in the scenario, for its series: its key, and the directory of the file.
+struct At<'a> {
+    key: &'a str,
+    base: &'a Path,
+}
+
+impl At<'_> {
+    /// The series at `name`, or `default` throughout where the scenario gives none.
+    fn series(&self, name: &str, raw: Option<RawSeries>, default: f64) -> Result<Series, String> {
+        match raw {
+            None => Ok(Series::Constant(default)),
+            Some(r) => r.validate(&format!("{}.{name}", self.key), self.base),
+        }
+    }
+
+    /// The throttle reasons at `name`, as NVML's bits.
+    fn bits(&self, name: &str, names: &[String]) -> Result<u64, String> {
+        names.iter().try_fold(0u64, |acc, n| {
+            THROTTLE_REASONS
+                .iter()
+                .find(|(k, _)| k == n)
+                .map(|(_, b)| acc | b)
+                .ok_or_else(|| format!("{}.{name}: \"{n}\" is not a throttle reason", self.key))
+        })
+    }
+}
+
 impl RawGpu {
     fn validate(self, i: usize, base: &Path) -> Result<Gpu, String> {
         let key = format!("gpu[{i}]");
-        let series = |name: &str, raw: Option<RawSeries>, default: f64| -> Result<Series, String> {
-            match raw {
-                None => Ok(Series::Constant(default)),
-                Some(r) => r.validate(&format!("{key}.{name}"), base),
-            }
-        };
-        let bits = |name: &str, names: &[String]| -> Result<u64, String> {
-            names.iter().try_fold(0u64, |acc, n| {
-                THROTTLE_REASONS
-                    .iter()
-                    .find(|(k, _)| k == n)
-                    .map(|(_, b)| acc | b)
-                    .ok_or_else(|| format!("{key}.{name}: \"{n}\" is not a throttle reason"))
-            })
-        };
+        let at = At { key: &key, base };
         let limit_w = self.power_limit_watts;
         if self.memory_reserved_mib > self.memory_total_mib {
             return Err(format!(
@@ -326,111 +346,57 @@ impl RawGpu {
                 .unwrap_or_else(|| format!("00000000:{:02X}:00.0", 0x18 + i * 0x10)),
             memory_total_bytes: self.memory_total_mib * 1024 * 1024,
             power_limit_milliwatts: to_u32(limit_w * 1000.0),
-            utilization: series("utilization", self.utilization, 0.0)?,
-            memory_utilization: series("memory_utilization", self.memory_utilization, 0.0)?,
-            memory_used_mib: series("memory_used_mib", self.memory_used_mib, 0.0)?,
-            temperature: series("temperature", self.temperature, 35.0)?,
-            power_watts: series("power_watts", self.power_watts, limit_w * 0.1)?,
-            sm_clock_mhz: series("sm_clock_mhz", self.sm_clock_mhz, 1980.0)?,
-            memory_clock_mhz: series("memory_clock_mhz", self.memory_clock_mhz, 2619.0)?,
-            processes: series("processes", self.processes, 0.0)?,
-            ecc_corrected: series("ecc_corrected", self.ecc_corrected, 0.0)?,
-            ecc_uncorrected: series("ecc_uncorrected", self.ecc_uncorrected, 0.0)?,
-            encoder_utilization: series("encoder_utilization", self.encoder_utilization, 0.0)?,
-            decoder_utilization: series("decoder_utilization", self.decoder_utilization, 0.0)?,
-            pcie_replays: series("pcie_replays", self.pcie_replays, 0.0)?,
-            pcie_link_generation: series(
+            utilization: at.series("utilization", self.utilization, 0.0)?,
+            memory_utilization: at.series("memory_utilization", self.memory_utilization, 0.0)?,
+            memory_used_mib: at.series("memory_used_mib", self.memory_used_mib, 0.0)?,
+            temperature: at.series("temperature", self.temperature, 35.0)?,
+            power_watts: at.series("power_watts", self.power_watts, limit_w * 0.1)?,
+            sm_clock_mhz: at.series("sm_clock_mhz", self.sm_clock_mhz, 1980.0)?,
+            memory_clock_mhz: at.series("memory_clock_mhz", self.memory_clock_mhz, 2619.0)?,
+            processes: at.series("processes", self.processes, 0.0)?,
+            ecc_corrected: at.series("ecc_corrected", self.ecc_corrected, 0.0)?,
+            ecc_uncorrected: at.series("ecc_uncorrected", self.ecc_uncorrected, 0.0)?,
+            encoder_utilization: at.series("encoder_utilization", self.encoder_utilization, 0.0)?,
+            decoder_utilization: at.series("decoder_utilization", self.decoder_utilization, 0.0)?,
+            pcie_replays: at.series("pcie_replays", self.pcie_replays, 0.0)?,
+            pcie_link_generation: at.series(
                 "pcie_link_generation",
                 self.pcie_link_generation,
                 f64::from(self.pcie_link_max_generation),
             )?,
-            pcie_link_width: series(
+            pcie_link_width: at.series(
                 "pcie_link_width",
                 self.pcie_link_width,
                 f64::from(self.pcie_link_max_width),
             )?,
             pcie_link_max_generation: self.pcie_link_max_generation,
             pcie_link_max_width: self.pcie_link_max_width,
-            memory_temperature: series("memory_temperature", self.memory_temperature, 45.0)?,
+            memory_temperature: at.series("memory_temperature", self.memory_temperature, 45.0)?,
             memory_reserved_bytes: self.memory_reserved_mib * 1024 * 1024,
-            remapped_correctable: series(
+            remapped_correctable: at.series(
                 "remapped_rows_correctable",
                 self.remapped_rows_correctable,
                 0.0,
             )?,
-            remapped_uncorrectable: series(
+            remapped_uncorrectable: at.series(
                 "remapped_rows_uncorrectable",
                 self.remapped_rows_uncorrectable,
                 0.0,
             )?,
-            remap_pending: series("row_remap_pending", self.row_remap_pending, 0.0)?,
-            remap_failed: series("row_remap_failed", self.row_remap_failed, 0.0)?,
+            remap_pending: at.series("row_remap_pending", self.row_remap_pending, 0.0)?,
+            remap_failed: at.series("row_remap_failed", self.row_remap_failed, 0.0)?,
             retired_pages: match self.retired_pages {
                 None => None,
-                Some(r) => Some(RetiredPages {
-                    single_bit: series("retired_pages.single_bit", r.single_bit, 0.0)?,
-                    double_bit: series("retired_pages.double_bit", r.double_bit, 0.0)?,
-                    pending: series("retired_pages.pending", r.pending, 0.0)?,
-                }),
+                Some(r) => Some(r.validate(&at)?),
             },
-            clock_event_seconds: {
-                let c = self.clock_event_seconds;
-                [
-                    series("clock_event_seconds.power", c.power, 0.0)?,
-                    series("clock_event_seconds.thermal", c.thermal, 0.0)?,
-                    series("clock_event_seconds.sync_boost", c.sync_boost, 0.0)?,
-                    series("clock_event_seconds.board_limit", c.board_limit, 0.0)?,
-                    series(
-                        "clock_event_seconds.low_utilization",
-                        c.low_utilization,
-                        0.0,
-                    )?,
-                    series("clock_event_seconds.reliability", c.reliability, 0.0)?,
-                ]
-            },
+            clock_event_seconds: self.clock_event_seconds.validate(&at)?,
             nvlink_links: self.nvlink_links,
-            nvlink_errors: {
-                let e = self.nvlink_errors;
-                [
-                    series("nvlink_errors.crc_flit", e.crc_flit, 0.0)?,
-                    series("nvlink_errors.crc_data", e.crc_data, 0.0)?,
-                    series("nvlink_errors.replay", e.replay, 0.0)?,
-                    series("nvlink_errors.recovery", e.recovery, 0.0)?,
-                ]
-            },
-            nvlink_tx_kib: series("nvlink_tx_kib", self.nvlink_tx_kib, 0.0)?,
-            nvlink_rx_kib: series("nvlink_rx_kib", self.nvlink_rx_kib, 0.0)?,
-            throttle_supported: bits("throttle_supported", &self.throttle_supported)?,
-            throttle_active: bits("throttle_active", &self.throttle_active)?,
-            mig: {
-                let mut mig = Vec::new();
-                for (m, uuid) in self.mig_devices.into_iter().enumerate() {
-                    mig.push(
-                        RawMig {
-                            uuid: Some(uuid),
-                            profile: default_profile(),
-                            ..RawMig::default()
-                        }
-                        .validate(
-                            &format!("{key}.mig_devices[{m}]"),
-                            i,
-                            m,
-                            base,
-                        )?,
-                    );
-                }
-                let from_list = mig.len();
-                if from_list + self.mig.len() > MAX_MIG {
-                    return Err(format!(
-                        "{key}.mig: {} MIG devices; a GPU has at most {MAX_MIG}",
-                        from_list + self.mig.len()
-                    ));
-                }
-                for (m, raw) in self.mig.into_iter().enumerate() {
-                    mig.push(raw.validate(&format!("{key}.mig[{m}]"), i, from_list + m, base)?);
-                }
-                mig
-            },
+            nvlink_errors: self.nvlink_errors.validate(&at)?,
+            nvlink_tx_kib: at.series("nvlink_tx_kib", self.nvlink_tx_kib, 0.0)?,
+            nvlink_rx_kib: at.series("nvlink_rx_kib", self.nvlink_rx_kib, 0.0)?,
+            throttle_supported: at.bits("throttle_supported", &self.throttle_supported)?,
+            throttle_active: at.bits("throttle_active", &self.throttle_active)?,
+            mig: migs(self.mig_devices, self.mig, &at, i)?,
             gpm: match self.gpm {
                 Some(g) => Some(g.validate(&format!("{key}.gpm"), base)?),
                 None => None,
@@ -440,6 +406,74 @@ impl RawGpu {
             name: self.name,
         })
     }
+}
+
+impl RawRetiredPages {
+    fn validate(self, at: &At) -> Result<RetiredPages, String> {
+        Ok(RetiredPages {
+            single_bit: at.series("retired_pages.single_bit", self.single_bit, 0.0)?,
+            double_bit: at.series("retired_pages.double_bit", self.double_bit, 0.0)?,
+            pending: at.series("retired_pages.pending", self.pending, 0.0)?,
+        })
+    }
+}
+
+impl RawClockEvents {
+    /// The seconds of each policy, in the order of `Gpu::clock_event_seconds`.
+    fn validate(self, at: &At) -> Result<[Series; 6], String> {
+        Ok([
+            at.series("clock_event_seconds.power", self.power, 0.0)?,
+            at.series("clock_event_seconds.thermal", self.thermal, 0.0)?,
+            at.series("clock_event_seconds.sync_boost", self.sync_boost, 0.0)?,
+            at.series("clock_event_seconds.board_limit", self.board_limit, 0.0)?,
+            at.series(
+                "clock_event_seconds.low_utilization",
+                self.low_utilization,
+                0.0,
+            )?,
+            at.series("clock_event_seconds.reliability", self.reliability, 0.0)?,
+        ])
+    }
+}
+
+impl RawNvlinkErrors {
+    /// The counts of each kind, in the order of `Gpu::nvlink_errors`.
+    fn validate(self, at: &At) -> Result<[Series; 4], String> {
+        Ok([
+            at.series("nvlink_errors.crc_flit", self.crc_flit, 0.0)?,
+            at.series("nvlink_errors.crc_data", self.crc_data, 0.0)?,
+            at.series("nvlink_errors.replay", self.replay, 0.0)?,
+            at.series("nvlink_errors.recovery", self.recovery, 0.0)?,
+        ])
+    }
+}
+
+/// GPU `gpu`'s MIG devices: those listed by UUID alone (`mig_devices`), then those described
+/// in full (`mig`), at most `MAX_MIG` in all.
+fn migs(uuids: Vec<String>, raw: Vec<RawMig>, at: &At, gpu: usize) -> Result<Vec<Mig>, String> {
+    let key = at.key;
+    let mut mig = Vec::new();
+    for (m, uuid) in uuids.into_iter().enumerate() {
+        mig.push(
+            RawMig {
+                uuid: Some(uuid),
+                profile: default_profile(),
+                ..RawMig::default()
+            }
+            .validate(&format!("{key}.mig_devices[{m}]"), gpu, m, at.base)?,
+        );
+    }
+    let from_list = mig.len();
+    if from_list + raw.len() > MAX_MIG {
+        return Err(format!(
+            "{key}.mig: {} MIG devices; a GPU has at most {MAX_MIG}",
+            from_list + raw.len()
+        ));
+    }
+    for (m, r) in raw.into_iter().enumerate() {
+        mig.push(r.validate(&format!("{key}.mig[{m}]"), gpu, from_list + m, at.base)?);
+    }
+    Ok(mig)
 }
 
 #[derive(Deserialize, Default)]

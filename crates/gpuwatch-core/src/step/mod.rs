@@ -19,9 +19,11 @@ use crate::cost::price::{Price, Source};
 use crate::rules::engine::{self, Context, Event};
 use crate::rules::{Comparison, DeviceKey, Lifecycle, Metric, MigDevice, Observation, Rule, Scope};
 
+mod budgets;
 mod health;
 pub mod order;
 mod subjects;
+use budgets::judge_budgets;
 use order::Unsaved;
 pub use subjects::rules_for;
 use subjects::subject_observation;
@@ -323,11 +325,82 @@ pub fn step(
         .iter()
         .any(judges_health)
         .then(|| health::for_health(obs));
-    for rule in &rules {
+    feed_rules(settings, state, obs, &rules, &idle_obs, health_obs.as_ref());
+    let (closed, spent, forecast) = accrue_spend(settings, state, inputs);
+    let judged = judge_budgets(settings, state, inputs, &closed, (spent, forecast));
+
+    let ctx = Context {
+        now,
+        grace_until: settings.grace_until,
+        hold_until: inputs.hold_until,
+        subject_holds: inputs.subject_holds.clone(),
+        lifecycle: inputs.lifecycle,
+        interruption: inputs.interruption,
+        budgets: judged.ratios,
+    };
+    let engine_settings = engine::Settings {
+        warning: settings.warning,
+        slack: settings.slack,
+    };
+    let mut events = engine::evaluate(&rules, &engine_settings, &mut state.engine, &ctx);
+    name_subject_devices(&mut events, &rules, obs);
+    if let Some(h) = &health_obs {
+        name_problems(&mut events, &rules, h);
+    }
+
+    let gpu_idle = idle_runs(settings, state, &idle_obs, now);
+    let mut indices: Vec<u32> = obs.gpus.iter().map(|g| g.index).collect();
+    indices.sort_unstable();
+    indices.dedup();
+    let held = accrue_waste(
+        settings,
+        state,
+        inputs,
+        (&idle_obs.gpus, &gpu_idle),
+        health::unhealthy_gpus(obs),
+        indices.len(),
+    );
+    // Holders that hold no GPU any more are done with (unless holders are unknown now).
+    if !obs.holders_unknown {
+        state.jobs.retain(|j, _| held.0.contains(j.as_str()));
+        state.users.retain(|u, _| held.1.contains(u.as_str()));
+    }
+    let views = rule_views(&rules, state, settings, now);
+
+    Decision {
+        rules,
+        order: Unsaved::new(events, judged.crossings, alerted_before),
+        closed,
+        view: View {
+            price: inputs.price,
+            spent,
+            forecast,
+            budgets: judged.views,
+            rules: views,
+            gpu_idle,
+            idle_dollars: state.idle_dollars,
+            unhealthy_dollars: state.unhealthy_dollars,
+            jobs: state.jobs.clone(),
+            users: state.users.clone(),
+        },
+    }
+}
+
+/// Feeds each rule the observation it judges: a rule on health the one with health readings,
+/// a job's, pod's or user's rule its holder's part; then drops the state of rules gone.
+fn feed_rules(
+    settings: &Settings,
+    state: &mut State,
+    obs: &Observation,
+    rules: &[Rule],
+    idle_obs: &Observation,
+    health_obs: Option<&Observation>,
+) {
+    for rule in rules {
         let one = std::slice::from_ref(rule);
-        let o = match &health_obs {
+        let o = match health_obs {
             Some(h) if judges_health(rule) => h,
-            _ => &idle_obs,
+            _ => idle_obs,
         };
         match &rule.subject {
             None => engine::ingest(one, &mut state.engine, o, settings.slack),
@@ -352,7 +425,16 @@ pub fn step(
     state.engine.rules.retain(|name, rs| {
         rules.iter().any(|r| &r.name == name) || rs.in_flight.is_some() || keep(name)
     });
+}
 
+/// Keeps a spot price, and accrues the ledger up to now. Returns the periods that closed, the
+/// spend of this period (`None` while the price is unknown) and its forecast.
+fn accrue_spend(
+    settings: &Settings,
+    state: &mut State,
+    inputs: &Inputs,
+) -> (Vec<Closed>, Option<f64>, Option<f64>) {
+    let now = inputs.now;
     if let (Some(p), Some(Lifecycle::Spot)) = (inputs.price, inputs.lifecycle) {
         if p.source == Source::Spot {
             state.spot_price = Some(p.usd_per_hour);
@@ -368,111 +450,58 @@ pub fn step(
     );
     let spent = inputs.price.map(|_| state.ledger.spent);
     let forecast = state.ledger.forecast(now, settings.period);
+    (closed, spent, forecast)
+}
 
-    let mut crossings = Vec::new();
-    let mut ratios = BTreeMap::new();
-    let mut budgets = Vec::new();
-    for b in &settings.budgets {
-        // Spend that closed a period in this very step still crosses that period's thresholds:
-        // the last accrual of a month (or a daemon down across its end) alerts late, not never.
-        if b.source == BudgetSource::Local {
-            for c in &closed {
-                let last = Reading {
-                    spent: c.total,
-                    forecast: None,
-                    limit: b.limit_usd.unwrap_or(0.0),
-                    period_start: c.period_start,
-                };
-                crossings.extend(state.alerted.crossings(&b.name, &b.thresholds, &last));
-            }
-        }
-        let reading = match b.source {
-            BudgetSource::Local => spent.map(|spent| Reading {
-                spent,
-                forecast,
-                limit: b.limit_usd.unwrap_or(0.0),
-                period_start: state.ledger.period_start,
-            }),
-            BudgetSource::External => inputs.external.get(&b.name).map(|r| Reading {
-                limit: b.limit_usd.unwrap_or(r.limit),
-                ..r.clone()
-            }),
-        };
-        let Some(reading) = reading else {
-            if let (BudgetSource::External, Some(why)) = (b.source, inputs.unknown.get(&b.name)) {
-                budgets.push(BudgetView {
-                    name: b.name.clone(),
-                    limit: b.limit_usd.unwrap_or(0.0),
-                    spent_ratio: None,
-                    forecast_ratio: None,
-                    unknown: Some(why.clone()),
-                });
-            }
-            continue;
-        };
-        state.alerted.prune(&b.name, reading.period_start);
-        crossings.extend(state.alerted.crossings(&b.name, &b.thresholds, &reading));
-        if let Some(r) = reading.spent_ratio() {
-            ratios.insert(b.name.clone(), r);
-        }
-        budgets.push(BudgetView {
-            name: b.name.clone(),
-            limit: reading.limit,
-            spent_ratio: reading.spent_ratio(),
-            forecast_ratio: reading.forecast_ratio(),
-            unknown: None,
-        });
+/// The evidence a rule's event carries, to fill in.
+fn evidence(e: &mut Event) -> Option<&mut crate::rules::window::Assessment> {
+    match e {
+        Event::Breach { evidence, .. }
+        | Event::Warning { evidence, .. }
+        | Event::Action { evidence, .. } => Some(evidence),
+        _ => None,
     }
+}
 
-    let ctx = Context {
-        now,
-        grace_until: settings.grace_until,
-        hold_until: inputs.hold_until,
-        subject_holds: inputs.subject_holds.clone(),
-        lifecycle: inputs.lifecycle,
-        interruption: inputs.interruption,
-        budgets: ratios,
-    };
-    let engine_settings = engine::Settings {
-        warning: settings.warning,
-        slack: settings.slack,
-    };
-    let mut events = engine::evaluate(&rules, &engine_settings, &mut state.engine, &ctx);
-    // A job's or user's rule names the devices it judged, for its evidence and its command.
-    for e in &mut events {
+/// A job's or user's rule names the devices it judged, for its evidence and its command.
+fn name_subject_devices(events: &mut [Event], rules: &[Rule], obs: &Observation) {
+    for e in events {
         let Some(rule) = rules.iter().find(|r| r.name == e.rule()) else {
             continue;
         };
         let (Scope::Job | Scope::User, Some(who)) = (rule.scope, &rule.subject) else {
             continue;
         };
-        if let Event::Breach { evidence, .. }
-        | Event::Warning { evidence, .. }
-        | Event::Action { evidence, .. } = e
-        {
+        if let Some(evidence) = evidence(e) {
             evidence.gpus = subjects::devices(obs, rule.scope, who);
         }
     }
-    // A rule on health names each problem in its evidence.
-    if let Some(h) = &health_obs {
-        let problems = health::problems(h);
-        for e in &mut events {
-            if !rules.iter().any(|r| r.name == e.rule() && judges_health(r)) {
-                continue;
-            }
-            if let Event::Breach { evidence, .. }
-            | Event::Warning { evidence, .. }
-            | Event::Action { evidence, .. } = e
-            {
-                evidence.problems.clone_from(&problems);
-            }
+}
+
+/// A rule on health names each problem of `health_obs` in its evidence.
+fn name_problems(events: &mut [Event], rules: &[Rule], health_obs: &Observation) {
+    let problems = health::problems(health_obs);
+    for e in events {
+        if !rules.iter().any(|r| r.name == e.rule() && judges_health(r)) {
+            continue;
+        }
+        if let Some(evidence) = evidence(e) {
+            evidence.problems.clone_from(&problems);
         }
     }
+}
 
-    // Only devices idle now keep their start: one that is busy, unknown or gone (a MIG layout
-    // changed, a GPU lost) starts over.
+/// How long each device `IdleBy` judges has been idle without a break. Only devices idle now
+/// keep their start: one that is busy, unknown or gone (a MIG layout changed, a GPU lost)
+/// starts over.
+fn idle_runs(
+    settings: &Settings,
+    state: &mut State,
+    idle_obs: &Observation,
+    now: f64,
+) -> Vec<GpuIdle> {
     let before = std::mem::take(&mut state.idle_since);
-    let mut gpu_idle = Vec::with_capacity(obs.gpus.len());
+    let mut gpu_idle = Vec::with_capacity(idle_obs.gpus.len());
     for g in &idle_obs.gpus {
         let Some(idle) = settings.idle_by.judge(g) else {
             continue;
@@ -491,41 +520,7 @@ pub fn step(
             seconds: since.map_or(0.0, |s| now - s),
         });
     }
-    let mut indices: Vec<u32> = obs.gpus.iter().map(|g| g.index).collect();
-    indices.sort_unstable();
-    indices.dedup();
-    let held = accrue_waste(
-        settings,
-        state,
-        inputs,
-        (&idle_obs.gpus, &gpu_idle),
-        health::unhealthy_gpus(obs),
-        indices.len(),
-    );
-    // Holders that hold no GPU any more are done with (unless holders are unknown now).
-    if !obs.holders_unknown {
-        state.jobs.retain(|j, _| held.0.contains(j.as_str()));
-        state.users.retain(|u, _| held.1.contains(u.as_str()));
-    }
-    let views = rule_views(&rules, state, settings, now);
-
-    Decision {
-        rules,
-        order: Unsaved::new(events, crossings, alerted_before),
-        closed,
-        view: View {
-            price: inputs.price,
-            spent,
-            forecast,
-            budgets,
-            rules: views,
-            gpu_idle,
-            idle_dollars: state.idle_dollars,
-            unhealthy_dollars: state.unhealthy_dollars,
-            jobs: state.jobs.clone(),
-            users: state.users.clone(),
-        },
-    }
+    gpu_idle
 }
 
 /// Accrues the money spent on idle GPUs since the last sample: the price times the share of the

@@ -287,170 +287,249 @@ pub fn evaluate(
             }
             continue;
         }
-        // Whether the rule breaches at all (reported), and whether it breaches on periods
-        // since it was last re-armed (acted on).
-        let mut raw = match &rule.trigger {
-            Trigger::BudgetExhausted { budget } => exhausted(budget, ctx),
-            Trigger::Idle(c) => rs
-                .window
-                .assess(c, ctx.now, settings.slack, f64::NEG_INFINITY),
-        };
-        // Why the budget the action rests on no longer lets it act (its gate, or its limit),
-        // judged on every evaluation: a warning outlives no reason it was given for.
-        let mut shut = None;
-        if let Some(gate) = &rule.budget {
-            // Unknown spend keeps the gate shut: a budget rule never acts on a guess.
-            let ratio = ctx.budgets.get(&gate.name).copied();
-            raw.budget = Some((gate.name.clone(), ratio));
-            if !ratio.is_some_and(|r| r + 1e-12 >= gate.spent_at_least) {
-                raw.breaching = false;
-                shut = Some(budget_shut(&gate.name, ratio, gate.spent_at_least));
-            }
-        }
-        if let Trigger::BudgetExhausted { budget } = &rule.trigger {
-            if !raw.breaching {
-                shut = Some(budget_shut(budget, ctx.budgets.get(budget).copied(), 1.0));
-            }
-        }
-        let name = || rule.name.clone();
-        if raw.breaching != rs.breaching {
-            rs.breaching = raw.breaching;
-            events.push(if raw.breaching {
-                Event::Breach {
-                    rule: name(),
-                    evidence: raw.clone(),
-                }
-            } else {
-                Event::Recovered { rule: name() }
-            });
-        }
-        let armed = match &rule.trigger {
-            Trigger::BudgetExhausted { .. } => {
-                // A budget limit has no windows to refresh: after an action or a cancellation
-                // it re-arms an hour later, so a failed stop is retried hourly, not in a loop.
-                let mut armed = raw;
-                armed.breaching &=
-                    rs.not_before <= 0.0 || ctx.now >= rs.not_before + EXHAUSTED_REARM;
-                armed
-            }
-            Trigger::Idle(c) if rs.not_before > 0.0 => {
-                let mut armed = rs.window.assess(c, ctx.now, settings.slack, rs.not_before);
-                armed.breaching &= raw.breaching;
-                armed.budget = raw.budget.clone();
-                armed
-            }
-            Trigger::Idle(_) => raw,
-        };
-        if rs.in_flight.is_some() {
-            continue;
-        }
-        let blocked = if ctx.interruption {
-            Some("a spot interruption is pending".to_string())
-        } else if ctx.now < ctx.grace_until {
-            // The grace after a start holds back an action carried over from before it too.
-            Some(format!(
-                "the start-up grace lasts until {}",
-                crate::time::rfc3339(ctx.grace_until)
-            ))
-        } else {
-            let subject = rule
-                .hold_key()
-                .and_then(|k| ctx.subject_holds.get(&k).copied());
-            let hold = [ctx.hold_until, subject]
-                .into_iter()
-                .flatten()
-                .reduce(f64::max);
-            hold.filter(|&h| h > ctx.now).map(|h| {
-                if h.is_finite() {
-                    format!("a hold is in place until {}", crate::time::rfc3339(h))
-                } else {
-                    "a hold without a readable expiry is in place".to_string()
-                }
-            })
-        };
-
-        match rs.pending.take() {
-            None => {
-                if armed.breaching && blocked.is_none() {
-                    let due_at = ctx.now + settings.warning.as_secs_f64();
-                    rs.pending = Some(Pending {
-                        action: rule.action,
-                        warned_at: ctx.now,
-                        due_at,
-                        activity: None,
-                        postponed: false,
-                        seen_until: 0.0,
-                    });
-                    events.push(Event::Warning {
-                        rule: name(),
-                        action: rule.action,
-                        due_at,
-                        evidence: armed,
-                    });
-                }
-            }
-            Some(mut pending) => {
-                // The rule now says another action (the config changed across a restart):
-                // the warning given was for the old one.
-                let changed = (pending.action != rule.action).then(|| {
-                    format!(
-                        "the rule's action changed from {} to {}",
-                        pending.action, rule.action
-                    )
-                });
-                let missing = match &rule.trigger {
-                    Trigger::Idle(_) if ctx.now >= pending.due_at => {
-                        gap(pending.seen(), ctx.now, settings.slack)
-                    }
-                    _ => None,
-                };
-                if let Some(reason) = changed.or(pending.activity.take()).or(shut).or(missing) {
-                    // The periods seen up to the cancellation never count again, even when it
-                    // was the clock that went back.
-                    rs.not_before = rs.not_before.max(ctx.now).max(pending.seen());
-                    events.push(Event::Cancelled {
-                        rule: name(),
-                        action: pending.action,
-                        reason,
-                    });
-                } else if ctx.now < pending.due_at {
-                    rs.pending = Some(pending);
-                } else if let Some(reason) = blocked {
-                    if !pending.postponed {
-                        pending.postponed = true;
-                        events.push(Event::Postponed {
-                            rule: name(),
-                            action: pending.action,
-                            reason,
-                        });
-                    }
-                    rs.pending = Some(pending);
-                } else if !armed.breaching {
-                    rs.not_before = rs.not_before.max(ctx.now);
-                    events.push(Event::Cancelled {
-                        rule: name(),
-                        action: pending.action,
-                        reason: "the rule no longer breaches on fresh data".into(),
-                    });
-                } else {
-                    let not_before = rs.not_before;
-                    rs.not_before = not_before.max(ctx.now);
-                    rs.in_flight = Some(InFlight {
-                        action: pending.action,
-                        at: ctx.now,
-                        pending: Some(pending.clone()),
-                        not_before,
-                    });
-                    events.push(Event::Action {
-                        rule: name(),
-                        action: pending.action,
-                        evidence: armed,
-                    });
-                }
-            }
-        }
+        evaluate_rule(rule, settings, ctx, rs, &mut events);
     }
     events
+}
+
+/// Advances one rule that is for this instance: reports its breach or recovery, then warns,
+/// postpones, cancels or acts.
+fn evaluate_rule(
+    rule: &Rule,
+    settings: &Settings,
+    ctx: &Context,
+    rs: &mut RuleState,
+    events: &mut Vec<Event>,
+) {
+    let (raw, shut) = assess(rule, rs, settings, ctx);
+    if raw.breaching != rs.breaching {
+        rs.breaching = raw.breaching;
+        events.push(if raw.breaching {
+            Event::Breach {
+                rule: rule.name.clone(),
+                evidence: raw.clone(),
+            }
+        } else {
+            Event::Recovered {
+                rule: rule.name.clone(),
+            }
+        });
+    }
+    let armed = armed(rule, rs, raw, settings, ctx);
+    if rs.in_flight.is_some() {
+        return;
+    }
+    let blocked = blocked(rule, ctx);
+    let event = match rs.pending.take() {
+        None if armed.breaching && blocked.is_none() => Some(warn(rule, settings, ctx, rs, armed)),
+        None => None,
+        Some(pending) => settle(
+            rule,
+            settings,
+            ctx,
+            rs,
+            pending,
+            Finding {
+                armed,
+                blocked,
+                shut,
+            },
+        ),
+    };
+    events.extend(event);
+}
+
+/// Whether the rule breaches at all (reported), and why the budget the action rests on no
+/// longer lets it act (its gate, or its limit), judged on every evaluation: a warning outlives
+/// no reason it was given for.
+fn assess(
+    rule: &Rule,
+    rs: &RuleState,
+    settings: &Settings,
+    ctx: &Context,
+) -> (Assessment, Option<String>) {
+    let mut raw = match &rule.trigger {
+        Trigger::BudgetExhausted { budget } => exhausted(budget, ctx),
+        Trigger::Idle(c) => rs
+            .window
+            .assess(c, ctx.now, settings.slack, f64::NEG_INFINITY),
+    };
+    let mut shut = None;
+    if let Some(gate) = &rule.budget {
+        // Unknown spend keeps the gate shut: a budget rule never acts on a guess.
+        let ratio = ctx.budgets.get(&gate.name).copied();
+        raw.budget = Some((gate.name.clone(), ratio));
+        if !ratio.is_some_and(|r| r + 1e-12 >= gate.spent_at_least) {
+            raw.breaching = false;
+            shut = Some(budget_shut(&gate.name, ratio, gate.spent_at_least));
+        }
+    }
+    if let Trigger::BudgetExhausted { budget } = &rule.trigger {
+        if !raw.breaching {
+            shut = Some(budget_shut(budget, ctx.budgets.get(budget).copied(), 1.0));
+        }
+    }
+    (raw, shut)
+}
+
+/// Whether the rule breaches on periods since it was last re-armed: what it may act on.
+fn armed(
+    rule: &Rule,
+    rs: &RuleState,
+    raw: Assessment,
+    settings: &Settings,
+    ctx: &Context,
+) -> Assessment {
+    match &rule.trigger {
+        Trigger::BudgetExhausted { .. } => {
+            // A budget limit has no windows to refresh: after an action or a cancellation
+            // it re-arms an hour later, so a failed stop is retried hourly, not in a loop.
+            let mut armed = raw;
+            armed.breaching &= rs.not_before <= 0.0 || ctx.now >= rs.not_before + EXHAUSTED_REARM;
+            armed
+        }
+        Trigger::Idle(c) if rs.not_before > 0.0 => {
+            let mut armed = rs.window.assess(c, ctx.now, settings.slack, rs.not_before);
+            armed.breaching &= raw.breaching;
+            armed.budget = raw.budget.clone();
+            armed
+        }
+        Trigger::Idle(_) => raw,
+    }
+}
+
+/// What holds the rule's action back now: a spot interruption, the boot grace, or a hold on
+/// the node or on the rule's job or user.
+fn blocked(rule: &Rule, ctx: &Context) -> Option<String> {
+    if ctx.interruption {
+        Some("a spot interruption is pending".to_string())
+    } else if ctx.now < ctx.grace_until {
+        // The grace after a start holds back an action carried over from before it too.
+        Some(format!(
+            "the start-up grace lasts until {}",
+            crate::time::rfc3339(ctx.grace_until)
+        ))
+    } else {
+        let subject = rule
+            .hold_key()
+            .and_then(|k| ctx.subject_holds.get(&k).copied());
+        let hold = [ctx.hold_until, subject]
+            .into_iter()
+            .flatten()
+            .reduce(f64::max);
+        hold.filter(|&h| h > ctx.now).map(|h| {
+            if h.is_finite() {
+                format!("a hold is in place until {}", crate::time::rfc3339(h))
+            } else {
+                "a hold without a readable expiry is in place".to_string()
+            }
+        })
+    }
+}
+
+/// Starts the warning period of a rule that breaches on fresh data with nothing pending.
+fn warn(
+    rule: &Rule,
+    settings: &Settings,
+    ctx: &Context,
+    rs: &mut RuleState,
+    armed: Assessment,
+) -> Event {
+    let due_at = ctx.now + settings.warning.as_secs_f64();
+    rs.pending = Some(Pending {
+        action: rule.action,
+        warned_at: ctx.now,
+        due_at,
+        activity: None,
+        postponed: false,
+        seen_until: 0.0,
+    });
+    Event::Warning {
+        rule: rule.name.clone(),
+        action: rule.action,
+        due_at,
+        evidence: armed,
+    }
+}
+
+/// What one evaluation finds of a rule, for the warning it has pending.
+struct Finding {
+    /// The assessment on periods since the rule was last re-armed.
+    armed: Assessment,
+    /// What holds a due action back (`blocked`).
+    blocked: Option<String>,
+    /// Why the budget the action rests on no longer lets it act.
+    shut: Option<String>,
+}
+
+/// Settles a pending warning: calls it off, keeps it, postpones it, or hands out its action
+/// once it is due.
+fn settle(
+    rule: &Rule,
+    settings: &Settings,
+    ctx: &Context,
+    rs: &mut RuleState,
+    mut pending: Pending,
+    f: Finding,
+) -> Option<Event> {
+    let name = || rule.name.clone();
+    // The rule now says another action (the config changed across a restart): the warning
+    // given was for the old one.
+    let changed = (pending.action != rule.action).then(|| {
+        format!(
+            "the rule's action changed from {} to {}",
+            pending.action, rule.action
+        )
+    });
+    let missing = match &rule.trigger {
+        Trigger::Idle(_) if ctx.now >= pending.due_at => {
+            gap(pending.seen(), ctx.now, settings.slack)
+        }
+        _ => None,
+    };
+    if let Some(reason) = changed.or(pending.activity.take()).or(f.shut).or(missing) {
+        // The periods seen up to the cancellation never count again, even when it was the
+        // clock that went back.
+        rs.not_before = rs.not_before.max(ctx.now).max(pending.seen());
+        Some(Event::Cancelled {
+            rule: name(),
+            action: pending.action,
+            reason,
+        })
+    } else if ctx.now < pending.due_at {
+        rs.pending = Some(pending);
+        None
+    } else if let Some(reason) = f.blocked {
+        let event = (!pending.postponed).then(|| Event::Postponed {
+            rule: name(),
+            action: pending.action,
+            reason,
+        });
+        pending.postponed = true;
+        rs.pending = Some(pending);
+        event
+    } else if !f.armed.breaching {
+        rs.not_before = rs.not_before.max(ctx.now);
+        Some(Event::Cancelled {
+            rule: name(),
+            action: pending.action,
+            reason: "the rule no longer breaches on fresh data".into(),
+        })
+    } else {
+        let not_before = rs.not_before;
+        rs.not_before = not_before.max(ctx.now);
+        rs.in_flight = Some(InFlight {
+            action: pending.action,
+            at: ctx.now,
+            pending: Some(pending.clone()),
+            not_before,
+        });
+        Some(Event::Action {
+            rule: name(),
+            action: pending.action,
+            evidence: f.armed,
+        })
+    }
 }
 
 /// Why a budget no longer lets an action run: its spend is unknown, or below `at_least` of
