@@ -175,29 +175,18 @@ impl Collector for SnapshotCollector {
         let holders = self.holders.as_ref().map(|h| (h.view.view(), h));
         // A GPU's own series carry the jobs holding it or any of its MIG devices; a MIG
         // device's, the jobs holding that device.
-        let mut jobs: BTreeMap<u32, Vec<String>> = BTreeMap::new();
-        let mut mig_jobs: BTreeMap<(u32, u32), Vec<String>> = BTreeMap::new();
-        if let Some((v, _)) = holders.as_ref().filter(|(_, h)| h.job_label) {
-            for ((gpu, gi), held) in &v.devices {
-                let all = jobs.entry(*gpu).or_default();
-                for j in &held.jobs {
-                    if !all.contains(j) {
-                        all.push(j.clone());
-                    }
-                }
-                if let Some(gi) = gi {
-                    mig_jobs.insert((*gpu, *gi), held.jobs.clone());
-                }
-            }
-        }
+        let jobs = match holders.as_ref().filter(|(_, h)| h.job_label) {
+            Some((v, _)) => job_labels(v),
+            None => JobLabels::default(),
+        };
         let owners = holders
             .as_ref()
             .filter(|(_, h)| h.owners)
             .map(|(v, _)| &v.owners);
-        let views = views(&snap.gpus, &held.gpus, &jobs);
+        let views = views(&snap.gpus, &held.gpus, &jobs.gpus);
         let gpus = &views[..];
         // A MIG device's series carry the pods holding that device.
-        let migs = mig_views(&snap.gpus, &held.mig, &mig_jobs);
+        let migs = mig_views(&snap.gpus, &held.mig, &jobs.migs);
         // The series that identify or count GPUs, and per-process ones (a process is in one
         // pod, and NVML does not say which), stay one per GPU: no pod labels.
         let no_pods = BTreeMap::new();
@@ -205,102 +194,9 @@ impl Collector for SnapshotCollector {
         let unshared = self::views(&snap.gpus, &no_pods, &no_jobs);
         let e = &mut enc;
 
-        gauges(
-            e,
-            desc(
-                "gpuwatch_build_info",
-                "gpuwatch version and source revision",
-                None,
-            ),
-            [(
-                [
-                    ("version", self.build.version.as_str()),
-                    ("revision", self.build.revision.as_str()),
-                ],
-                1i64,
-            )],
-        )?;
-        gauge(
-            e,
-            desc(
-                "gpuwatch_nvml_up",
-                "1 when the NVML library is loaded and answering",
-                None,
-            ),
-            i64::from(snap.nvml.up),
-        )?;
-        if snap.nvml.up {
-            let unknown = "unknown";
-            gauges(
-                e,
-                desc(
-                    "gpuwatch_nvml_info",
-                    "NVIDIA driver, NVML and CUDA driver versions",
-                    None,
-                ),
-                [(
-                    [
-                        (
-                            "driver_version",
-                            Text(snap.nvml.driver_version.as_deref().unwrap_or(unknown)),
-                        ),
-                        (
-                            "nvml_version",
-                            Text(snap.nvml.nvml_version.as_deref().unwrap_or(unknown)),
-                        ),
-                        (
-                            "cuda_driver_version",
-                            Text(snap.nvml.cuda_driver_version.as_deref().unwrap_or(unknown)),
-                        ),
-                    ],
-                    1i64,
-                )],
-            )?;
-        }
+        encode_build_and_nvml(e, &self.build, &snap)?;
         if snap.is_ready() {
-            gauge(
-                e,
-                desc(
-                    "gpuwatch_gpus",
-                    "GPUs NVML reports on this node, lost ones included",
-                    None,
-                ),
-                snap.gpus.len() as i64,
-            )?;
-            // The node's health: the worst of its GPUs', while any GPU's is known.
-            if let Some(worst) =
-                crate::health::node(snap.gpus.iter().filter_map(|g| g.health.as_ref()))
-            {
-                gauges(
-                    e,
-                    desc(
-                        "gpuwatch_node_health",
-                        "1 for the node's health state, the worst of its GPUs' (healthy, degraded or unhealthy), 0 for the rest",
-                        None,
-                    ),
-                    crate::health::State::ALL
-                        .into_iter()
-                        .map(|state| ([("state", state.as_str())], i64::from(state == worst))),
-                )?;
-            }
-            gauge(
-                e,
-                desc(
-                    "gpuwatch_last_sample_timestamp",
-                    "When the latest sample was taken",
-                    Some("seconds"),
-                ),
-                snap.timestamp,
-            )?;
-            gauge(
-                e,
-                desc(
-                    "gpuwatch_sample_duration",
-                    "How long the latest sampling cycle took",
-                    Some("seconds"),
-                ),
-                snap.duration_seconds,
-            )?;
+            encode_sampling(e, &snap)?;
         }
 
         let scrape = Scrape {
@@ -317,6 +213,138 @@ impl Collector for SnapshotCollector {
         }
         Ok(())
     }
+}
+
+/// The jobs whose label the series carry, with `[slurm] job_label`.
+#[derive(Default)]
+struct JobLabels {
+    /// By GPU: the jobs holding the GPU or any of its MIG devices.
+    gpus: BTreeMap<u32, Vec<String>>,
+    /// By GPU and GPU instance: the jobs holding that MIG device.
+    migs: BTreeMap<(u32, u32), Vec<String>>,
+}
+
+fn job_labels(holders: &crate::slurm::holders::Holders) -> JobLabels {
+    let mut jobs = JobLabels::default();
+    for ((gpu, gi), held) in &holders.devices {
+        let all = jobs.gpus.entry(*gpu).or_default();
+        for j in &held.jobs {
+            if !all.contains(j) {
+                all.push(j.clone());
+            }
+        }
+        if let Some(gi) = gi {
+            jobs.migs.insert((*gpu, *gi), held.jobs.clone());
+        }
+    }
+    jobs
+}
+
+/// `gpuwatch_build_info`, `gpuwatch_nvml_up`, and while NVML is up `gpuwatch_nvml_info`.
+fn encode_build_and_nvml(
+    e: &mut DescriptorEncoder,
+    build: &BuildInfo,
+    snap: &Snapshot,
+) -> Result<(), fmt::Error> {
+    gauges(
+        e,
+        desc(
+            "gpuwatch_build_info",
+            "gpuwatch version and source revision",
+            None,
+        ),
+        [(
+            [
+                ("version", build.version.as_str()),
+                ("revision", build.revision.as_str()),
+            ],
+            1i64,
+        )],
+    )?;
+    gauge(
+        e,
+        desc(
+            "gpuwatch_nvml_up",
+            "1 when the NVML library is loaded and answering",
+            None,
+        ),
+        i64::from(snap.nvml.up),
+    )?;
+    if snap.nvml.up {
+        let unknown = "unknown";
+        gauges(
+            e,
+            desc(
+                "gpuwatch_nvml_info",
+                "NVIDIA driver, NVML and CUDA driver versions",
+                None,
+            ),
+            [(
+                [
+                    (
+                        "driver_version",
+                        Text(snap.nvml.driver_version.as_deref().unwrap_or(unknown)),
+                    ),
+                    (
+                        "nvml_version",
+                        Text(snap.nvml.nvml_version.as_deref().unwrap_or(unknown)),
+                    ),
+                    (
+                        "cuda_driver_version",
+                        Text(snap.nvml.cuda_driver_version.as_deref().unwrap_or(unknown)),
+                    ),
+                ],
+                1i64,
+            )],
+        )?;
+    }
+    Ok(())
+}
+
+/// Once a sample is ready: how many GPUs, the node's health, and the latest sample's time and
+/// duration.
+fn encode_sampling(e: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), fmt::Error> {
+    gauge(
+        e,
+        desc(
+            "gpuwatch_gpus",
+            "GPUs NVML reports on this node, lost ones included",
+            None,
+        ),
+        snap.gpus.len() as i64,
+    )?;
+    // The node's health: the worst of its GPUs', while any GPU's is known.
+    if let Some(worst) = crate::health::node(snap.gpus.iter().filter_map(|g| g.health.as_ref())) {
+        gauges(
+            e,
+            desc(
+                "gpuwatch_node_health",
+                "1 for the node's health state, the worst of its GPUs' (healthy, degraded or unhealthy), 0 for the rest",
+                None,
+            ),
+            crate::health::State::ALL
+                .into_iter()
+                .map(|state| ([("state", state.as_str())], i64::from(state == worst))),
+        )?;
+    }
+    gauge(
+        e,
+        desc(
+            "gpuwatch_last_sample_timestamp",
+            "When the latest sample was taken",
+            Some("seconds"),
+        ),
+        snap.timestamp,
+    )?;
+    gauge(
+        e,
+        desc(
+            "gpuwatch_sample_duration",
+            "How long the latest sampling cycle took",
+            Some("seconds"),
+        ),
+        snap.duration_seconds,
+    )
 }
 
 /// What one scrape's device families read: the GPUs (one view per pod holding one), the same

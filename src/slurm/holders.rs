@@ -160,7 +160,7 @@ pub fn join(
     snap: &Snapshot,
     mapping: &mapping::Mapping,
     users: &mut Users,
-    mut process: impl FnMut(u32) -> Process,
+    process: impl FnMut(u32) -> Process,
 ) -> Holders {
     let mut out = Holders {
         seq: snap.seq,
@@ -168,8 +168,23 @@ pub fn join(
         mapping_unknown: settings.slurm.then(|| mapping.unknown.clone()).flatten(),
         ..Holders::default()
     };
-    // Every device with its UUID and its processes.
-    let mut devices: Vec<(DeviceKey, &str, &[ProcessRef])> = Vec::new();
+    let devices = devices(snap);
+    let mut found = Found::default();
+    if settings.slurm {
+        found.job_of = mapped_jobs(mapping, &devices);
+    }
+    found.read_processes(settings, &devices, users, process, &mut out);
+    hold(settings, &devices, found, &mut out);
+    bound_users(settings, &mut out);
+    out
+}
+
+/// A device as `join` reads it: its key, its UUID and its processes.
+type DeviceProcs<'a> = (DeviceKey, &'a str, &'a [ProcessRef]);
+
+/// Every device of the snapshot's GPUs that are up: each GPU, then its MIG devices.
+fn devices(snap: &Snapshot) -> Vec<DeviceProcs<'_>> {
+    let mut devices: Vec<DeviceProcs> = Vec::new();
     for g in snap.gpus.iter().filter(|g| g.up) {
         devices.push(((g.index, None), &g.uuid, &g.pids));
         for m in &g.mig {
@@ -177,101 +192,134 @@ pub fn join(
             devices.push(((g.index, Some(gi)), &m.uuid, &m.pids));
         }
     }
-    // A process on several devices (a GPU in MIG mode lists its MIG devices' processes too)
-    // is read once.
-    let mut seen: BTreeMap<u32, Process> = BTreeMap::new();
+    devices
+}
+
+/// What the prolog says each device holds. A whole GPU in MIG mode is all of its MIG devices:
+/// the job holds each of them, and a claim on any of them is confirmed.
+fn mapped_jobs(
+    mapping: &mapping::Mapping,
+    devices: &[DeviceProcs],
+) -> BTreeMap<DeviceKey, BTreeSet<String>> {
     let mut job_of: BTreeMap<DeviceKey, BTreeSet<String>> = BTreeMap::new();
-    let mut user_of: BTreeMap<DeviceKey, BTreeSet<String>> = BTreeMap::new();
-    // Who each job's user may be, by the evidence for it (see `JobUsers`).
-    let mut job_users: BTreeMap<String, JobUsers> = BTreeMap::new();
-    // What the prolog says each device holds. A whole GPU in MIG mode is all of its MIG
-    // devices: the job holds each of them, and a claim on any of them is confirmed.
-    if settings.slurm {
-        for (device, jobs) in &mapping.jobs {
-            let key = match device {
-                Device::Index(i) => Some((*i, None)),
-                Device::Mig(i, gi) => Some((*i, Some(*gi))),
-                Device::Uuid(u) => devices
+    for (device, jobs) in &mapping.jobs {
+        let key = match device {
+            Device::Index(i) => Some((*i, None)),
+            Device::Mig(i, gi) => Some((*i, Some(*gi))),
+            Device::Uuid(u) => devices
+                .iter()
+                .find(|d| d.1.eq_ignore_ascii_case(u))
+                .map(|d| d.0),
+        };
+        let Some(key) = key.filter(|k| devices.iter().any(|d| d.0 == *k)) else {
+            continue;
+        };
+        let mut keys = vec![key];
+        if key.1.is_none() {
+            keys.extend(
+                devices
                     .iter()
-                    .find(|d| d.1.eq_ignore_ascii_case(u))
-                    .map(|d| d.0),
-            };
-            let Some(key) = key.filter(|k| devices.iter().any(|d| d.0 == *k)) else {
-                continue;
-            };
-            let mut keys = vec![key];
-            if key.1.is_none() {
-                keys.extend(
-                    devices
-                        .iter()
-                        .map(|d| d.0)
-                        .filter(|k| k.0 == key.0 && k.1.is_some()),
-                );
-            }
-            for k in keys {
-                job_of.entry(k).or_default().extend(jobs.iter().cloned());
-            }
+                    .map(|d| d.0)
+                    .filter(|k| k.0 == key.0 && k.1.is_some()),
+            );
+        }
+        for k in keys {
+            job_of.entry(k).or_default().extend(jobs.iter().cloned());
         }
     }
-    let mapped = job_of.clone();
-    for (key, _, pids) in &devices {
-        for &ProcessRef {
-            pid,
-            used_memory_bytes: used,
-        } in pids.iter()
-        {
-            let mut p = seen.entry(pid).or_insert_with(|| process(pid)).clone();
-            // A job claimed through the environment only, that the prolog did not give this
-            // device, is not believed: anyone can set SLURM_JOB_ID.
-            if p.claimed
-                && !p
-                    .job
-                    .as_ref()
-                    .is_some_and(|h| mapped.get(key).is_some_and(|jobs| jobs.contains(&h.job)))
+    job_of
+}
+
+/// Who holds each device, as the mapping directory and the processes say, before the bounds.
+#[derive(Default)]
+struct Found {
+    job_of: BTreeMap<DeviceKey, BTreeSet<String>>,
+    user_of: BTreeMap<DeviceKey, BTreeSet<String>>,
+    /// Who each job's user may be, by the evidence for it (see `JobUsers`).
+    job_users: BTreeMap<String, JobUsers>,
+}
+
+impl Found {
+    /// Adds each device's processes' jobs and users; with `[sampling] process_owners`, each
+    /// process's user and each user's memory go to `out`.
+    fn read_processes(
+        &mut self,
+        settings: &Settings,
+        devices: &[DeviceProcs],
+        users: &mut Users,
+        mut process: impl FnMut(u32) -> Process,
+        out: &mut Holders,
+    ) {
+        // A process on several devices (a GPU in MIG mode lists its MIG devices' processes
+        // too) is read once.
+        let mut seen: BTreeMap<u32, Process> = BTreeMap::new();
+        let mapped = self.job_of.clone();
+        for (key, _, pids) in devices {
+            for &ProcessRef {
+                pid,
+                used_memory_bytes: used,
+            } in pids.iter()
             {
-                p.job = None;
-            }
-            let owner = p.uid.map(|u| users.name(u));
-            if let Some(h) = &p.job {
-                job_of.entry(*key).or_default().insert(h.job.clone());
-                let seen = job_users.entry(h.job.clone()).or_default();
-                if p.claimed {
-                    // A path its owner made names nobody: only the process's real uid counts.
-                    seen.claimed.extend(owner.clone());
-                } else if let Some(u) = h.uid.map(|u| users.name(u)).or_else(|| owner.clone()) {
-                    seen.slurm.insert(u);
+                let mut p = seen.entry(pid).or_insert_with(|| process(pid)).clone();
+                // A job claimed through the environment only, that the prolog did not give
+                // this device, is not believed: anyone can set SLURM_JOB_ID.
+                if p.claimed
+                    && !p
+                        .job
+                        .as_ref()
+                        .is_some_and(|h| mapped.get(key).is_some_and(|jobs| jobs.contains(&h.job)))
+                {
+                    p.job = None;
                 }
-            }
-            if let Some(o) = &owner {
-                user_of.entry(*key).or_default().insert(o.clone());
-                if settings.owners {
-                    out.owners.insert(pid, o.clone());
-                    *out.user_memory.entry(o.clone()).or_default() += used.unwrap_or(0);
+                let owner = p.uid.map(|u| users.name(u));
+                if let Some(h) = &p.job {
+                    self.job_of.entry(*key).or_default().insert(h.job.clone());
+                    let seen = self.job_users.entry(h.job.clone()).or_default();
+                    if p.claimed {
+                        // A path its owner made names nobody: only the process's real uid
+                        // counts.
+                        seen.claimed.extend(owner.clone());
+                    } else if let Some(u) = h.uid.map(|u| users.name(u)).or_else(|| owner.clone()) {
+                        seen.slurm.insert(u);
+                    }
+                }
+                if let Some(o) = &owner {
+                    self.user_of.entry(*key).or_default().insert(o.clone());
+                    if settings.owners {
+                        out.owners.insert(pid, o.clone());
+                        *out.user_memory.entry(o.clone()).or_default() += used.unwrap_or(0);
+                    }
                 }
             }
         }
     }
-    // The jobs, bounded: the first `max_jobs` by id are kept.
-    let all: BTreeSet<&String> = job_of.values().flatten().collect();
+}
+
+/// Puts in `out` each job, bounded (the first `max_jobs` by id are kept), with its user and
+/// devices, and each device held, with its jobs and users.
+fn hold(settings: &Settings, devices: &[DeviceProcs], found: Found, out: &mut Holders) {
+    let all: BTreeSet<&String> = found.job_of.values().flatten().collect();
     let kept: BTreeSet<String> = all
         .iter()
         .take(settings.max_jobs)
         .map(|j| (*j).clone())
         .collect();
     out.dropped = all.len() - kept.len();
-    let job_user: BTreeMap<String, String> = job_users
+    let job_user: BTreeMap<String, String> = found
+        .job_users
         .into_iter()
         .filter_map(|(j, seen)| Some((j, seen.user()?)))
         .collect();
-    for (key, uuid, _) in &devices {
-        let jobs: Vec<String> = job_of
+    for (key, uuid, _) in devices {
+        let jobs: Vec<String> = found
+            .job_of
             .get(key)
             .into_iter()
             .flatten()
             .filter(|j| kept.contains(*j))
             .cloned()
             .collect();
-        let mut users: BTreeSet<String> = user_of.get(key).cloned().unwrap_or_default();
+        let mut users: BTreeSet<String> = found.user_of.get(key).cloned().unwrap_or_default();
         users.extend(jobs.iter().filter_map(|j| job_user.get(j).cloned()));
         for j in &jobs {
             let job = out.jobs.entry(j.clone()).or_default();
@@ -288,7 +336,10 @@ pub fn join(
             );
         }
     }
-    // The users, bounded the same way.
+}
+
+/// The users, bounded as the jobs are: the first `max_jobs` by name are kept.
+fn bound_users(settings: &Settings, out: &mut Holders) {
     let all: BTreeSet<String> = out
         .devices
         .values()
@@ -303,7 +354,6 @@ pub fn join(
         out.owners.retain(|_, u| kept.contains(u));
         out.user_memory.retain(|u, _| kept.contains(u));
     }
-    out
 }
 
 /// Starts refreshing who holds what after every sample, when Slurm or process owners are on.

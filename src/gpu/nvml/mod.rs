@@ -6,10 +6,9 @@
 
 mod fields;
 mod links;
+mod mig;
 mod processes;
 mod throttle;
-use processes::{process_refs, used};
-use throttle::THROTTLE_REASONS;
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -18,11 +17,12 @@ use std::time::{Duration, Instant};
 
 use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::device::MemoryInfo;
 use nvml_wrapper::{cuda_driver_version_major, cuda_driver_version_minor, Device, Nvml};
 
 use super::counters::{SampleError, SamplerCounters};
 use super::xid::{self, XidCounts};
-use super::{GpuSample, GpuSource, NvmlStatus, ProcessSample, Sample, ThrottleReason};
+use super::{GpuSample, GpuSource, NvmlStatus, Sample};
 
 /// The most MIG devices read from one GPU (a GPU has at most 7).
 const MAX_MIG_DEVICES: u32 = 16;
@@ -349,41 +349,6 @@ impl GpuReader<'_> {
         }
     }
 
-    /// One MIG device of GPU `d`: its identity, memory, processes, and the GPM metrics of its
-    /// GPU instance.
-    /// A MIG device whose UUID cannot be read is left out: it could not be told apart.
-    fn read_mig(&mut self, nvml: &'static Nvml, m: &Device<'static>) -> Option<super::MigSample> {
-        let uuid = self.get("mig_uuid", || m.uuid())?;
-        // NVML names a MIG device "<GPU name> MIG <profile>".
-        let profile = self
-            .get("mig_name", || m.name())
-            .and_then(|n| Some(n.rsplit_once(" MIG ")?.1.to_string()));
-        let (gpu_instance, compute_instance) = super::gpm::instance_ids(nvml, m);
-        let memory = self
-            .get("mig_memory", || m.memory_info())
-            .filter(|mem| mem.total > 0 && mem.used <= mem.total);
-        let (processes, pids) = if self.src.pids {
-            match self.get("mig_processes", || m.running_compute_processes()) {
-                Some(list) => (Some(list.len() as u32), process_refs(&list)),
-                None => (None, Vec::new()),
-            }
-        } else {
-            let n = self.get("mig_processes", || m.running_compute_processes_count());
-            (n, Vec::new())
-        };
-        Some(super::MigSample {
-            uuid,
-            gpu_instance,
-            compute_instance,
-            profile,
-            memory_used_bytes: memory.as_ref().map(|m| m.used),
-            memory_total_bytes: memory.as_ref().map(|m| m.total),
-            processes,
-            pids,
-            gpm: None,
-        })
-    }
-
     /// GPM support and the metrics since the last cycle, of the GPU or of one of its GPU
     /// instances. A failed call leaves the metrics absent this cycle, and is counted and logged
     /// (once).
@@ -415,106 +380,9 @@ impl GpuReader<'_> {
 
     fn read_all(&mut self, nvml: &'static Nvml, d: &Device<'static>) -> GpuSample {
         let index = self.index;
-        // Each identity field is kept as soon as it is read: a GPU that falls off the bus a
-        // few calls later still has its UUID, name and bus id.
-        let uuid = self.get("uuid", || d.uuid());
-        let name = self.get("name", || d.name());
-        let pci_bus_id = self.get("pci_info", || d.pci_info()).map(|p| p.bus_id);
-        let known = self.src.identities.entry(index).or_default();
-        // Another GPU at this index (the devices were enumerated anew): its GPM buffers hold
-        // the other GPU's samples, and go.
-        if uuid.is_some() && known.uuid.is_some() && uuid != known.uuid {
-            self.src.gpm.forget(index);
-        }
-        for (field, read) in [
-            (&mut known.uuid, uuid),
-            (&mut known.name, name),
-            (&mut known.pci_bus_id, pci_bus_id),
-        ] {
-            if read.is_some() {
-                *field = read;
-            }
-        }
-        // A field that failed this once keeps the value it was last read with.
-        let (uuid, name, pci_bus_id) = (
-            known.uuid.clone().unwrap_or_default(),
-            known.name.clone(),
-            known.pci_bus_id.clone(),
-        );
-
-        // MIG devices, each a device of its own: read every cycle, so a new layout shows at
-        // once. A slot without a device (NOT_FOUND) is a hole in the layout; one that cannot
-        // be read, or whose UUID or instance ids cannot, is counted as unread, and a rule
-        // cannot judge the node while one is (it could be the one at work).
-        // A MIG mode that cannot be read (other than "not supported") is unread too: the GPU
-        // may be in MIG mode, and its own readings would stand in for devices not read.
-        let mut mig_unread = 0u32;
-        let mode = match d.mig_mode() {
-            Err(NvmlError::NotSupported) => None,
-            read => {
-                let mode = self.get("mig_mode", || read);
-                mig_unread += u32::from(mode.is_none());
-                mode
-            }
-        };
-        let mig: Vec<super::MigSample> = match mode {
-            Some(mode) if mode.current == 1 => {
-                let n = match self.get("mig_devices", || d.mig_device_count()) {
-                    Some(n) => n,
-                    None => {
-                        mig_unread += 1;
-                        0
-                    }
-                };
-                // More than any GPU has: those past the bound are unread.
-                mig_unread += n.saturating_sub(MAX_MIG_DEVICES);
-                let mut devices: Vec<Device<'static>> = Vec::new();
-                for i in 0..n.min(MAX_MIG_DEVICES) {
-                    match d.mig_device_by_index(i) {
-                        Ok(m) => devices.push(m),
-                        Err(NvmlError::NotFound) => {}
-                        Err(e) => {
-                            mig_unread += 1;
-                            // Counted and logged as any failed read; lost if the GPU is.
-                            self.get("mig_device", || Err::<(), _>(e));
-                        }
-                    }
-                }
-                let mut read = Vec::with_capacity(devices.len());
-                for m in &devices {
-                    match self.read_mig(nvml, m) {
-                        Some(s) if s.gpu_instance.is_some() && s.compute_instance.is_some() => {
-                            read.push(s)
-                        }
-                        Some(s) => {
-                            mig_unread += 1;
-                            read.push(s);
-                        }
-                        None => mig_unread += 1,
-                    }
-                }
-                read
-            }
-            _ => Vec::new(),
-        };
-        // GPM is per GPU instance, which may hold several MIG devices (compute instances): one
-        // sample each per cycle, shared by its devices.
-        let mut instances: Vec<(u32, String)> = Vec::new();
-        for m in &mig {
-            if let Some(gi) = m.gpu_instance {
-                if !instances.iter().any(|(i, _)| *i == gi) {
-                    instances.push((gi, m.uuid.clone()));
-                }
-            }
-        }
-        let mut mig = mig;
-        for (gi, key) in &instances {
-            let gpm = self.read_gpm(nvml, d, Some((*gi, key.as_str()))).1;
-            for m in mig.iter_mut().filter(|m| m.gpu_instance == Some(*gi)) {
-                m.gpm.clone_from(&gpm);
-            }
-        }
-        self.src.gpm.retain_instances(index, &instances);
+        let (uuid, name, pci_bus_id) = self.identity(d);
+        let (mut mig, mig_unread) = self.mig_devices(nvml, d);
+        self.instance_gpm(nvml, d, &mut mig);
         let mig_uuids = mig.iter().map(|m| m.uuid.clone()).collect();
 
         let util = self.get("utilization", || d.utilization_rates());
@@ -522,30 +390,7 @@ impl GpuReader<'_> {
         let mem_util = self.check("memory_utilization", util.as_ref().map(|u| u.memory), |v| {
             v <= 100
         });
-
-        let memory = self.get("memory", || d.memory_info());
-        let memory = match memory {
-            Some(m)
-                if m.total > 0
-                    && m.used <= m.total
-                    && m.free <= m.total
-                    && m.reserved <= m.total =>
-            {
-                Some(m)
-            }
-            Some(m) => {
-                self.src.bad_value(
-                    index,
-                    "memory",
-                    format!(
-                        "used {} free {} reserved {} total {}",
-                        m.used, m.free, m.reserved, m.total
-                    ),
-                );
-                None
-            }
-            None => None,
-        };
+        let memory = self.memory(d);
 
         let temp = self.get("temperature", || d.temperature(TemperatureSensor::Gpu));
         let temp = self.check("temperature", temp, |v| v <= MAX_TEMPERATURE_CELSIUS);
@@ -562,59 +407,9 @@ impl GpuReader<'_> {
 
         let links = self.engines_and_links(d);
         let health = self.health_readings(nvml, d);
-
-        let supported = self.get("throttle_reasons", || d.supported_throttle_reasons());
-        let current = self.get("throttle_reasons", || d.current_throttle_reasons());
-        let throttle_reasons = match (supported, current) {
-            (Some(s), Some(c)) => THROTTLE_REASONS
-                .iter()
-                .filter(|(bit, _)| s.contains(*bit))
-                .map(|(bit, reason)| ThrottleReason {
-                    reason,
-                    active: c.contains(*bit),
-                })
-                .collect(),
-            _ => Vec::new(),
-        };
-
-        let ecc_corrected = self.get("ecc", || {
-            d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
-        });
-        let ecc_corrected = self.check("ecc", ecc_corrected, |v| v != u64::MAX);
-        let ecc_uncorrected = self.get("ecc", || {
-            d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
-        });
-        let ecc_uncorrected = self.check("ecc", ecc_uncorrected, |v| v != u64::MAX);
-
-        let (processes, process_memory, pids) = if self.src.per_process || self.src.pids {
-            match self.get("processes", || d.running_compute_processes()) {
-                Some(list) => {
-                    let procs = self.src.per_process.then(|| {
-                        list.iter()
-                            .map(|p| ProcessSample {
-                                pid: p.pid,
-                                name: nvml.sys_process_name(p.pid, 256).ok(),
-                                used_memory_bytes: used(&p.used_gpu_memory),
-                            })
-                            .collect()
-                    });
-                    let pids = if self.src.pids {
-                        process_refs(&list)
-                    } else {
-                        Vec::new()
-                    };
-                    (Some(list.len() as u32), procs, pids)
-                }
-                None => (None, None, Vec::new()),
-            }
-        } else {
-            (
-                self.get("processes", || d.running_compute_processes_count()),
-                None,
-                Vec::new(),
-            )
-        };
-
+        let throttle_reasons = self.throttle_reasons(d);
+        let (ecc_corrected, ecc_uncorrected) = self.ecc(d);
+        let processes = self.processes(nvml, d);
         let (gpm_supported, gpm) = self.read_gpm(nvml, d, None);
 
         let xids = self.src.xids.for_gpu(index);
@@ -655,12 +450,80 @@ impl GpuReader<'_> {
             clock_events: health.clock_events,
             nvlink: health.nvlink,
             unsupported: self.unsupported(),
-            processes,
-            process_memory,
-            pids,
+            processes: processes.count,
+            process_memory: processes.each,
+            pids: processes.pids,
             health: None,
             lost: false,
         }
+    }
+
+    /// The GPU's UUID, name and bus id. Each is kept as soon as it is read: a GPU that falls
+    /// off the bus a few calls later still has them. A field that failed this once keeps the
+    /// value it was last read with.
+    fn identity(&mut self, d: &Device<'static>) -> (String, Option<String>, Option<String>) {
+        let uuid = self.get("uuid", || d.uuid());
+        let name = self.get("name", || d.name());
+        let pci_bus_id = self.get("pci_info", || d.pci_info()).map(|p| p.bus_id);
+        let known = self.src.identities.entry(self.index).or_default();
+        // Another GPU at this index (the devices were enumerated anew): its GPM buffers hold
+        // the other GPU's samples, and go.
+        if uuid.is_some() && known.uuid.is_some() && uuid != known.uuid {
+            self.src.gpm.forget(self.index);
+        }
+        for (field, read) in [
+            (&mut known.uuid, uuid),
+            (&mut known.name, name),
+            (&mut known.pci_bus_id, pci_bus_id),
+        ] {
+            if read.is_some() {
+                *field = read;
+            }
+        }
+        (
+            known.uuid.clone().unwrap_or_default(),
+            known.name.clone(),
+            known.pci_bus_id.clone(),
+        )
+    }
+
+    /// The GPU's memory, where its counts add up.
+    fn memory(&mut self, d: &Device<'static>) -> Option<MemoryInfo> {
+        match self.get("memory", || d.memory_info()) {
+            Some(m)
+                if m.total > 0
+                    && m.used <= m.total
+                    && m.free <= m.total
+                    && m.reserved <= m.total =>
+            {
+                Some(m)
+            }
+            Some(m) => {
+                self.src.bad_value(
+                    self.index,
+                    "memory",
+                    format!(
+                        "used {} free {} reserved {} total {}",
+                        m.used, m.free, m.reserved, m.total
+                    ),
+                );
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// The volatile ECC error counts: corrected, then uncorrected.
+    fn ecc(&mut self, d: &Device<'static>) -> (Option<u64>, Option<u64>) {
+        let corrected = self.get("ecc", || {
+            d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+        });
+        let corrected = self.check("ecc", corrected, |v| v != u64::MAX);
+        let uncorrected = self.get("ecc", || {
+            d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+        });
+        let uncorrected = self.check("ecc", uncorrected, |v| v != u64::MAX);
+        (corrected, uncorrected)
     }
 }
 

@@ -1,6 +1,10 @@
 //! NVML's clock throttle reasons, as gpuwatch names them.
 
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
+use nvml_wrapper::Device;
+
+use super::GpuReader;
+use crate::gpu::ThrottleReason;
 
 /// NVML's throttle reason bits and the label values gpuwatch exports for them.
 pub(super) const THROTTLE_REASONS: &[(ThrottleReasons, &str)] = &[
@@ -23,3 +27,23 @@ pub(super) const THROTTLE_REASONS: &[(ThrottleReasons, &str)] = &[
         "display_clock_setting",
     ),
 ];
+
+impl GpuReader<'_> {
+    /// Each throttle reason GPU `d` supports, and whether it holds the clocks now; none where
+    /// either cannot be read.
+    pub(super) fn throttle_reasons(&mut self, d: &Device<'static>) -> Vec<ThrottleReason> {
+        let supported = self.get("throttle_reasons", || d.supported_throttle_reasons());
+        let current = self.get("throttle_reasons", || d.current_throttle_reasons());
+        match (supported, current) {
+            (Some(s), Some(c)) => THROTTLE_REASONS
+                .iter()
+                .filter(|(bit, _)| s.contains(*bit))
+                .map(|(bit, reason)| ThrottleReason {
+                    reason,
+                    active: c.contains(*bit),
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
