@@ -1,5 +1,6 @@
-//! Carrying out decisions: notifications (log, webhook, wall), commands, and EC2 actions, each
-//! written to the audit log with its evidence, its mode and the AWS request ids.
+//! Carrying out decisions: notifications (log, webhook, wall), commands, and instance actions
+//! through the cloud boundary, each written to the audit log with its evidence, its mode and
+//! the cloud's request ids.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -7,11 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::cloud::ec2::{CloudError, Ec2, ErrorKind};
-use crate::cloud::imds::Node;
-use crate::cloud::plan::{plan, Plan, Step};
+use crate::cloud::plan::Plan;
+use crate::cloud::{Api, Call, CloudError, ErrorKind, Node};
 use crate::config::{ActionsConfig, Mode, SpotStop};
-use crate::rules::{Action, Lifecycle, Rule, Scope};
+use crate::rules::{Action, Rule, Scope};
 use crate::state::{AuditLog, AuditRecord};
 
 /// The result of one action, as `gpuwatch_actions_total{result}` counts it.
@@ -37,18 +37,18 @@ impl Outcome {
     }
 }
 
-/// This instance and the EC2 API for it, when gpuwatch runs on EC2 with `provider = "aws"`.
+/// This instance and its cloud's API, once instance metadata has named it.
 #[derive(Clone)]
 pub struct Cloud {
     pub node: Node,
-    pub ec2: Ec2,
+    pub api: Arc<dyn Api>,
 }
 
 pub struct Executor {
     pub mode: Mode,
     pub spot_stop: SpotStop,
     pub exec_timeout: Duration,
-    /// How long EC2 calls are retried through throttling, 5xx and outages.
+    /// How long cloud calls are retried through throttling, 5xx and outages.
     pub retry_for: Duration,
     pub audit: Arc<AuditLog>,
     /// This instance, once instance metadata has named it (at start, or later).
@@ -84,7 +84,7 @@ impl Executor {
         }
     }
 
-    /// This instance and its EC2 API, once known.
+    /// This instance and its cloud's API, once known.
     pub fn cloud(&self) -> Option<&Cloud> {
         self.cloud.get()
     }
@@ -132,7 +132,7 @@ impl Executor {
     }
 
     /// Carries out `action` for `rule`, exactly once, as decided on the sample taken `at`.
-    /// Before each retry of an EC2 call, `recheck` says whether the action has been called off
+    /// Before each retry of a cloud call, `recheck` says whether the action has been called off
     /// since (a hold placed, a spot interruption announced): then it stops there, refused.
     /// Returns what happened.
     pub async fn execute(
@@ -265,68 +265,53 @@ impl Executor {
     }
 
     async fn instance_action(&self, rule: &Rule, action: Action, recheck: Recheck<'_>) -> Outcome {
-        let Some(Cloud { node, ec2 }) = self.cloud() else {
+        let Some(Cloud { api, .. }) = self.cloud() else {
             return match self.mode {
                 Mode::DryRun => Outcome::DryRun(format!(
                     "would {action} this instance (no cloud provider is configured)"
                 )),
                 Mode::Enforce => Outcome::Refused(
-                    "no cloud provider: set [cloud] provider = \"aws\" on an EC2 instance".into(),
+                    "no cloud provider: set [cloud] provider (\"aws\", \"azure\") to the cloud this instance runs on".into(),
                 ),
             };
         };
-        let spot = if node.lifecycle == Some(Lifecycle::Spot) {
-            match self.retry(recheck, || ec2.spot_request()).await {
-                Ok(s) => s,
-                Err(Stopped::Cloud(e)) => {
-                    return Outcome::Failed(format!("cannot tell the spot request: {e}"))
-                }
-                Err(Stopped::CalledOff(why)) => return called_off(why),
-            }
-        } else {
-            None
+        let steps = match self
+            .retry(recheck, api, || api.plan(action, self.spot_stop))
+            .await
+        {
+            Ok(Plan::Refuse(why)) => return Outcome::Refused(why),
+            Ok(Plan::Steps(s)) => s,
+            Err(Stopped::Cloud(e)) => return Outcome::Failed(e.to_string()),
+            Err(Stopped::CalledOff(why)) => return called_off(why),
         };
-        let steps = match plan(action, node.lifecycle, spot.as_ref(), self.spot_stop) {
-            Plan::Refuse(why) => return Outcome::Refused(why),
-            Plan::Steps(s) => s,
-        };
-        let described: Vec<String> = steps.iter().map(describe).collect();
+        let described: Vec<String> = steps.iter().map(|s| s.describe()).collect();
         if self.mode == Mode::DryRun {
             return Outcome::DryRun(format!("would {}", described.join(", then ")));
         }
         match self
-            .retry(recheck, || ec2.tag_action(action.as_str(), &rule.name))
+            .retry(recheck, api, || api.tag_action(action.as_str(), &rule.name))
             .await
         {
-            Ok(id) => {
-                let _ = self.audit(AuditRecord::ApiCall {
-                    rule: rule.name.clone(),
-                    operation: "CreateTags".into(),
-                    request_id: id,
-                });
-            }
+            Ok(call) => self.api_call(rule, call),
             Err(e) => return self.stopped(rule, e),
         }
         for step in &steps {
-            let result = match step {
-                Step::CancelSpotRequest(id) => {
-                    self.retry(recheck, || ec2.cancel_spot_request(id)).await
-                }
-                Step::Stop { hibernate } => self.retry(recheck, || ec2.stop(*hibernate)).await,
-                Step::Terminate => self.retry(recheck, || ec2.terminate()).await,
-            };
-            match result {
-                Ok(id) => {
-                    let _ = self.audit(AuditRecord::ApiCall {
-                        rule: rule.name.clone(),
-                        operation: describe(step).to_string(),
-                        request_id: id,
-                    });
-                }
+            match self.retry(recheck, api, || step.run()).await {
+                Ok(call) => self.api_call(rule, call),
                 Err(e) => return self.stopped(rule, e),
             }
         }
         Outcome::Done
+    }
+
+    /// Records a cloud call that succeeded; it has happened, so a record that fails is only
+    /// logged (by `audit`).
+    fn api_call(&self, rule: &Rule, call: Call) {
+        let _ = self.audit(AuditRecord::ApiCall {
+            rule: rule.name.clone(),
+            operation: call.operation,
+            request_id: call.request_id,
+        });
     }
 
     fn stopped(&self, rule: &Rule, stopped: Stopped) -> Outcome {
@@ -346,7 +331,12 @@ impl Executor {
     /// Retries throttling, 5xx and unreachable endpoints with backoff for up to `retry_for`,
     /// unless `recheck` calls the action off before a retry. Access denied is reported once,
     /// loudly, and not retried.
-    async fn retry<T, F, Fut>(&self, recheck: Recheck<'_>, call: F) -> Result<T, Stopped>
+    async fn retry<T, F, Fut>(
+        &self,
+        recheck: Recheck<'_>,
+        api: &Arc<dyn Api>,
+        call: F,
+    ) -> Result<T, Stopped>
     where
         F: Fn() -> Fut,
         Fut: Future<Output = Result<T, CloudError>>,
@@ -357,7 +347,7 @@ impl Executor {
             match call().await {
                 Ok(v) => return Ok(v),
                 Err(e) if e.kind == ErrorKind::Retryable && started.elapsed() < self.retry_for => {
-                    tracing::warn!(error = %e, retry_in = ?delay, "EC2 call failed; retrying");
+                    tracing::warn!(error = %e, retry_in = ?delay, "cloud call failed; retrying");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(30));
                     // The decision is older now: what came since may call it off.
@@ -369,10 +359,7 @@ impl Executor {
                     if e.kind == ErrorKind::AccessDenied
                         && !self.denied_reported.swap(true, Ordering::SeqCst)
                     {
-                        tracing::error!(
-                            error = %e,
-                            "EC2 denied access: grant the calls in config/iam-policy.json to the instance role"
-                        );
+                        tracing::error!(error = %e, "{}", api.grant_hint());
                     }
                     return Err(Stopped::Cloud(e));
                 }
@@ -381,12 +368,12 @@ impl Executor {
     }
 }
 
-/// Says, before an EC2 call is retried, whether the action has been called off since it was
+/// Says, before a cloud call is retried, whether the action has been called off since it was
 /// decided, and why.
 pub type Recheck<'a> =
     &'a (dyn Fn() -> Pin<Box<dyn Future<Output = Option<String>> + Send + 'a>> + Send + Sync);
 
-/// Why an action's EC2 calls ended before they all succeeded.
+/// Why an action's cloud calls ended before they all succeeded.
 enum Stopped {
     /// A call failed for good, or its retries ran out.
     Cloud(CloudError),
@@ -395,14 +382,5 @@ enum Stopped {
 }
 
 fn called_off(why: String) -> Outcome {
-    Outcome::Refused(format!("called off while EC2 calls were retried: {why}"))
-}
-
-fn describe(step: &Step) -> String {
-    match step {
-        Step::CancelSpotRequest(id) => format!("CancelSpotInstanceRequests {id}"),
-        Step::Stop { hibernate: false } => "StopInstances".into(),
-        Step::Stop { hibernate: true } => "StopInstances (hibernate)".into(),
-        Step::Terminate => "TerminateInstances".into(),
-    }
+    Outcome::Refused(format!("called off while cloud calls were retried: {why}"))
 }

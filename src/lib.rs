@@ -7,7 +7,6 @@ mod app;
 pub mod cli;
 mod client;
 pub mod cloud;
-mod cloudwatch;
 mod cmd;
 pub mod config;
 mod crypto;

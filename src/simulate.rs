@@ -18,7 +18,7 @@ use gpuwatch_core::cost::price::Price;
 use gpuwatch_core::step::order::{drive, Edge, Executed, Save, Withdrawn};
 use gpuwatch_core::step::{crossing_text, step, Inputs, State};
 
-use crate::cloud::plan::{plan, Plan, Step};
+use crate::cloud::plan::{aws::plan, Down, Plan};
 use crate::config::Config;
 use crate::rules::engine::Event;
 use crate::rules::{Action, GpuReading, Lifecycle, Metric, Observation, Rule};
@@ -254,8 +254,8 @@ pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Repo
         ..Inputs::default()
     };
     let mut out = Vec::new();
-    // The EC2 call that took the node down, once one has.
-    let mut down: Option<Step> = None;
+    // What the call that took the node down left it as, once one has.
+    let mut down: Option<Down> = None;
     for (i, t) in times.iter().enumerate() {
         let at = grouped.get(&i).map(Vec::as_slice).unwrap_or(&[]);
         let obs = observation(*t, &gpus, at, memory_total_bytes, power_limit_watts);
@@ -282,9 +282,9 @@ struct Rehearsal<'a> {
     out: &'a mut Vec<Report>,
     rules: &'a [Rule],
     t: f64,
-    /// The EC2 call that took the node down, once one has: no instance action is reported
+    /// What the call that took the node down left it as, once one has: no instance action is reported
     /// after it.
-    down: &'a mut Option<Step>,
+    down: &'a mut Option<Down>,
     lifecycle: Option<Lifecycle>,
     spot_stop: crate::config::SpotStop,
 }
@@ -359,13 +359,12 @@ impl Edge for Rehearsal<'_> {
         let (kind, detail) = match plan(*action, self.lifecycle, None, self.spot_stop) {
             Plan::Refuse(why) => ("refused", format!("{why}; the node stays up")),
             Plan::Steps(steps) => {
-                let last = steps.last().cloned();
-                *self.down = last.clone();
-                let what = match last {
-                    Some(Step::Terminate) => "terminated",
-                    Some(Step::Stop { hibernate: true }) => "hibernated",
-                    _ => "stopped",
-                };
+                let last = steps
+                    .last()
+                    .and_then(|s| s.leaves())
+                    .unwrap_or(Down::Stopped);
+                *self.down = Some(last);
+                let what = last.as_str();
                 (
                     "node_down",
                     format!(

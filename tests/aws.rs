@@ -858,9 +858,9 @@ fn the_iam_policy_grants_exactly_the_calls_in_the_code() {
     // Every `<client>.<operation>()` call in the cloud modules, in PascalCase.
     let mut called: Vec<String> = Vec::new();
     for (file, clients) in [
-        ("src/cloud/ec2.rs", &[".client().await."][..]),
+        ("src/cloud/aws/ec2.rs", &[".client().await."][..]),
         (
-            "src/cloud/services.rs",
+            "src/cloud/aws/services.rs",
             &[
                 ".budgets().await.",
                 ".sns().await.",
@@ -891,12 +891,12 @@ fn the_iam_policy_grants_exactly_the_calls_in_the_code() {
     }
     called.sort();
     called.dedup();
-    let table = gpuwatch::cloud::services::IAM_ACTIONS;
+    let table = gpuwatch::cloud::aws::services::IAM_ACTIONS;
     let mut listed: Vec<String> = table.iter().map(|(op, _)| op.to_string()).collect();
     listed.sort();
     assert_eq!(
         called, listed,
-        "IAM_ACTIONS drifted from the calls in src/cloud"
+        "IAM_ACTIONS drifted from the calls in src/cloud/aws"
     );
     let mut actions: Vec<String> = table.iter().map(|(_, a)| a.to_string()).collect();
     actions.sort();
@@ -918,7 +918,8 @@ fn the_iam_policy_tags_only_gpuwatch_keys_and_cancels_only_tagged_spot_requests(
     let other = "i-0fedcba9876543210";
     // The keys `tag_action` writes.
     let source =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/cloud/ec2.rs")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/cloud/aws/ec2.rs"))
+            .unwrap();
     let written: Vec<(&str, &str)> = source
         .split(".key(\"")
         .skip(1)

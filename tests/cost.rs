@@ -56,7 +56,7 @@ fn month_start(t: f64) -> f64 {
 
 #[test]
 fn spend_over_a_simulated_day_at_moto_s_spot_price_survives_a_restart() {
-    use gpuwatch::cloud::imds::Node;
+    use gpuwatch::cloud::Node;
     use gpuwatch::rules::Observation;
     use gpuwatch::spend::{PollerReadings, Tracker};
     use gpuwatch::state::Persisted;
@@ -64,7 +64,8 @@ fn spend_over_a_simulated_day_at_moto_s_spot_price_survives_a_restart() {
     use std::time::Duration;
 
     // The spot price, as the daemon reads it: DescribeSpotPriceHistory from moto.
-    let ec2 = gpuwatch::cloud::ec2::Ec2::new(&aws::sdk_config(aws::moto().addr).into(), "i-unused");
+    let ec2 =
+        gpuwatch::cloud::aws::ec2::Ec2::new(&aws::sdk_config(aws::moto().addr).into(), "i-unused");
     let price = rt()
         .block_on(ec2.spot_price("p4d.24xlarge", "us-east-1a"))
         .unwrap()
@@ -483,7 +484,7 @@ fn pricing_fixture(usd: &str) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
 #[test]
 fn the_pricing_api_price_is_parsed_and_used() {
     let (addr, requests) = pricing_fixture("32.7726000000");
-    let services = gpuwatch::cloud::services::Services::new(
+    let services = gpuwatch::cloud::aws::services::Services::new(
         &aws::sdk_config(aws::moto().addr).into(),
         Some(&format!("http://{addr}")),
     );

@@ -195,7 +195,7 @@ proptest! {
         time in prop_oneof!["\\PC{0,30}", Just("2099-01-01T00:00:00+NaN:0".to_string())],
         junk in "\\PC{0,200}",
     ) {
-        use gpuwatch::cloud::imds::{parse_instance_action, parse_rebalance, Notice};
+        use gpuwatch::cloud::aws::imds::{parse_instance_action, parse_rebalance, Notice};
         let _ = parse_instance_action(&junk);
         let _ = parse_rebalance(&junk);
         let body = serde_json::json!({"action": action, "time": time}).to_string();

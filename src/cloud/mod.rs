@@ -1,6 +1,186 @@
-//! The cloud boundary: instance metadata and the EC2 API.
+//! The cloud boundary. Each cloud is one folder behind one interface ([`Cloud`], [`Api`],
+//! [`Step`]): what instance metadata says about this instance (identity, notices, tags), what
+//! the cloud's API does for an action (a pure plan of the core's, carried out step by step),
+//! and the pollers its prices and budgets need. The decision step, the safety order, holds,
+//! the audit log and `simulate` know no cloud: the executor and the watch speak only this.
+//!
+//! Nothing of a cloud is set up before it is configured: [`open`] makes the one the config
+//! names, and its API clients, credentials and pollers start only once metadata names the
+//! instance.
 
-pub mod ec2;
-pub mod imds;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio::task::JoinSet;
+
+use crate::config::{Config, Provider};
+use crate::rules::Action;
+
+pub mod aws;
+pub mod azure;
+
+pub mod metadata;
+
+pub use gpuwatch_core::node::Node;
 pub use gpuwatch_core::plan;
-pub mod services;
+pub use metadata::MetadataError;
+
+/// A boxed future: the interface is object-safe, and a cloud's calls are large futures that
+/// are better kept off the worker's stack.
+pub type Fut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// An instance's tags, as name and value.
+pub type Tags = Vec<(String, String)>;
+
+/// The one cloud the config names, or none.
+pub fn open(config: &Config) -> Option<Arc<dyn Cloud>> {
+    match config.cloud.provider {
+        Provider::None => None,
+        Provider::Aws => Some(Arc::new(aws::Aws::new(config))),
+        Provider::Azure => Some(Arc::new(azure::Azure::new(config))),
+    }
+}
+
+/// What one cloud's instance metadata tells, and how its API is reached once it has named the
+/// instance.
+pub trait Cloud: Send + Sync {
+    /// `aws`, `azure`: the `provider` label of `gpuwatch_node_info`.
+    fn name(&self) -> &'static str;
+    /// This instance, as instance metadata names it.
+    fn identity(&self) -> Fut<'_, Result<Node, MetadataError>>;
+    /// An interruption notice in force, if any (a spot interruption on EC2; a `Preempt` or
+    /// `Terminate` event for this VM on Azure). It blocks every action.
+    fn interruption(&self) -> Fut<'_, Result<Option<Notice>, MetadataError>>;
+    /// Notices that block nothing (a rebalance recommendation, a scheduled reboot): each is
+    /// logged and audited once.
+    fn advice(&self) -> Fut<'_, Result<Vec<Notice>, MetadataError>>;
+    /// The instance's tags, as metadata has them; empty when metadata carries none (then the
+    /// API's [`Api::tags`] is read, where the cloud has one).
+    fn tags(&self) -> Fut<'_, Result<Tags, MetadataError>>;
+    /// Where the instance's tags are read from, for people (`instance metadata tags, or
+    /// ec2:DescribeInstances`).
+    fn tag_sources(&self) -> &'static str;
+    /// Registers this cloud's own series (AWS: CloudWatch publishing's).
+    fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        let _ = registry;
+    }
+    /// Starts the API for `node`, and the price, budget and metric pollers the config asks of
+    /// this cloud, in `tasks`.
+    fn connect(&self, node: &Node, link: Link<'_>, tasks: &mut JoinSet<()>) -> Arc<dyn Api>;
+}
+
+/// What a cloud's pollers are handed when it connects.
+pub struct Link<'a> {
+    pub config: &'a Config,
+    pub snapshots: &'a crate::gpu::sampler::Snapshots,
+    pub readings: Arc<dyn Readings>,
+}
+
+/// Where a cloud's pollers hand what they learn: prices and budget readings, for the cost side.
+pub trait Readings: Send + Sync {
+    /// A price learnt, in USD per hour.
+    fn price(&self, kind: PriceKind, usd_per_hour: f64);
+    /// A cloud budget's answer (`name` is gpuwatch's name for it): its reading, and when its
+    /// period ends.
+    fn budget(&self, name: &str, reading: crate::cost::budget::Reading, period_end: f64);
+}
+
+/// Which price a poller learnt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PriceKind {
+    /// The spot market's price of a spot instance (kept across restarts).
+    Spot,
+    /// The cloud's price list's (the Pricing API, Azure's Retail Prices).
+    List,
+}
+
+/// A notice from instance metadata. `key` tells one notice from the next (a hook runs once per
+/// interruption); `kind` names it in the log and the audit log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Notice {
+    pub key: String,
+    pub kind: NoticeKind,
+    /// When it takes effect (or was issued), in seconds since the epoch.
+    pub time: f64,
+    /// What the cloud says it is, for people.
+    pub text: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoticeKind {
+    /// An EC2 spot interruption notice, or an Azure `Preempt` or `Terminate` event.
+    Interruption,
+    /// An EC2 rebalance recommendation.
+    Rebalance,
+    /// Another scheduled event (Azure's `Freeze`, `Reboot`, `Redeploy`): its type.
+    Event(String),
+}
+
+/// A cloud's API for this one instance.
+pub trait Api: Send + Sync {
+    /// The instance's tags read through the API, for a cloud whose metadata may carry none
+    /// (EC2 with metadata tags off); `None` where metadata is the only source.
+    fn tags(&self) -> Option<Fut<'_, Result<Tags, CloudError>>>;
+    /// The instance's state as the cloud names it (`running`, `stopped`, `deallocated`...).
+    fn state(&self) -> Fut<'_, Result<Option<String>, CloudError>>;
+    /// What `action` means here: the core's plan for this cloud, with what it needs read
+    /// first (a spot request, a VM's hibernation setting).
+    fn plan(
+        &self,
+        action: Action,
+        spot_stop: plan::SpotStop,
+    ) -> Fut<'_, Result<plan::Plan<Box<dyn Step>>, CloudError>>;
+    /// Stamps the instance with `gpuwatch:action` and `gpuwatch:rule`, before it acts.
+    fn tag_action<'a>(
+        &'a self,
+        action: &'a str,
+        rule: &'a str,
+    ) -> Fut<'a, Result<Call, CloudError>>;
+    /// Publishes a budget alert to a topic, where the cloud has topics (SNS on AWS).
+    fn publish<'a>(
+        &'a self,
+        topic: &'a str,
+        subject: &'a str,
+        text: &'a str,
+    ) -> Option<Fut<'a, Result<Option<String>, CloudError>>>;
+    /// What to grant when the cloud denies a call, for the log.
+    fn grant_hint(&self) -> &'static str;
+}
+
+/// One call of a plan, carried out.
+pub trait Step: Send + Sync {
+    /// The call, as the audit log names it (`StopInstances (hibernate)`, `Deallocate`).
+    fn describe(&self) -> String;
+    /// What the instance is once it has run, for `simulate` and the log.
+    fn leaves(&self) -> Option<plan::Down>;
+    /// Makes the call, following it to its end where the cloud answers before it is done.
+    fn run(&self) -> Fut<'_, Result<Call, CloudError>>;
+}
+
+/// A call that succeeded: its name for the audit log, and the cloud's id for it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    pub operation: String,
+    pub request_id: Option<String>,
+}
+
+/// A cloud call that failed, with what a person needs to act on it.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{operation}: {message}")]
+pub struct CloudError {
+    pub operation: &'static str,
+    pub kind: ErrorKind,
+    pub message: String,
+    pub request_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Throttling, a 5xx, a timeout or no connection: worth retrying.
+    Retryable,
+    /// Credentials or permissions: retrying will not help.
+    AccessDenied,
+    /// Anything else, such as an instance in the wrong state.
+    Other,
+}

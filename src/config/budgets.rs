@@ -20,6 +20,13 @@ pub struct RawBudget {
     pub aws_budget_name: Option<String>,
     #[serde(default)]
     pub account_id: Option<String>,
+    /// `source = "azure_budgets"`: the subscription or resource group the budget is set on
+    /// (`/subscriptions/<id>` or `/subscriptions/<id>/resourceGroups/<name>`), and its name
+    /// there if not `name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub azure_budget_name: Option<String>,
     #[serde(default = "default_thresholds")]
     pub thresholds: Vec<f64>,
     #[serde(default = "none")]
@@ -75,6 +82,8 @@ pub enum BudgetSource {
     },
     /// The fleet's Prometheus (or an API like it), asked with an instant query.
     Prometheus(PrometheusSource),
+    /// An Azure Consumption budget, at a subscription or resource group scope.
+    AzureBudgets { scope: String, budget_name: String },
 }
 
 impl BudgetSource {
@@ -84,6 +93,7 @@ impl BudgetSource {
             BudgetSource::Local => "local",
             BudgetSource::AwsBudgets { .. } => "aws_budgets",
             BudgetSource::Prometheus(_) => "prometheus",
+            BudgetSource::AzureBudgets { .. } => "azure_budgets",
         }
     }
 }
@@ -192,14 +202,75 @@ impl RawBudget {
                 }
             },
             "prometheus" => query::validate(self, invalid).map(BudgetSource::Prometheus),
+            "azure_budgets" => self.azure_source(invalid),
             other => {
                 invalid(
                     "source",
-                    format!("\"{other}\" is not one of \"local\", \"aws_budgets\", \"prometheus\""),
+                    format!("\"{other}\" is not one of \"local\", \"aws_budgets\", \"prometheus\", \"azure_budgets\""),
                 );
                 None
             }
         }
+    }
+
+    /// An Azure Consumption budget: its scope, a subscription or a resource group in one, and
+    /// its name there.
+    fn azure_source(&self, invalid: &mut impl FnMut(&str, String)) -> Option<BudgetSource> {
+        let Some(scope) = self.scope.as_deref() else {
+            invalid(
+                "scope",
+                "an azure_budgets budget needs the scope it is set on: \"/subscriptions/<id>\" or \"/subscriptions/<id>/resourceGroups/<name>\"".into(),
+            );
+            return None;
+        };
+        // A subscription id is a GUID; a resource group's name is letters, digits, `._-()`.
+        let guid = |s: &str| s.len() == 36 && s.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
+        let group = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 90
+                && !s.ends_with('.')
+                && s.chars()
+                    .all(|c| c.is_alphanumeric() || "._-()".contains(c))
+        };
+        let parts: Vec<&str> = scope.split('/').collect();
+        let ok = match parts.as_slice() {
+            ["", "subscriptions", sub] => guid(sub),
+            ["", "subscriptions", sub, rg, name] => {
+                guid(sub) && rg.eq_ignore_ascii_case("resourceGroups") && group(name)
+            }
+            _ => false,
+        };
+        let name = self
+            .azure_budget_name
+            .clone()
+            .unwrap_or_else(|| self.name.clone());
+        let name_ok = !name.is_empty()
+            && name.len() <= 63
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-".contains(c));
+        if !ok {
+            invalid(
+                "scope",
+                format!(
+                    "\"{}\" is not \"/subscriptions/<id>\" or \"/subscriptions/<id>/resourceGroups/<name>\"",
+                    crate::redact::brief(scope, 200)
+                ),
+            );
+        }
+        if !name_ok {
+            invalid(
+                if self.azure_budget_name.is_some() { "azure_budget_name" } else { "name" },
+                format!(
+                    "\"{}\" is not the name of an Azure budget (letters, digits, _ and -, at most 63)",
+                    crate::redact::brief(&name, 80)
+                ),
+            );
+        }
+        (ok && name_ok).then(|| BudgetSource::AzureBudgets {
+            scope: scope.to_string(),
+            budget_name: name,
+        })
     }
 
     /// A Prometheus or AWS Budgets key on a budget of another source would be silently unused.
@@ -217,6 +288,22 @@ impl RawBudget {
                         k,
                         format!(
                             "belongs to source = \"aws_budgets\", and this budget's source is \"{}\"",
+                            self.source
+                        ),
+                    );
+                }
+            }
+        }
+        if self.source != "azure_budgets" {
+            for (k, set) in [
+                ("scope", self.scope.is_some()),
+                ("azure_budget_name", self.azure_budget_name.is_some()),
+            ] {
+                if set {
+                    invalid(
+                        k,
+                        format!(
+                            "belongs to source = \"azure_budgets\", and this budget's source is \"{}\"",
                             self.source
                         ),
                     );

@@ -7,6 +7,7 @@ use super::*;
 pub enum Provider {
     None,
     Aws,
+    Azure,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -21,6 +22,9 @@ pub struct CloudConfig {
     pub poll_interval: Duration,
     /// How often DescribeInstances reads the `gpuwatch:hold` tag when metadata tags are off.
     pub tag_poll_interval: Duration,
+    /// Azure: the `client_id` of the user-assigned managed identity to act as; empty: the
+    /// VM's system-assigned identity.
+    pub client_id: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -50,8 +54,33 @@ impl RawCloud {
             invalid,
             "cloud.provider",
             &self.provider,
-            &[("none", Provider::None), ("aws", Provider::Aws)],
+            &[
+                ("none", Provider::None),
+                ("aws", Provider::Aws),
+                ("azure", Provider::Azure),
+            ],
         );
+        let client_id = self.client_id.trim();
+        let client_id_ok = client_id.is_empty()
+            || (client_id.len() <= 64
+                && client_id.chars().all(|c| c.is_ascii_hexdigit() || c == '-'));
+        if !client_id_ok {
+            invalid(
+                "cloud.client_id",
+                format!(
+                    "\"{}\" is not the client ID (a GUID) of a user-assigned managed identity",
+                    crate::redact::brief(&self.client_id, 80)
+                ),
+            );
+        } else if !client_id.is_empty() && self.provider != "azure" {
+            invalid(
+                "cloud.client_id",
+                format!(
+                    "\"{client_id}\" names an Azure managed identity, but provider = \"{}\"",
+                    crate::redact::brief(&self.provider, 32)
+                ),
+            );
+        }
         let mut imds_endpoint = url(invalid, "cloud.imds_endpoint", &self.imds_endpoint, true);
         if self.imds_endpoint.starts_with("https://") {
             invalid(
@@ -83,6 +112,7 @@ impl RawCloud {
             region: (!self.region.trim().is_empty()).then(|| self.region.clone()),
             poll_interval: poll_interval?,
             tag_poll_interval: tag_poll_interval?,
+            client_id: client_id_ok.then(|| client_id.to_string())?,
         })
     }
 }

@@ -403,9 +403,9 @@ impl Config {
                 name: b.name.clone(),
                 source: match b.source {
                     BudgetSource::Local => step::BudgetSource::Local,
-                    BudgetSource::AwsBudgets { .. } | BudgetSource::Prometheus(_) => {
-                        step::BudgetSource::External
-                    }
+                    BudgetSource::AwsBudgets { .. }
+                    | BudgetSource::Prometheus(_)
+                    | BudgetSource::AzureBudgets { .. } => step::BudgetSource::External,
                 },
                 limit_usd: b.limit_usd,
                 thresholds: b.thresholds.clone(),

@@ -57,6 +57,8 @@ pub struct RawCloud {
     pub region: String,
     pub poll_interval: String,
     pub tag_poll_interval: String,
+    /// Azure: the client ID of a user-assigned managed identity.
+    pub client_id: String,
     /// Instance tags copied onto `gpuwatch_node_info` as labels.
     pub tag_labels: Vec<String>,
 }
@@ -180,6 +182,7 @@ impl Default for RawConfig {
                 region: String::new(),
                 poll_interval: "5s".to_string(),
                 tag_poll_interval: "1m".to_string(),
+                client_id: String::new(),
                 tag_labels: Vec::new(),
             },
             node: RawNode::default(),

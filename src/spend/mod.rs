@@ -8,12 +8,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::cloud::ec2::Ec2;
-use crate::cloud::services::Services;
 use crate::config::{BudgetConfig, BudgetSource, Config};
 use gpuwatch_core::step::Inputs;
 
-use crate::cloud::imds::Node;
+use crate::cloud::Node;
 use crate::cost::budget::{Crossing, Reading};
 use crate::cost::price::{self, Price};
 use crate::state::Persisted;
@@ -43,13 +41,13 @@ impl AwsReading {
     /// period's thresholds from crossing.
     pub fn fresh(&self, now: f64, poll_interval: Duration) -> Result<Reading, String> {
         if now >= self.period_end {
-            return Err("the last AWS Budgets answer is of the previous budget period".into());
+            return Err("the cloud budget's last answer is of the previous budget period".into());
         }
         let age = now - self.at;
         // At least a minute, so that a short interval does not flicker on a busy node.
         if age > (2.0 * poll_interval.as_secs_f64()).max(60.0) {
             return Err(format!(
-                "the last AWS Budgets answer is {age:.0}s old, more than two poll intervals"
+                "the cloud budget's last answer is {age:.0}s old, more than two poll intervals"
             ));
         }
         Ok(self.reading.clone())
@@ -160,93 +158,27 @@ impl Tracker {
     }
 }
 
-/// Refreshes the spot price of this instance type and zone, hourly by default.
-pub async fn poll_spot_price(ec2: Ec2, node: Node, readings: Arc<PollerReadings>, every: Duration) {
-    let (t, z) = (node.instance_type, node.availability_zone);
-    loop {
-        match ec2.spot_price(&t, &z).await {
-            Ok(Some(p)) => {
-                tracing::info!(usd_per_hour = p, "spot price");
-                if let Ok(mut s) = readings.spot.lock() {
-                    *s = Some(p);
-                }
-            }
-            Ok(None) => {
-                tracing::warn!(instance_type = %t, zone = %z, "no spot price history for this instance type")
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the spot price; keeping the last known one")
-            }
+/// What the cloud's pollers learn lands here.
+impl crate::cloud::Readings for PollerReadings {
+    fn price(&self, kind: crate::cloud::PriceKind, usd_per_hour: f64) {
+        let slot = match kind {
+            crate::cloud::PriceKind::Spot => &self.spot,
+            crate::cloud::PriceKind::List => &self.pricing_api,
+        };
+        if let Ok(mut s) = slot.lock() {
+            *s = Some(usd_per_hour);
         }
-        tokio::time::sleep(every).await;
     }
-}
 
-/// Asks the Pricing API for the on-demand price, retrying hourly until it answers.
-pub async fn poll_pricing_api(services: Services, node: Node, readings: Arc<PollerReadings>) {
-    let (r, t) = (node.region, node.instance_type);
-    let mut logged = false;
-    loop {
-        match services.on_demand_price(&r, &t).await {
-            Ok(Some(p)) => {
-                tracing::info!(usd_per_hour = p, instance_type = %t, region = %r, "on-demand price from the Pricing API");
-                if let Ok(mut s) = readings.pricing_api.lock() {
-                    *s = Some(p);
-                }
-                return;
-            }
-            Ok(None) => {
-                tracing::info!(instance_type = %t, region = %r, "the Pricing API has no price; using the bundled table");
-                return;
-            }
-            Err(e) => {
-                if !logged {
-                    logged = true;
-                    tracing::info!(error = %e, "the Pricing API is unavailable (the role may lack pricing:GetProducts); using the bundled table");
-                }
-            }
+    fn budget(&self, name: &str, reading: Reading, period_end: f64) {
+        let answer = AwsReading {
+            reading,
+            at: crate::time::now(),
+            period_end,
+        };
+        if let Ok(mut m) = self.aws_budgets.lock() {
+            m.insert(name.to_string(), answer);
         }
-        tokio::time::sleep(Duration::from_secs(3600)).await;
-    }
-}
-
-/// Polls one AWS Budget, with backoff on errors.
-pub async fn poll_budget(services: Services, budget: BudgetConfig, readings: Arc<PollerReadings>) {
-    let BudgetSource::AwsBudgets {
-        budget_name,
-        account_id,
-    } = &budget.source
-    else {
-        return;
-    };
-    let mut delay = budget.poll_interval;
-    let mut failing = false;
-    loop {
-        match services.describe_budget(account_id, budget_name).await {
-            Ok((reading, period_end)) => {
-                if failing {
-                    tracing::info!(budget = %budget.name, "AWS Budgets answers again");
-                }
-                failing = false;
-                delay = budget.poll_interval;
-                let answer = AwsReading {
-                    reading,
-                    at: crate::time::now(),
-                    period_end,
-                };
-                if let Ok(mut m) = readings.aws_budgets.lock() {
-                    m.insert(budget.name.clone(), answer);
-                }
-            }
-            Err(e) => {
-                if !failing {
-                    tracing::warn!(budget = %budget.name, error = %e, "cannot read the AWS Budget; retrying with backoff");
-                }
-                failing = true;
-                delay = (delay * 2).min(Duration::from_secs(3600));
-            }
-        }
-        tokio::time::sleep(delay).await;
     }
 }
 
@@ -257,7 +189,7 @@ pub fn send_alert(
     c: &Crossing,
     budget: Option<&BudgetConfig>,
     executor: &std::sync::Arc<crate::actions::Executor>,
-    services: Option<&Services>,
+    api: Option<&std::sync::Arc<dyn crate::cloud::Api>>,
     publishes: &mut tokio::task::JoinSet<()>,
 ) -> bool {
     let text = format!("gpuwatch: {}", gpuwatch_core::step::alert_text(c));
@@ -285,10 +217,18 @@ pub fn send_alert(
         return true;
     }
     executor.notify(&text, false);
-    if let (Some(topic), Some(s)) = (budget.and_then(|b| b.sns_topic_arn.clone()), services) {
-        let (s, executor, name) = (s.clone(), std::sync::Arc::clone(executor), c.budget.clone());
+    if let (Some(topic), Some(api)) = (budget.and_then(|b| b.sns_topic_arn.clone()), api) {
+        let (api, executor, name) = (
+            std::sync::Arc::clone(api),
+            std::sync::Arc::clone(executor),
+            c.budget.clone(),
+        );
         publishes.spawn(async move {
-            match s.publish(&topic, "gpuwatch budget alert", &text).await {
+            let Some(publish) = api.publish(&topic, "gpuwatch budget alert", &text) else {
+                tracing::warn!(topic, "this cloud has no topics: the budget alert is not published to sns_topic_arn");
+                return;
+            };
+            match publish.await {
                 Ok(id) => {
                     // Published already: a record that fails is logged by the executor.
                     let _ = executor.audit(crate::state::AuditRecord::SnsPublish {
@@ -297,7 +237,7 @@ pub fn send_alert(
                     });
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, topic, "cannot publish the budget alert to SNS")
+                    tracing::warn!(error = %e.message, topic, "cannot publish the budget alert to SNS")
                 }
             }
         });

@@ -1,31 +1,30 @@
-//! The spot and tag poller: reads spot interruption notices, rebalance recommendations and the
-//! `gpuwatch:hold` tag from instance metadata (or EC2), and hands them to the decision loop
-//! through `NodeSignals`; and what of them calls off an action still being carried out.
+//! The notice and tag poller: reads interruption notices, other notices (a rebalance
+//! recommendation, a scheduled reboot) and the `gpuwatch:hold` tag from instance metadata (or
+//! the cloud's API), and hands them to the decision loop through `NodeSignals`; and what of them
+//! calls off an action still being carried out. It knows no cloud: `crate::cloud` reads them.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::metrics::{NodeLabel, SharedWatchView};
 use super::NodeSignals;
 use crate::actions::Executor;
+use crate::cloud::{Api, Cloud, MetadataError, NoticeKind};
 use crate::config::{TagLabel, MAX_LABEL_VALUE};
 use crate::state::{AuditRecord, HoldStatus};
 
-/// Why the tag hold is unknown before the instance's tags were first read (from instance
-/// metadata, or with DescribeInstances): a hold tag may be there, and unknown holds.
-pub const TAGS_UNREAD: &str = "the instance's tags have not been read yet (instance metadata tags, or ec2:DescribeInstances), and may hold a gpuwatch:hold tag";
-
 /// How long the last tags read count while reads fail: three intervals of the slower of the
-/// two sources (metadata every `every`, DescribeInstances every `tag_every`). After that, a
+/// two sources (metadata every `every`, the API every `tag_every`). After that, a
 /// `gpuwatch:hold` tag placed since may be there, and the tag hold is unknown again.
 fn tags_stale_after(every: Duration, tag_every: Duration) -> Duration {
     every.max(tag_every) * 3
 }
 
-/// The spot and tag poller: instance metadata notices, and `gpuwatch:hold` tags.
+/// The notice and tag poller: instance metadata notices, and `gpuwatch:hold` tags.
 pub struct CloudPoller {
-    pub imds: Arc<crate::cloud::imds::Imds>,
-    pub ec2: Option<crate::cloud::ec2::Ec2>,
+    pub cloud: Arc<dyn Cloud>,
+    pub api: Option<Arc<dyn Api>>,
     pub signals: Arc<NodeSignals>,
     pub executor: Arc<Executor>,
     pub metrics: Arc<SharedWatchView>,
@@ -35,141 +34,162 @@ pub struct CloudPoller {
     pub tag_labels: Vec<TagLabel>,
     /// How often instance metadata is read.
     pub every: Duration,
-    /// How often DescribeInstances reads tags, when metadata tags are off.
+    /// How often the API reads tags, when metadata carries none.
     pub tag_every: Duration,
 }
 
+/// What the poller remembers from one read to the next.
+#[derive(Default)]
+struct Seen {
+    /// The interruption the hook last ran for: it runs once per notice, not once per process.
+    hook_ran_for: Option<String>,
+    /// The advice notices in force, by key: each is said once.
+    advice: BTreeSet<String>,
+    /// When the rebalance recommendation in force was issued.
+    rebalance: Option<f64>,
+    /// When the API last read the tags.
+    api_read: Option<Instant>,
+    /// When the tags were last read, and whether the hold went unknown since for want of a read.
+    good_tags: Option<Instant>,
+    stale: bool,
+    failures: Failures,
+}
+
 pub async fn poll_cloud(p: CloudPoller) {
-    let CloudPoller {
-        imds,
-        ec2,
-        signals,
-        executor,
-        metrics,
-        hook,
-        hook_timeout,
-        tag_labels,
-        every,
-        tag_every,
-    } = p;
-    let mut ticker = tokio::time::interval(every);
+    let mut ticker = tokio::time::interval(p.every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    // The notice the hook last ran for: it runs once per notice, not once per process.
-    let mut hook_ran_for: Option<f64> = None;
-    let mut rebalance_seen: Option<f64> = None;
-    let mut last_tag_read: Option<std::time::Instant> = None;
-    // When the tags were last read, and whether the hold went unknown since for want of a read.
-    let mut last_good_tags: Option<std::time::Instant> = None;
-    let mut stale = false;
-    let stale_after = tags_stale_after(every, tag_every);
-    let mut failures = Failures::default();
+    let mut seen = Seen::default();
     loop {
         ticker.tick().await;
-        match imds.interruption().await {
+        p.interruption(&mut seen).await;
+        p.advice(&mut seen).await;
+        p.tags(&mut seen).await;
+    }
+}
+
+impl CloudPoller {
+    async fn interruption(&self, seen: &mut Seen) {
+        match self.cloud.interruption().await {
             Ok(Some(notice)) => {
-                let crate::cloud::imds::Notice::Interruption { time, .. } = notice else {
-                    continue;
-                };
-                let was = signals
+                let was = self
+                    .signals
                     .interruption
                     .lock()
-                    .map(|mut i| i.replace(time))
+                    .map(|mut i| i.replace(notice.time))
                     .unwrap_or(None);
-                if was != Some(time) {
+                if was != Some(notice.time) {
                     tracing::warn!(
-                        ?notice,
-                        "spot interruption notice: gpuwatch takes no action of its own"
+                        notice = %notice.text,
+                        "interruption notice: gpuwatch takes no action of its own"
                     );
-                    let _ = executor.audit(AuditRecord::SpotInterruption {
-                        notice: format!("{notice:?}"),
+                    let _ = self.executor.audit(AuditRecord::SpotInterruption {
+                        notice: notice.text.clone(),
                     });
-                    executor.notify(
-                        &format!("gpuwatch: spot interruption notice ({notice:?})"),
+                    self.executor.notify(
+                        &format!("gpuwatch: interruption notice ({})", notice.text),
                         true,
                     );
                 }
-                if hook_ran_for != Some(time) && !hook.is_empty() {
-                    hook_ran_for = Some(time);
-                    Box::pin(run_hook(&hook, hook_timeout, &executor)).await;
+                if seen.hook_ran_for.as_ref() != Some(&notice.key) && !self.hook.is_empty() {
+                    seen.hook_ran_for = Some(notice.key);
+                    Box::pin(run_hook(&self.hook, self.hook_timeout, &self.executor)).await;
                 }
             }
             Ok(None) => {
-                if let Ok(mut i) = signals.interruption.lock() {
+                if let Ok(mut i) = self.signals.interruption.lock() {
                     *i = None;
                 }
             }
-            Err(e) => failures.report("spot interruption notice", &e, &metrics),
+            Err(e) => seen
+                .failures
+                .report("interruption notice", &e, &self.metrics),
         }
-        // A rebalance recommendation is advice, not a notice: it is logged and exported, and
-        // blocks nothing. AWS may leave it in place for the instance's whole life.
-        match imds.rebalance().await {
-            Ok(Some(crate::cloud::imds::Notice::Rebalance { time })) => {
-                if rebalance_seen != Some(time) {
-                    rebalance_seen = Some(time);
+    }
+
+    /// Notices that are advice, not interruptions: each is logged, audited and exported, and
+    /// blocks nothing. AWS may leave a rebalance recommendation in place for the instance's
+    /// whole life.
+    async fn advice(&self, seen: &mut Seen) {
+        let notices = match self.cloud.advice().await {
+            Ok(n) => n,
+            Err(e) => {
+                seen.failures.report("notices", &e, &self.metrics);
+                return;
+            }
+        };
+        let rebalance = notices
+            .iter()
+            .find(|n| n.kind == NoticeKind::Rebalance)
+            .map(|n| n.time);
+        for n in &notices {
+            if seen.advice.contains(&n.key) {
+                continue;
+            }
+            match &n.kind {
+                NoticeKind::Rebalance => {
                     tracing::info!(
-                        at = %crate::time::rfc3339(time),
+                        at = %crate::time::rfc3339(n.time),
                         "spot rebalance recommendation: the instance is at elevated risk of interruption; actions are not blocked"
                     );
-                    let _ = executor.audit(AuditRecord::SpotRebalance);
-                    metrics.update(|v| v.rebalance = Some(time));
+                    let _ = self.executor.audit(AuditRecord::SpotRebalance);
                 }
-            }
-            Ok(_) => {
-                if rebalance_seen.take().is_some() {
-                    metrics.update(|v| v.rebalance = None);
+                NoticeKind::Event(kind) => {
+                    tracing::info!(event = %kind, notice = %n.text, "scheduled event: actions are not blocked");
+                    let _ = self.executor.audit(AuditRecord::ScheduledEvent {
+                        event_type: kind.clone(),
+                        notice: n.text.clone(),
+                    });
                 }
+                NoticeKind::Interruption => {}
             }
-            Err(e) => failures.report("rebalance recommendation", &e, &metrics),
         }
-        // Instance metadata tags cost nothing to read; DescribeInstances is an API call counted
-        // against the account's rate limit, so it is made only every `tag_every`.
-        let tags = match imds.tags().await {
-            Ok(t) if !t.is_empty() => Some(t.into_iter().collect::<Vec<_>>()),
+        seen.advice = notices.iter().map(|n| n.key.clone()).collect();
+        if rebalance != seen.rebalance {
+            seen.rebalance = rebalance;
+            self.metrics.update(|v| v.rebalance = rebalance);
+        }
+    }
+
+    /// Instance metadata tags cost nothing to read; an API read is counted against the
+    /// account's rate limit, so it is made only every `tag_every`.
+    async fn tags(&self, seen: &mut Seen) {
+        let tags = match self.cloud.tags().await {
+            Ok(t) if !t.is_empty() => Some(t),
             Err(e) => {
-                failures.report("instance tags", &e, &metrics);
+                seen.failures.report("instance tags", &e, &self.metrics);
                 None
             }
-            _ => match &ec2 {
-                Some(ec2) if last_tag_read.is_none_or(|t| t.elapsed() >= tag_every) => {
-                    last_tag_read = Some(std::time::Instant::now());
-                    // Boxed, as is the hook: an AWS call is a large future, and this loop polls
-                    // the metadata service every few seconds with whatever it holds inline on
-                    // the worker's stack.
-                    match Box::pin(ec2.tags()).await {
-                        Ok(t) => Some(t),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "cannot read instance tags");
-                            None
+            _ => match &self.api {
+                Some(api) if seen.api_read.is_none_or(|t| t.elapsed() >= self.tag_every) => {
+                    match api.tags() {
+                        Some(read) => {
+                            seen.api_read = Some(Instant::now());
+                            match read.await {
+                                Ok(t) => Some(t),
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "cannot read instance tags");
+                                    None
+                                }
+                            }
                         }
+                        // Metadata is this cloud's only source of tags, and it has none.
+                        None => Some(Vec::new()),
                     }
                 }
                 _ => None,
             },
         };
         let Some(tags) = tags else {
-            // A failed read leaves the last tags in force only for a while: a hold placed since
-            // must not go unseen for as long as the reads fail (IMDS down, DescribeInstances
-            // denied or throttled while StopInstances still works).
-            if !stale && last_good_tags.is_some_and(|t| t.elapsed() >= stale_after) {
-                stale = true;
-                let why = format!(
-                    "the instance's tags have not been read for {} (instance metadata tags, or ec2:DescribeInstances), and may hold a gpuwatch:hold tag placed since",
-                    humantime::format_duration(stale_after)
-                );
-                tracing::warn!("{why}: every action is held until they are read");
-                if let Ok(mut h) = signals.tag_hold.lock() {
-                    *h = HoldStatus::Unknown(why);
-                }
-            }
-            continue;
+            self.tags_unread(seen);
+            return;
         };
-        last_good_tags = Some(std::time::Instant::now());
-        if std::mem::take(&mut stale) {
+        seen.good_tags = Some(Instant::now());
+        if std::mem::take(&mut seen.stale) {
             tracing::info!("the instance's tags are read again");
         }
-        if !tag_labels.is_empty() {
-            let values = tag_label_values(&tag_labels, &tags);
-            metrics.update(|v| v.tag_labels = values);
+        if !self.tag_labels.is_empty() {
+            let values = tag_label_values(&self.tag_labels, &tags);
+            self.metrics.update(|v| v.tag_labels = values);
         }
         let hold = match tags.iter().find(|(k, _)| k == "gpuwatch:hold") {
             None => HoldStatus::None,
@@ -180,8 +200,27 @@ pub async fn poll_cloud(p: CloudPoller) {
                 )),
             },
         };
-        if let Ok(mut h) = signals.tag_hold.lock() {
+        if let Ok(mut h) = self.signals.tag_hold.lock() {
             *h = hold;
+        }
+    }
+
+    /// A failed read leaves the last tags in force only for a while: a hold placed since must
+    /// not go unseen for as long as the reads fail (metadata down, the API's tag read denied or
+    /// throttled while its actions still work).
+    fn tags_unread(&self, seen: &mut Seen) {
+        let stale_after = tags_stale_after(self.every, self.tag_every);
+        if !seen.stale && seen.good_tags.is_some_and(|t| t.elapsed() >= stale_after) {
+            seen.stale = true;
+            let why = format!(
+                "the instance's tags have not been read for {} ({}), and may hold a gpuwatch:hold tag placed since",
+                humantime::format_duration(stale_after),
+                self.cloud.tag_sources(),
+            );
+            tracing::warn!("{why}: every action is held until they are read");
+            if let Ok(mut h) = self.signals.tag_hold.lock() {
+                *h = HoldStatus::Unknown(why);
+            }
         }
     }
 }
@@ -208,7 +247,7 @@ fn tag_label_values(wanted: &[TagLabel], tags: &[(String, String)]) -> Vec<NodeL
 struct Failures(crate::time::Throttle);
 
 impl Failures {
-    fn report(&mut self, what: &str, e: &crate::cloud::imds::ImdsError, metrics: &SharedWatchView) {
+    fn report(&mut self, what: &str, e: &MetadataError, metrics: &SharedWatchView) {
         metrics.update(|v| v.imds_errors += 1);
         if let Some(suppressed) = self.0.due(Duration::from_secs(60)) {
             tracing::warn!(error = %e, suppressed, "cannot read the {what} from instance metadata");
@@ -230,11 +269,11 @@ async fn run_hook(hook: &[String], timeout: Duration, executor: &Executor) {
 }
 
 impl super::Watch {
-    /// What calls off an action whose EC2 calls are still being retried: a spot interruption
+    /// What calls off an action whose cloud calls are still being retried: an interruption
     /// announced, or a hold (local or tag) placed since it was decided.
     pub(super) async fn called_off(&self) -> Option<String> {
         if self.signals.interruption().is_some() {
-            return Some("a spot interruption was announced".into());
+            return Some("an interruption was announced".into());
         }
         let dir = self.state_dir.clone();
         let local = crate::state::on_io_thread(move || dir.hold()).await;

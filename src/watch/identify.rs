@@ -1,6 +1,6 @@
-//! This instance on EC2 (`provider = "aws"`): once instance metadata names it, the EC2 API and
-//! the AWS pollers (the spot price or the Pricing API, AWS Budgets, CloudWatch, and the spot
-//! and tag poller) start for it, at start or later.
+//! This instance on its cloud (`[cloud] provider`): once instance metadata names it, the
+//! cloud's API and its pollers (prices, budgets, metrics, and the notice and tag poller)
+//! start for it, at start or later.
 //!
 //! Instance metadata that does not answer at start (the network not up yet at boot, a throttled
 //! endpoint) is asked again in the background, after 1 s, then twice as long each time, at most
@@ -16,114 +16,65 @@ use tokio::task::JoinSet;
 use super::metrics::SharedWatchView;
 use super::NodeSignals;
 use crate::actions::{Cloud, Executor};
-use crate::cloud::ec2::Ec2;
-use crate::cloud::imds::{Imds, Node};
-use crate::cloud::services::{Services, Shared};
+use crate::cloud::{Api, Node};
 use crate::config::Config;
 use crate::gpu::sampler::Snapshots;
-use crate::rules::Lifecycle;
 use crate::spend::PollerReadings;
 
 /// The first wait before instance metadata is asked again.
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 
-/// This instance, as the decision loop takes it in: its node (price, lifecycle) and the AWS
-/// services its budgets and alerts use.
+/// This instance, as the decision loop takes it in: its node (price, lifecycle) and its
+/// cloud's API (budget alerts to a topic, the instance's state).
 pub struct Identified {
     pub node: Node,
-    pub services: Services,
-    /// The EC2 API for it, for the spot and tag poller.
-    pub ec2: Ec2,
+    pub api: Arc<dyn Api>,
 }
 
-/// What the AWS side of the watch needs once the instance is known.
+/// What the cloud side of the watch needs once the instance is known.
 pub struct Link {
     pub config: Config,
-    pub imds: Arc<Imds>,
+    pub cloud: Arc<dyn crate::cloud::Cloud>,
     pub snapshots: Snapshots,
     pub readings: Arc<PollerReadings>,
-    pub cloudwatch: Arc<crate::cloudwatch::Counters>,
     pub metrics: Arc<SharedWatchView>,
     pub signals: Arc<NodeSignals>,
     pub executor: Arc<Executor>,
 }
 
 impl Link {
-    /// Connects to EC2 as `node`: the executor acts on it from now on, and its price, budget
-    /// and CloudWatch pollers start in `tasks`. The spot and tag poller is not among them:
-    /// `watch_tags` starts it once the decision loop has the instance too.
+    /// Connects to the cloud as `node`: the executor acts on it from now on, and its price,
+    /// budget and metric pollers start in `tasks`. The notice and tag poller is not among
+    /// them: `watch_tags` starts it once the decision loop has the instance too.
     pub fn connect(&self, mut node: Node, tasks: &mut JoinSet<()>) -> Identified {
-        let config = &self.config;
-        tracing::info!(
-            instance = %node.instance_id,
-            instance_type = %node.instance_type,
-            zone = %node.availability_zone,
-            lifecycle = node.lifecycle_label(),
-            "running on EC2"
-        );
-        if let Some(region) = &config.cloud.region {
+        if let Some(region) = &self.config.cloud.region {
             node.region.clone_from(region);
         }
-        let shared = Shared::new(&node.region, config.cloud.endpoint_url.as_deref());
-        let ec2 = Ec2::new(&shared, &node.instance_id);
-        let services = Services::new(&shared, config.cost.pricing_endpoint_url.as_deref());
-        if config.cost.hourly_price_usd.is_none() {
-            match node.lifecycle {
-                Some(Lifecycle::Spot) => {
-                    tasks.spawn(crate::spend::poll_spot_price(
-                        ec2.clone(),
-                        node.clone(),
-                        Arc::clone(&self.readings),
-                        config.cost.spot_price_refresh,
-                    ));
-                }
-                Some(Lifecycle::OnDemand) if config.cost.pricing_api => {
-                    tasks.spawn(crate::spend::poll_pricing_api(
-                        services.clone(),
-                        node.clone(),
-                        Arc::clone(&self.readings),
-                    ));
-                }
-                _ => {}
-            }
-        }
-        for b in &config.budgets {
-            if matches!(b.source, crate::config::BudgetSource::AwsBudgets { .. }) {
-                tasks.spawn(crate::spend::poll_budget(
-                    services.clone(),
-                    b.clone(),
-                    Arc::clone(&self.readings),
-                ));
-            }
-        }
-        if config.cloudwatch.enabled {
-            tasks.spawn(crate::cloudwatch::run(
-                config.cloudwatch.clone(),
-                services.clone(),
-                node.clone(),
-                self.snapshots.clone(),
-                Arc::clone(&self.cloudwatch),
-            ));
-        }
+        let link = crate::cloud::Link {
+            config: &self.config,
+            snapshots: &self.snapshots,
+            readings: Arc::clone(&self.readings) as Arc<dyn crate::cloud::Readings>,
+        };
+        let api = self.cloud.connect(&node, link, tasks);
         self.executor.set_cloud(Cloud {
             node: node.clone(),
-            ec2: ec2.clone(),
+            api: Arc::clone(&api),
         });
-        self.metrics.update(|v| v.node = Some(node.clone()));
-        Identified {
-            node,
-            services,
-            ec2,
-        }
+        let provider = self.cloud.name();
+        self.metrics.update(|v| {
+            v.node = Some(node.clone());
+            v.provider = Some(provider);
+        });
+        Identified { node, api }
     }
 
-    /// Starts the spot and tag poller, last: no tag is read (and no action can run) before the
-    /// executor and the decision loop know the instance.
-    pub fn watch_tags(&self, ec2: Ec2, tasks: &mut JoinSet<()>) {
+    /// Starts the notice and tag poller, last: no tag is read (and no action can run) before
+    /// the executor and the decision loop know the instance.
+    pub fn watch_tags(&self, api: Arc<dyn Api>, tasks: &mut JoinSet<()>) {
         let config = &self.config;
         tasks.spawn(super::poll_cloud(super::CloudPoller {
-            imds: Arc::clone(&self.imds),
-            ec2: Some(ec2),
+            cloud: Arc::clone(&self.cloud),
+            api: Some(api),
             signals: Arc::clone(&self.signals),
             executor: Arc::clone(&self.executor),
             metrics: Arc::clone(&self.metrics),
@@ -143,20 +94,20 @@ impl Link {
         let mut tasks = JoinSet::new();
         loop {
             tokio::time::sleep(wait).await;
-            match self.imds.identity().await {
+            match self.cloud.identity().await {
                 Ok(node) => {
                     tracing::info!("instance metadata answers; the instance's tags are read next, and actions wait for them");
                     let identified = self.connect(node, &mut tasks);
-                    let ec2 = identified.ec2.clone();
+                    let api = Arc::clone(&identified.api);
                     // The loop is gone only when the watch stopped.
                     let _ = found.send(identified);
-                    self.watch_tags(ec2, &mut tasks);
+                    self.watch_tags(api, &mut tasks);
                     break;
                 }
                 Err(e) => {
                     wait = (wait * 2).min(most);
                     // Once the waits are as long as they get, a warning each time: this may
-                    // not be EC2 at all, while provider = "aws" says it is.
+                    // not be the configured cloud at all.
                     if wait == most {
                         tracing::warn!(error = %e, retry_in = ?wait, "instance metadata is still unavailable: every action stays held");
                     } else {

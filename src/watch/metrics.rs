@@ -26,7 +26,9 @@ pub struct WatchView {
     pub rebalance: Option<f64>,
     /// Instance metadata reads that failed.
     pub imds_errors: u64,
-    pub node: Option<crate::cloud::imds::Node>,
+    pub node: Option<crate::cloud::Node>,
+    /// The cloud the node is on (`aws`, `azure`), once metadata has named it.
+    pub provider: Option<&'static str>,
     /// `[node] labels`.
     pub labels: Vec<NodeLabel>,
     /// `[cloud] tag_labels`, with the values the instance's tags have now.
@@ -67,172 +69,189 @@ impl Collector for WatchCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
         let v = self.0.view();
         let e = &mut enc;
-        // The node, with its labels: those of the config and the instance tags copied, so
-        // that other series can be summed by team with one join. Present on EC2, and anywhere
-        // the config names labels.
-        let mut labels: Vec<(&str, Text)> = Vec::new();
-        if let Some(n) = &v.node {
-            labels.extend([
-                ("instance_id", Text(&n.instance_id)),
-                ("instance_type", Text(&n.instance_type)),
-                ("availability_zone", Text(&n.availability_zone)),
-                ("lifecycle", Text(n.lifecycle_label())),
-            ]);
-        }
-        labels.extend(
-            v.labels
-                .iter()
-                .chain(&v.tag_labels)
-                .map(|l| (l.name.as_str(), Text(&l.value))),
-        );
-        if v.node.is_some() || !labels.is_empty() {
-            gauges(
-                e,
-                desc(
-                    "gpuwatch_node_info",
-                    "The instance gpuwatch runs on and its labels; value 1",
-                    None,
-                ),
-                [(labels, 1i64)],
-            )?;
-        }
+        encode_node(e, &v)?;
+        encode_rules(e, &v)?;
+        encode_holds_and_notices(e, &v)
+    }
+}
+
+/// The node, with its labels: those of the config and the instance tags copied, so that other
+/// series can be summed by team with one join. Present on a cloud, and anywhere the config
+/// names labels.
+fn encode_node(e: &mut DescriptorEncoder, v: &WatchView) -> Result<(), fmt::Error> {
+    let mut labels: Vec<(&str, Text)> = Vec::new();
+    if let Some(n) = &v.node {
+        labels.extend([
+            ("provider", Text(v.provider.unwrap_or("unknown"))),
+            ("instance_id", Text(&n.instance_id)),
+            ("instance_type", Text(&n.instance_type)),
+            ("availability_zone", Text(&n.availability_zone)),
+            ("lifecycle", Text(n.lifecycle_label())),
+        ]);
+    }
+    labels.extend(
+        v.labels
+            .iter()
+            .chain(&v.tag_labels)
+            .map(|l| (l.name.as_str(), Text(&l.value))),
+    );
+    if v.node.is_some() || !labels.is_empty() {
         gauges(
             e,
             desc(
-                "gpuwatch_gpu_idle",
-                "How long the GPU (or MIG device) has been idle without a break",
+                "gpuwatch_node_info",
+                "The instance gpuwatch runs on and its labels; value 1",
+                None,
+            ),
+            [(labels, 1i64)],
+        )?;
+    }
+    Ok(())
+}
+
+/// Idle time, the rules, their pending actions and the actions' results.
+fn encode_rules(e: &mut DescriptorEncoder, v: &WatchView) -> Result<(), fmt::Error> {
+    gauges(
+        e,
+        desc(
+            "gpuwatch_gpu_idle",
+            "How long the GPU (or MIG device) has been idle without a break",
+            Some("seconds"),
+        ),
+        v.gpu_idle.iter().map(|g| {
+            (
+                GpuLabels {
+                    gpu: g.gpu,
+                    uuid: &g.uuid,
+                    pod: None,
+                    hpc_job: None,
+                    extra: crate::exposition::MigLabels(g.mig.as_ref()),
+                },
+                g.seconds,
+            )
+        }),
+    )?;
+    gauges(
+        e,
+        desc(
+            "gpuwatch_rule_breaching",
+            "1 while the rule's condition holds",
+            None,
+        ),
+        v.rules
+            .iter()
+            .map(|r| ([("rule", Text(&r.name))], i64::from(r.breaching))),
+    )?;
+    gauges(
+        e,
+        desc(
+            "gpuwatch_action_pending",
+            "1 while an action is in its warning period",
+            None,
+        ),
+        v.rules.iter().filter_map(|r| {
+            let p = r.pending.as_ref()?;
+            Some((
+                [("rule", Text(&r.name)), ("action", Text(p.action.as_str()))],
+                1i64,
+            ))
+        }),
+    )?;
+    gauges(
+        e,
+        desc(
+            "gpuwatch_action_due_timestamp",
+            "When the pending action is due unless the GPUs come back",
+            Some("seconds"),
+        ),
+        v.rules.iter().filter_map(|r| {
+            let p = r.pending.as_ref()?;
+            Some((
+                [("rule", Text(&r.name)), ("action", Text(p.action.as_str()))],
+                p.due_at,
+            ))
+        }),
+    )?;
+    counters(
+        e,
+        desc(
+            "gpuwatch_actions",
+            "Actions by result: done, dry_run, failed, cancelled or refused",
+            None,
+        ),
+        v.actions.iter().map(|(k, n)| {
+            (
+                [("action", Text(&k.action)), ("result", Text(&k.result))],
+                *n,
+            )
+        }),
+    )?;
+    Ok(())
+}
+
+/// Holds, interruption notices and rebalance recommendations, and metadata's failures.
+fn encode_holds_and_notices(e: &mut DescriptorEncoder, v: &WatchView) -> Result<(), fmt::Error> {
+    if !v.holds.is_empty() {
+        gauges(
+            e,
+            desc(
+                "gpuwatch_hold_until_timestamp",
+                "When each hold in place expires, by source (local or tag); +Inf for one whose expiry cannot be read, which holds until it is mended",
                 Some("seconds"),
             ),
-            v.gpu_idle.iter().map(|g| {
+            v.holds.iter().map(|h| {
+                let reason = match (h.until, h.source.as_str()) {
+                    (Some(_), _) => "expires",
+                    (None, "tag") if h.unknown => "unread tag",
+                    (None, "tag") => "unparsable tag",
+                    (None, _) => "unreadable file",
+                };
                 (
-                    GpuLabels {
-                        gpu: g.gpu,
-                        uuid: &g.uuid,
-                        pod: None,
-                        hpc_job: None,
-                        extra: crate::exposition::MigLabels(g.mig.as_ref()),
-                    },
-                    g.seconds,
+                    [("source", Text(&h.source)), ("reason", Text(reason))],
+                    h.until.unwrap_or(f64::INFINITY),
                 )
             }),
         )?;
-        gauges(
-            e,
-            desc(
-                "gpuwatch_rule_breaching",
-                "1 while the rule's condition holds",
-                None,
-            ),
-            v.rules
-                .iter()
-                .map(|r| ([("rule", Text(&r.name))], i64::from(r.breaching))),
-        )?;
-        gauges(
-            e,
-            desc(
-                "gpuwatch_action_pending",
-                "1 while an action is in its warning period",
-                None,
-            ),
-            v.rules.iter().filter_map(|r| {
-                let p = r.pending.as_ref()?;
-                Some((
-                    [("rule", Text(&r.name)), ("action", Text(p.action.as_str()))],
-                    1i64,
-                ))
-            }),
-        )?;
-        gauges(
-            e,
-            desc(
-                "gpuwatch_action_due_timestamp",
-                "When the pending action is due unless the GPUs come back",
-                Some("seconds"),
-            ),
-            v.rules.iter().filter_map(|r| {
-                let p = r.pending.as_ref()?;
-                Some((
-                    [("rule", Text(&r.name)), ("action", Text(p.action.as_str()))],
-                    p.due_at,
-                ))
-            }),
-        )?;
+    }
+    gauge(
+        e,
+        desc(
+            "gpuwatch_spot_interruption_pending",
+            "1 while a spot interruption notice is in effect; actions wait",
+            None,
+        ),
+        i64::from(v.interruption.is_some()),
+    )?;
+    gauge(
+        e,
+        desc(
+            "gpuwatch_spot_rebalance_recommended",
+            "1 while a spot rebalance recommendation is in effect; it blocks nothing",
+            None,
+        ),
+        i64::from(v.rebalance.is_some()),
+    )?;
+    if v.node.is_some() {
         counters(
             e,
             desc(
-                "gpuwatch_actions",
-                "Actions by result: done, dry_run, failed, cancelled or refused",
+                "gpuwatch_imds_errors",
+                "Instance metadata reads that failed (spot notices and tag holds go unseen meanwhile)",
                 None,
             ),
-            v.actions.iter().map(|(k, n)| {
-                (
-                    [("action", Text(&k.action)), ("result", Text(&k.result))],
-                    *n,
-                )
-            }),
+            [(NO_LABELS, v.imds_errors)],
         )?;
-        if !v.holds.is_empty() {
-            gauges(
-                e,
-                desc(
-                    "gpuwatch_hold_until_timestamp",
-                    "When each hold in place expires, by source (local or tag); +Inf for one whose expiry cannot be read, which holds until it is mended",
-                    Some("seconds"),
-                ),
-                v.holds.iter().map(|h| {
-                    let reason = match (h.until, h.source.as_str()) {
-                        (Some(_), _) => "expires",
-                        (None, "tag") if h.unknown => "unread tag",
-                        (None, "tag") => "unparsable tag",
-                        (None, _) => "unreadable file",
-                    };
-                    (
-                        [("source", Text(&h.source)), ("reason", Text(reason))],
-                        h.until.unwrap_or(f64::INFINITY),
-                    )
-                }),
-            )?;
-        }
-        gauge(
-            e,
-            desc(
-                "gpuwatch_spot_interruption_pending",
-                "1 while a spot interruption notice is in effect; actions wait",
-                None,
-            ),
-            i64::from(v.interruption.is_some()),
-        )?;
-        gauge(
-            e,
-            desc(
-                "gpuwatch_spot_rebalance_recommended",
-                "1 while a spot rebalance recommendation is in effect; it blocks nothing",
-                None,
-            ),
-            i64::from(v.rebalance.is_some()),
-        )?;
-        if v.node.is_some() {
-            counters(
-                e,
-                desc(
-                    "gpuwatch_imds_errors",
-                    "Instance metadata reads that failed (spot notices and tag holds go unseen meanwhile)",
-                    None,
-                ),
-                [(NO_LABELS, v.imds_errors)],
-            )?;
-        }
-        if let Some(t) = v.interruption {
-            gauge(
-                e,
-                desc(
-                    "gpuwatch_spot_interruption_timestamp",
-                    "When the announced spot interruption takes effect",
-                    Some("seconds"),
-                ),
-                t,
-            )?;
-        }
-        Ok(())
     }
+    if let Some(t) = v.interruption {
+        gauge(
+            e,
+            desc(
+                "gpuwatch_spot_interruption_timestamp",
+                "When the announced spot interruption takes effect",
+                Some("seconds"),
+            ),
+            t,
+        )?;
+    }
+    Ok(())
 }

@@ -87,11 +87,12 @@ pub struct Watch {
     /// Hands health what `state.json` kept of it, once it is read.
     pub health_seed: Option<crate::gpu::health::Seed>,
     pub tracker: crate::spend::Tracker,
-    pub services: Option<crate::cloud::services::Services>,
+    /// The cloud's API for this instance, once metadata has named it.
+    pub api: Option<std::sync::Arc<dyn crate::cloud::Api>>,
     /// The instance, when instance metadata did not answer at start: it is asked again in the
     /// background, and the loop takes the instance in once it answers.
     pub identified: Option<tokio::sync::oneshot::Receiver<identify::Identified>>,
-    /// Budget alerts being published to SNS.
+    /// Budget alerts being published to a topic (SNS).
     pub publishes: tokio::task::JoinSet<()>,
     /// Who holds which GPU, on Kubernetes (for pod-scoped rules).
     pub pods: Option<Arc<crate::kubernetes::view::SharedKubernetesView>>,
@@ -342,7 +343,7 @@ impl Watch {
             c,
             budget,
             &self.executor,
-            self.services.as_ref(),
+            self.api.as_ref(),
             &mut self.publishes,
         )
     }
@@ -474,9 +475,9 @@ impl Watch {
             return;
         };
         match found.try_recv() {
-            Ok(identify::Identified { node, services, .. }) => {
+            Ok(identify::Identified { node, api }) => {
                 self.tracker.node = Some(node);
-                self.services = Some(services);
+                self.api = Some(api);
                 self.identified = None;
             }
             Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {}
@@ -489,7 +490,7 @@ impl Watch {
     async fn resume_in_flight(&self, persisted: &mut Persisted) {
         for (name, f) in settle_in_flight(persisted) {
             let state = match self.executor.cloud() {
-                Some(c) => c.ec2.state().await.ok().flatten(),
+                Some(c) => c.api.state().await.ok().flatten(),
                 None => None,
             };
             tracing::warn!(

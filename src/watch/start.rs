@@ -1,5 +1,5 @@
 //! Starting the cost watch: the state directory and its audit log, instance metadata and the
-//! EC2 API (with `provider = "aws"`), the price and budget pollers, CloudWatch publishing, and
+//! cloud's API (with `[cloud] provider`), the price and budget pollers, metric publishing, and
 //! the decision loop itself, each task in the app's `JoinSet`.
 
 use std::sync::Arc;
@@ -12,8 +12,6 @@ use super::metrics::{NodeLabel, SharedWatchView, WatchCollector};
 use super::progress::Progress;
 use super::{NodeSignals, Watch};
 use crate::actions::Executor;
-use crate::cloud::imds::Imds;
-use crate::cloudwatch::metrics::CloudWatchCollector;
 use crate::config::{Config, Provider};
 use crate::gpu::sampler::Snapshots;
 use crate::kubernetes::view::SharedKubernetesView;
@@ -35,8 +33,9 @@ pub struct Started {
     pub holders: Option<Arc<crate::slurm::holders::SharedHolders>>,
 }
 
-/// Starts the cost watch: rules, actions, and (with `provider = "aws"`) instance metadata and the
-/// EC2 API. Off AWS, or when instance metadata does not answer, rules run with local actions only.
+/// Starts the cost watch: rules, actions, and (with `[cloud] provider`) instance metadata and the
+/// cloud's API. Off a cloud, or when instance metadata does not answer, rules run with local
+/// actions only.
 ///
 /// The views it publishes (the watch's and the cost series) exist, and their collectors are
 /// registered, whether it runs or not. `Err` is a state directory that others can write:
@@ -57,32 +56,13 @@ pub async fn spawn(
     stop: tokio::sync::watch::Receiver<bool>,
     tasks: &mut JoinSet<()>,
 ) -> Result<Started, DirError> {
-    let metrics = Arc::new(SharedWatchView::default());
-    let cost = Arc::new(SharedCostView::default());
-    let cloudwatch = Arc::new(crate::cloudwatch::Counters::default());
+    let (metrics, cost) = views(config, registry);
     let progress = Arc::new(Progress::default());
-    metrics.update(|v| {
-        v.labels = config
-            .node
-            .labels
-            .iter()
-            .map(|(name, value)| NodeLabel {
-                name: name.clone(),
-                value: value.clone(),
-            })
-            .collect();
-    });
-    registry.register_collector(Box::new(WatchCollector(Arc::clone(&metrics))));
-    registry.register_collector(Box::new(CostCollector {
-        view: Arc::clone(&cost),
-        sources: config
-            .budgets
-            .iter()
-            .map(|b| (b.name.clone(), b.source.as_str()))
-            .collect(),
-    }));
-    if config.cloudwatch.enabled {
-        registry.register_collector(Box::new(CloudWatchCollector(Arc::clone(&cloudwatch))));
+    // Only the configured cloud is made, and it sets nothing up until metadata names the
+    // instance.
+    let cloud = crate::cloud::open(config);
+    if let Some(cloud) = &cloud {
+        cloud.register(registry);
     }
     let mut started = Started {
         view: Arc::clone(&metrics),
@@ -103,6 +83,85 @@ pub async fn spawn(
         }
         tracing::info!("no rules, no budgets and no cloud: the cost watch accounts spend and idle dollars at [cost] hourly_price_usd, and acts on nothing");
     }
+    let (state_dir, audit) = open_state(config, registry)?;
+    started.audit = Some(state_dir.audit_path());
+    let signals = Arc::new(signals(cloud.as_deref()));
+    let readings = Arc::new(crate::spend::PollerReadings::default());
+    query_budgets(config, &readings, registry, tasks);
+    let executor = Arc::new(Executor::new(&config.actions, audit, tasks));
+    let (identified, later) = match cloud {
+        Some(cloud) => {
+            let link = Link {
+                config: config.clone(),
+                cloud,
+                snapshots: snapshots.clone(),
+                readings: Arc::clone(&readings),
+                metrics: Arc::clone(&metrics),
+                signals: Arc::clone(&signals),
+                executor: Arc::clone(&executor),
+            };
+            identify(link, tasks).await
+        }
+        None => (None, None),
+    };
+    let (node, api) = match identified {
+        Some(Identified { node, api }) => (Some(node), Some(api)),
+        None => (None, None),
+    };
+    warn_unused(config);
+    let watch = Watch {
+        tracker: crate::spend::Tracker::new(config.clone(), node, readings),
+        api,
+        identified: later,
+        publishes: JoinSet::new(),
+        pods: held.pods,
+        holders: held.holders,
+        progress,
+        unpublished: Default::default(),
+        config: config.clone(),
+        state_dir,
+        executor,
+        metrics,
+        cost,
+        signals,
+        health_seed: Some(health_seed),
+    };
+    started.task = Some(run(watch, snapshots, stop));
+    Ok(started)
+}
+
+/// The watch's and the cost series' views, with their collectors registered.
+fn views(config: &Config, registry: &mut Registry) -> (Arc<SharedWatchView>, Arc<SharedCostView>) {
+    let metrics = Arc::new(SharedWatchView::default());
+    let cost = Arc::new(SharedCostView::default());
+    metrics.update(|v| {
+        v.labels = config
+            .node
+            .labels
+            .iter()
+            .map(|(name, value)| NodeLabel {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect();
+    });
+    registry.register_collector(Box::new(WatchCollector(Arc::clone(&metrics))));
+    registry.register_collector(Box::new(CostCollector {
+        view: Arc::clone(&cost),
+        sources: config
+            .budgets
+            .iter()
+            .map(|b| (b.name.clone(), b.source.as_str()))
+            .collect(),
+    }));
+    (metrics, cost)
+}
+
+/// The state directory and its audit log. `Err` is a directory that others can write.
+fn open_state(
+    config: &Config,
+    registry: &mut Registry,
+) -> Result<(StateDir, Arc<AuditLog>), DirError> {
     let state_dir = StateDir::new(&config.actions.state_dir);
     match state_dir.create() {
         Ok(()) => {}
@@ -112,22 +171,34 @@ pub async fn spawn(
             tracing::error!(error = %e, "cannot create the state directory; no action runs until its records can be written")
         }
     }
-    started.audit = Some(state_dir.audit_path());
     let audit = Arc::new(AuditLog::with_rotation(
         state_dir.audit_path(),
         config.actions.audit_rotation,
     ));
     registry.register_collector(Box::new(StateCollector(Arc::clone(&audit))));
+    Ok((state_dir, audit))
+}
+
+/// The node's signals at start: on a cloud, the tag hold is unknown until the instance's tags
+/// are read, since a `gpuwatch:hold` tag may be there.
+fn signals(cloud: Option<&dyn crate::cloud::Cloud>) -> NodeSignals {
     let mut signals = NodeSignals::default();
-    if config.cloud.provider == Provider::Aws {
-        // Until the instance's tags are read, a `gpuwatch:hold` tag may be there: unknown holds.
-        signals.tag_hold = std::sync::Mutex::new(crate::state::HoldStatus::Unknown(
-            super::cloud::TAGS_UNREAD.into(),
-        ));
+    if let Some(cloud) = cloud {
+        signals.tag_hold = std::sync::Mutex::new(crate::state::HoldStatus::Unknown(format!(
+            "the instance's tags have not been read yet ({}), and may hold a gpuwatch:hold tag",
+            cloud.tag_sources()
+        )));
     }
-    let signals = Arc::new(signals);
-    let readings = Arc::new(crate::spend::PollerReadings::default());
-    // Team budgets read from Prometheus need no cloud: each has its poller.
+    signals
+}
+
+/// Team budgets read from Prometheus need no cloud: each has its poller.
+fn query_budgets(
+    config: &Config,
+    readings: &crate::spend::PollerReadings,
+    registry: &mut Registry,
+    tasks: &mut JoinSet<()>,
+) {
     let queried: Vec<_> = config
         .budgets
         .iter()
@@ -144,42 +215,38 @@ pub async fn spawn(
             Arc::clone(&readings.prometheus),
         ));
     }
-    let executor = Arc::new(Executor::new(&config.actions, audit, tasks));
-    let mut identified = None;
-    let mut later = None;
-    if config.cloud.provider == Provider::Aws {
-        let link = Link {
-            config: config.clone(),
-            imds: Arc::new(Imds::new(&config.cloud.imds_endpoint)),
-            snapshots: snapshots.clone(),
-            readings: Arc::clone(&readings),
-            cloudwatch: Arc::clone(&cloudwatch),
-            metrics: Arc::clone(&metrics),
-            signals: Arc::clone(&signals),
-            executor: Arc::clone(&executor),
-        };
-        match link.imds.identity().await {
-            Ok(node) => {
-                let id = link.connect(node, tasks);
-                // The loop below is built with the instance before it runs a step.
-                link.watch_tags(id.ec2.clone(), tasks);
-                identified = Some(id);
-            }
-            Err(e) => {
-                tracing::warn!(
-                    error = %e,
-                    "instance metadata is unavailable: asked again in the background; until it answers and the instance's tags are read, every action is held, and no AWS price, budget or CloudWatch call is made"
-                );
-                let (found, wait) = tokio::sync::oneshot::channel();
-                tasks.spawn(link.retry(found));
-                later = Some(wait);
-            }
+}
+
+/// Asks instance metadata once: the instance as it names it, connected; or, when it does not
+/// answer, the instance to come from a background retry.
+async fn identify(
+    link: Link,
+    tasks: &mut JoinSet<()>,
+) -> (
+    Option<Identified>,
+    Option<tokio::sync::oneshot::Receiver<Identified>>,
+) {
+    match link.cloud.identity().await {
+        Ok(node) => {
+            let id = link.connect(node, tasks);
+            // The loop is built with the instance before it runs a step.
+            link.watch_tags(Arc::clone(&id.api), tasks);
+            (Some(id), None)
+        }
+        Err(e) => {
+            tracing::warn!(
+                error = %e,
+                "instance metadata is unavailable: asked again in the background; until it answers and the instance's tags are read, every action is held, and no cloud price, budget or metric call is made"
+            );
+            let (found, wait) = tokio::sync::oneshot::channel();
+            tasks.spawn(link.retry(found));
+            (None, Some(wait))
         }
     }
-    let (node, services) = match identified {
-        Some(Identified { node, services, .. }) => (Some(node), Some(services)),
-        None => (None, None),
-    };
+}
+
+/// Says which settings of another cloud's do nothing here.
+fn warn_unused(config: &Config) {
     if config.cloudwatch.enabled && config.cloud.provider != Provider::Aws {
         tracing::warn!("[cloudwatch] enabled is set, but gpuwatch is not on EC2 with provider = \"aws\": nothing is published");
     }
@@ -189,24 +256,16 @@ pub async fn spawn(
         {
             tracing::warn!(budget = %b.name, "an aws_budgets budget needs provider = \"aws\" on EC2; it stays unknown");
         }
+        if config.cloud.provider != Provider::Azure
+            && matches!(b.source, crate::config::BudgetSource::AzureBudgets { .. })
+        {
+            tracing::warn!(budget = %b.name, "an azure_budgets budget needs provider = \"azure\" on an Azure VM; it stays unknown");
+        }
     }
-    let watch = Watch {
-        tracker: crate::spend::Tracker::new(config.clone(), node, readings),
-        services,
-        identified: later,
-        publishes: JoinSet::new(),
-        pods: held.pods,
-        holders: held.holders,
-        progress,
-        unpublished: Default::default(),
-        config: config.clone(),
-        state_dir,
-        executor,
-        metrics,
-        cost,
-        signals,
-        health_seed: Some(health_seed),
-    };
+}
+
+/// Runs the watch on a task of its own, and says so loudly if it panics.
+fn run(watch: Watch, snapshots: Snapshots, stop: tokio::sync::watch::Receiver<bool>) -> WatchTask {
     let task = tokio::spawn(watch.run(snapshots, stop));
     let abort = task.abort_handle();
     let handle = tokio::spawn(async move {
@@ -218,8 +277,7 @@ pub async fn spawn(
             }
         }
     });
-    started.task = Some(WatchTask { handle, abort });
-    Ok(started)
+    WatchTask { handle, abort }
 }
 
 /// The running cost watch: awaited at shutdown, and cancelled if it does not stop in time.

@@ -556,7 +556,7 @@ fn decide(req: &HttpRequest, policy: &Policy, instance: &str) -> Decision {
         resources,
         allowed: false,
     };
-    let Some((_, action)) = gpuwatch::cloud::services::IAM_ACTIONS
+    let Some((_, action)) = gpuwatch::cloud::aws::services::IAM_ACTIONS
         .iter()
         .find(|(op, _)| *op == operation)
     else {

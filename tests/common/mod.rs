@@ -4,6 +4,7 @@
 
 pub mod alertmanager;
 pub mod aws;
+pub mod azure;
 pub mod browser;
 pub mod certs;
 pub mod dashboards;

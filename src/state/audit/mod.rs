@@ -207,12 +207,20 @@ pub enum AuditRecord {
         #[serde(default)]
         spent_usd: f64,
     },
-    /// A spot interruption notice, as IMDS gave it (the record's `time` is when it was seen).
+    /// An interruption notice (an EC2 spot interruption, an Azure `Preempt` or `Terminate`
+    /// event), as instance metadata gave it (the record's `time` is when it was seen).
     SpotInterruption {
         #[serde(default)]
         notice: String,
     },
     SpotRebalance,
+    /// A scheduled event that blocks nothing (Azure's `Freeze`, `Reboot`, `Redeploy`).
+    ScheduledEvent {
+        #[serde(default)]
+        event_type: String,
+        #[serde(default)]
+        notice: String,
+    },
     InterruptionHook {
         #[serde(default)]
         command: Vec<String>,

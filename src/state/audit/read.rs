@@ -167,8 +167,9 @@ fn words(r: &AuditRecord, mode: &str) -> String {
             "rule {rule}: the {action} sent before a restart is not repeated (instance {})",
             Value::from(instance_state.clone())
         ),
-        R::SpotInterruption { .. } => "spot interruption notice".to_string(),
+        R::SpotInterruption { .. } => "interruption notice".to_string(),
         R::SpotRebalance => "spot rebalance recommendation".to_string(),
+        R::ScheduledEvent { event_type: t, .. } => format!("scheduled event {t} (blocks nothing)"),
         R::InterruptionHook { result, .. } => format!("interruption hook: {result}"),
         R::SnsPublish { budget, .. } => format!("budget {budget} alert published to SNS"),
         R::StateReset { reason } => format!("state reset: {reason}"),

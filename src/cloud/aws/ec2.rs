@@ -8,27 +8,8 @@ use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::operation::RequestId;
 use aws_sdk_ec2::types::{Filter, SpotInstanceType, Tag};
 
-use crate::cloud::services::Shared;
-
-/// An EC2 call that failed, with what a person needs to act on it.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{operation}: {message}")]
-pub struct CloudError {
-    pub operation: &'static str,
-    pub kind: ErrorKind,
-    pub message: String,
-    pub request_id: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// Throttling, a 5xx, a timeout or no connection: worth retrying.
-    Retryable,
-    /// Credentials or IAM: retrying will not help.
-    AccessDenied,
-    /// Anything else, such as an instance in the wrong state.
-    Other,
-}
+use super::services::Shared;
+use crate::cloud::{CloudError, ErrorKind};
 
 fn classify<E: ProvideErrorMetadata + std::error::Error + 'static>(
     operation: &'static str,
@@ -81,7 +62,7 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + 'static>(
     }
 }
 
-pub use gpuwatch_core::plan::SpotRequest;
+pub use gpuwatch_core::plan::aws::SpotRequest;
 
 /// The EC2 API, for this one instance.
 /// The client is made on the first call (see [`Shared`]).

@@ -1,13 +1,7 @@
-//! Spot-correct action planning: which EC2 calls an action means on this instance. Pure.
+//! EC2: which calls an instance action means on this instance, following its real lifecycle.
 
+use super::{Down, Plan, SpotStop};
 use crate::rules::{Action, Lifecycle};
-
-/// What `stop` does on a one-time spot instance, which cannot be stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SpotStop {
-    Refuse,
-    Terminate,
-}
 
 /// The spot request behind this instance, as EC2 describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,11 +17,16 @@ pub enum Step {
     Terminate,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Plan {
-    Steps(Vec<Step>),
-    /// The action is impossible or not allowed here; nothing is called.
-    Refuse(String),
+impl Step {
+    /// What the instance is once this step has run.
+    pub fn leaves(&self) -> Option<Down> {
+        match self {
+            Step::CancelSpotRequest(_) => None,
+            Step::Stop { hibernate: false } => Some(Down::Stopped),
+            Step::Stop { hibernate: true } => Some(Down::Hibernated),
+            Step::Terminate => Some(Down::Terminated),
+        }
+    }
 }
 
 /// Maps an instance action to EC2 calls, following the instance's real lifecycle:
@@ -39,7 +38,7 @@ pub fn plan(
     lifecycle: Option<Lifecycle>,
     spot: Option<&SpotRequest>,
     spot_stop: SpotStop,
-) -> Plan {
+) -> Plan<Step> {
     let main = match action {
         Action::Stop => Step::Stop { hibernate: false },
         Action::Hibernate => Step::Stop { hibernate: true },
@@ -70,7 +69,7 @@ mod tests {
         Option<Lifecycle>,
         Option<&'a SpotRequest>,
         SpotStop,
-        Plan,
+        Plan<Step>,
     );
 
     #[test]

@@ -1,37 +1,18 @@
-//! Instance metadata (IMDSv2): identity, lifecycle, tags and spot interruption notices.
-//!
-//! The metadata service speaks plain HTTP/1.1 on a link-local address, so each request is one
-//! HTTP/1 connection of hyper's, with no TLS, proxy, redirect or connection pool: it is polled
-//! every few seconds for a node's life, and a general client's machinery would cost the async
-//! worker tens of KiB of stack on every poll.
+//! EC2 instance metadata (IMDSv2): identity, lifecycle, tags and spot interruption notices,
+//! through the metadata client every cloud shares (`cloud::metadata`).
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Limited};
 use hyper::Method;
 use serde::Deserialize;
 use tokio::sync::Mutex;
 
 use crate::rules::Lifecycle;
 
-/// How long one metadata request may take. Off EC2 nothing answers; this keeps startup quick.
-const TIMEOUT: Duration = Duration::from_secs(2);
-const TOKEN_TTL_SECS: u64 = 21_600;
+use crate::cloud::metadata::{Answer, Endpoint, MetadataError as ImdsError, TIMEOUT};
 
-#[derive(Debug, thiserror::Error)]
-pub enum ImdsError {
-    #[error("instance metadata at {endpoint} did not answer: {source}")]
-    Unreachable {
-        endpoint: String,
-        source: std::io::Error,
-    },
-    #[error("instance metadata {path}: HTTP {status}")]
-    Status { path: String, status: u16 },
-    #[error("instance metadata {path}: {message}")]
-    Invalid { path: String, message: String },
-}
+const TOKEN_TTL_SECS: u64 = 21_600;
 
 pub use gpuwatch_core::node::Node;
 
@@ -57,21 +38,8 @@ struct RebalanceNotice {
 }
 
 pub struct Imds {
-    /// The endpoint as configured, for messages.
-    base: String,
-    /// `host:port` to connect to.
-    authority: String,
-    /// The `Host` header: the endpoint's host, with its port if it names one.
-    host: String,
-    /// The path the endpoint's URL ends with, if any, before `/latest/...`.
-    prefix: String,
+    endpoint: Endpoint,
     token: Mutex<Option<Token>>,
-}
-
-/// An answer: its status and (for a success) its body.
-struct Answer {
-    status: u16,
-    body: Bytes,
 }
 
 /// A session token and when it was fetched, by the monotonic clock and by the wall clock: the
@@ -91,96 +59,25 @@ impl Token {
     }
 }
 
-/// The largest metadata answer read; real ones are a few hundred bytes.
-const MAX_BODY: usize = 64 * 1024;
-
 impl Imds {
     /// `endpoint` is an `http://` URL (the config checks it); anything else fails every request
     /// as unreachable.
     pub fn new(endpoint: &str) -> Imds {
-        let base = endpoint.trim_end_matches('/').to_string();
-        let rest = base.strip_prefix("http://").unwrap_or_default();
-        let (host, prefix) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-        // A port given, or 80; an IPv6 literal keeps its brackets.
-        let authority = match host.rsplit_once(':') {
-            Some((_, port)) if !port.contains(']') => host.to_string(),
-            _ => format!("{host}:80"),
-        };
-        let prefix = prefix.to_string();
-        let host = host.to_string();
         Imds {
-            base,
-            authority,
-            host,
-            prefix,
+            endpoint: Endpoint::new(endpoint),
             token: Mutex::new(None),
         }
     }
 
-    /// Makes one request on a connection of its own, within `TIMEOUT`, reading at most
-    /// `MAX_BODY` bytes of a successful answer's body.
     async fn request(
         &self,
         method: Method,
         path: &str,
         header: (&'static str, &str),
     ) -> Result<Answer, ImdsError> {
-        let unreachable = |source| ImdsError::Unreachable {
-            endpoint: self.base.clone(),
-            source,
-        };
-        if self.authority.starts_with(':') || !self.base.starts_with("http://") {
-            return Err(unreachable(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "the endpoint is not an http:// URL",
-            )));
-        }
-        let request = hyper::Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.prefix))
-            .header(hyper::header::HOST, &self.host)
-            .header(header.0, header.1)
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| unreachable(std::io::Error::other(e)))?;
-        let exchange = async {
-            let io = |e| unreachable(std::io::Error::other(e));
-            let stream = tokio::net::TcpStream::connect(&self.authority)
-                .await
-                .map_err(unreachable)?;
-            let (mut sender, connection) =
-                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                    .await
-                    .map_err(io)?;
-            // The connection ends once the answer is read and `sender` dropped.
-            tokio::spawn(connection);
-            let answer = sender.send_request(request).await.map_err(io)?;
-            let status = answer.status().as_u16();
-            if !answer.status().is_success() {
-                return Ok(Answer {
-                    status,
-                    body: Bytes::new(),
-                });
-            }
-            match Limited::new(answer.into_body(), MAX_BODY).collect().await {
-                Ok(body) => Ok(Answer {
-                    status,
-                    body: body.to_bytes(),
-                }),
-                Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ImdsError::Invalid {
-                    path: path.into(),
-                    message: format!("the answer is larger than {MAX_BODY} bytes"),
-                }),
-                Err(e) => Err(unreachable(std::io::Error::other(e))),
-            }
-        };
-        tokio::time::timeout(TIMEOUT, exchange)
+        self.endpoint
+            .request(method, path, &[header], TIMEOUT)
             .await
-            .unwrap_or_else(|_| {
-                Err(unreachable(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no answer within {TIMEOUT:?}"),
-                )))
-            })
     }
 
     async fn token(&self) -> Result<String, ImdsError> {
@@ -204,7 +101,7 @@ impl Imds {
             });
         }
         // A header value cannot end in a newline: a token that did would fail every request.
-        let token = text(path, answer.body)?.trim().to_string();
+        let token = answer.text(path)?.trim().to_string();
         if token.is_empty() {
             return Err(ImdsError::Invalid {
                 path: path.into(),
@@ -233,7 +130,7 @@ impl Imds {
             answer = self.send_get(path).await?;
         }
         match answer.status {
-            200 => Ok(Some(text(path, answer.body)?.trim().to_string())),
+            200 => Ok(Some(answer.text(path)?.trim().to_string())),
             404 => Ok(None),
             status => Err(ImdsError::Status {
                 path: path.into(),
@@ -338,14 +235,6 @@ impl Imds {
     }
 }
 
-/// An answer's body as text.
-fn text(path: &str, body: Bytes) -> Result<String, ImdsError> {
-    String::from_utf8(body.into()).map_err(|_| ImdsError::Invalid {
-        path: path.into(),
-        message: "the answer is not UTF-8".into(),
-    })
-}
-
 /// Parses a `spot/instance-action` answer: `{"action": "terminate", "time": "<RFC 3339>"}`.
 pub fn parse_instance_action(body: &str) -> Result<Notice, String> {
     let a: InstanceAction = serde_json::from_str(body).map_err(|e| e.to_string())?;
@@ -369,24 +258,6 @@ pub fn parse_rebalance(body: &str) -> Result<Notice, String> {
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    #[test]
-    fn the_endpoint_gives_the_address_host_and_path() {
-        let cases = [
-            ("http://169.254.169.254", "169.254.169.254:80", ""),
-            ("http://127.0.0.1:8080/", "127.0.0.1:8080", ""),
-            ("http://[fd00:ec2::254]", "[fd00:ec2::254]:80", ""),
-            ("http://[::1]:1338/imds", "[::1]:1338", "/imds"),
-            ("http://metadata.local/x/y/", "metadata.local:80", "/x/y"),
-        ];
-        for (endpoint, authority, prefix) in cases {
-            let imds = Imds::new(endpoint);
-            assert_eq!(imds.authority, authority, "{endpoint}");
-            assert_eq!(imds.prefix, prefix, "{endpoint}");
-        }
-        // A port the endpoint does not name is not sent.
-        assert_eq!(Imds::new("http://169.254.169.254/").host, "169.254.169.254");
-    }
 
     /// Serves one connection: reads the request head, writes `answer` (if any), and returns the
     /// head once the client has closed the connection.

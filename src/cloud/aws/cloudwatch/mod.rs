@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use aws_sdk_cloudwatch::types::{Dimension, MetricDatum, StandardUnit, StatisticSet};
 
-use crate::cloud::services::Services;
+use super::services::Services;
 use crate::config::CloudWatchConfig;
 use crate::gpu::sampler::Snapshots;
 use crate::gpu::{GpuSample, Snapshot};

@@ -1,0 +1,38 @@
+//! What an instance action means on each cloud: one pure plan per cloud, table-tested in its
+//! own module. The daemon's cloud boundary carries a plan out; nothing here calls anything.
+
+pub mod aws;
+pub mod azure;
+
+/// What `stop` (and `hibernate`) does on a spot instance that cannot be stopped that way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpotStop {
+    Refuse,
+    Terminate,
+}
+
+/// The calls an action means, in order, or why it is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan<S> {
+    Steps(Vec<S>),
+    /// The action is impossible or not allowed here; nothing is called.
+    Refuse(String),
+}
+
+/// What a plan leaves the instance as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Down {
+    Stopped,
+    Hibernated,
+    Terminated,
+}
+
+impl Down {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Down::Stopped => "stopped",
+            Down::Hibernated => "hibernated",
+            Down::Terminated => "terminated",
+        }
+    }
+}

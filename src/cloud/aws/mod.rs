@@ -1,0 +1,274 @@
+//! Amazon EC2 (`provider = "aws"`): IMDSv2 for identity, spot notices and tags; the EC2 API for
+//! actions; the spot price or the Pricing API, AWS Budgets, SNS and CloudWatch besides.
+
+use std::sync::Arc;
+
+use tokio::task::JoinSet;
+
+use super::{Api, Call, Cloud, CloudError, Fut, Link, MetadataError, Node, Notice, NoticeKind};
+use crate::cloud::plan::{self, Plan, SpotStop};
+use crate::rules::{Action, Lifecycle};
+
+pub mod cloudwatch;
+pub mod ec2;
+pub mod imds;
+mod pollers;
+pub mod services;
+
+use ec2::Ec2;
+use imds::Imds;
+use services::{Services, Shared};
+
+pub struct Aws {
+    imds: Imds,
+    /// CloudWatch publishing's counters, for its series.
+    cloudwatch: Arc<cloudwatch::Counters>,
+    publishes: bool,
+}
+
+impl Aws {
+    pub fn new(config: &crate::config::Config) -> Aws {
+        Aws {
+            imds: Imds::new(&config.cloud.imds_endpoint),
+            cloudwatch: Arc::default(),
+            publishes: config.cloudwatch.enabled,
+        }
+    }
+}
+
+impl Cloud for Aws {
+    fn name(&self) -> &'static str {
+        "aws"
+    }
+
+    fn identity(&self) -> Fut<'_, Result<Node, MetadataError>> {
+        Box::pin(self.imds.identity())
+    }
+
+    fn interruption(&self) -> Fut<'_, Result<Option<Notice>, MetadataError>> {
+        Box::pin(async {
+            Ok(match self.imds.interruption().await? {
+                Some(imds::Notice::Interruption { action, time }) => Some(Notice {
+                    key: time.to_string(),
+                    kind: NoticeKind::Interruption,
+                    time,
+                    text: format!(
+                        "spot instance-action {action:?} at {}",
+                        crate::time::rfc3339(time)
+                    ),
+                }),
+                _ => None,
+            })
+        })
+    }
+
+    fn advice(&self) -> Fut<'_, Result<Vec<Notice>, MetadataError>> {
+        Box::pin(async {
+            Ok(match self.imds.rebalance().await? {
+                Some(imds::Notice::Rebalance { time }) => vec![Notice {
+                    key: format!("rebalance {time}"),
+                    kind: NoticeKind::Rebalance,
+                    time,
+                    text: "spot rebalance recommendation".into(),
+                }],
+                _ => Vec::new(),
+            })
+        })
+    }
+
+    fn tags(&self) -> Fut<'_, Result<super::Tags, MetadataError>> {
+        Box::pin(async { Ok(self.imds.tags().await?.into_iter().collect()) })
+    }
+
+    fn tag_sources(&self) -> &'static str {
+        "instance metadata tags, or ec2:DescribeInstances"
+    }
+
+    fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        if !self.publishes {
+            return;
+        }
+        registry.register_collector(Box::new(cloudwatch::metrics::CloudWatchCollector(
+            Arc::clone(&self.cloudwatch),
+        )));
+    }
+
+    fn connect(&self, node: &Node, link: Link<'_>, tasks: &mut JoinSet<()>) -> Arc<dyn Api> {
+        let config = link.config;
+        tracing::info!(
+            instance = %node.instance_id,
+            instance_type = %node.instance_type,
+            zone = %node.availability_zone,
+            lifecycle = node.lifecycle_label(),
+            "running on EC2"
+        );
+        let shared = Shared::new(&node.region, config.cloud.endpoint_url.as_deref());
+        let ec2 = Ec2::new(&shared, &node.instance_id);
+        let services = Services::new(&shared, config.cost.pricing_endpoint_url.as_deref());
+        if config.cost.hourly_price_usd.is_none() {
+            match node.lifecycle {
+                Some(Lifecycle::Spot) => {
+                    tasks.spawn(pollers::poll_spot_price(
+                        ec2.clone(),
+                        node.clone(),
+                        Arc::clone(&link.readings),
+                        config.cost.spot_price_refresh,
+                    ));
+                }
+                Some(Lifecycle::OnDemand) if config.cost.pricing_api => {
+                    tasks.spawn(pollers::poll_pricing_api(
+                        services.clone(),
+                        node.clone(),
+                        Arc::clone(&link.readings),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        for b in &config.budgets {
+            if matches!(b.source, crate::config::BudgetSource::AwsBudgets { .. }) {
+                tasks.spawn(pollers::poll_budget(
+                    services.clone(),
+                    b.clone(),
+                    Arc::clone(&link.readings),
+                ));
+            }
+        }
+        if config.cloudwatch.enabled {
+            tasks.spawn(cloudwatch::run(
+                config.cloudwatch.clone(),
+                services.clone(),
+                node.clone(),
+                link.snapshots.clone(),
+                Arc::clone(&self.cloudwatch),
+            ));
+        }
+        Arc::new(AwsApi {
+            ec2,
+            services,
+            lifecycle: node.lifecycle,
+        })
+    }
+}
+
+/// EC2 and SNS, for this instance.
+struct AwsApi {
+    ec2: Ec2,
+    services: Services,
+    lifecycle: Option<Lifecycle>,
+}
+
+impl Api for AwsApi {
+    fn tags(&self) -> Option<Fut<'_, Result<super::Tags, CloudError>>> {
+        Some(Box::pin(self.ec2.tags()))
+    }
+
+    fn state(&self) -> Fut<'_, Result<Option<String>, CloudError>> {
+        Box::pin(self.ec2.state())
+    }
+
+    fn plan(
+        &self,
+        action: Action,
+        spot_stop: SpotStop,
+    ) -> Fut<'_, Result<Plan<Box<dyn super::Step>>, CloudError>> {
+        Box::pin(async move {
+            // The spot request decides whether a stop is possible, and what else to cancel.
+            let spot = match self.lifecycle {
+                Some(Lifecycle::Spot) if action.is_instance_action() => {
+                    self.ec2.spot_request().await.map_err(|e| CloudError {
+                        message: format!("cannot tell the spot request: {}", e.message),
+                        ..e
+                    })?
+                }
+                _ => None,
+            };
+            Ok(
+                match plan::aws::plan(action, self.lifecycle, spot.as_ref(), spot_stop) {
+                    Plan::Refuse(why) => Plan::Refuse(why),
+                    Plan::Steps(steps) => Plan::Steps(
+                        steps
+                            .into_iter()
+                            .map(|step| {
+                                Box::new(AwsStep {
+                                    ec2: self.ec2.clone(),
+                                    step,
+                                }) as Box<dyn super::Step>
+                            })
+                            .collect(),
+                    ),
+                },
+            )
+        })
+    }
+
+    fn tag_action<'a>(
+        &'a self,
+        action: &'a str,
+        rule: &'a str,
+    ) -> Fut<'a, Result<Call, CloudError>> {
+        Box::pin(async move {
+            Ok(Call {
+                operation: "CreateTags".into(),
+                request_id: self.ec2.tag_action(action, rule).await?,
+            })
+        })
+    }
+
+    fn publish<'a>(
+        &'a self,
+        topic: &'a str,
+        subject: &'a str,
+        text: &'a str,
+    ) -> Option<Fut<'a, Result<Option<String>, CloudError>>> {
+        Some(Box::pin(async move {
+            self.services
+                .publish(topic, subject, text)
+                .await
+                .map_err(|message| CloudError {
+                    operation: "Publish",
+                    kind: super::ErrorKind::Other,
+                    message,
+                    request_id: None,
+                })
+        }))
+    }
+
+    fn grant_hint(&self) -> &'static str {
+        "EC2 denied access: grant the calls in config/iam-policy.json to the instance role"
+    }
+}
+
+struct AwsStep {
+    ec2: Ec2,
+    step: plan::aws::Step,
+}
+
+impl super::Step for AwsStep {
+    fn describe(&self) -> String {
+        match &self.step {
+            plan::aws::Step::CancelSpotRequest(id) => format!("CancelSpotInstanceRequests {id}"),
+            plan::aws::Step::Stop { hibernate: false } => "StopInstances".into(),
+            plan::aws::Step::Stop { hibernate: true } => "StopInstances (hibernate)".into(),
+            plan::aws::Step::Terminate => "TerminateInstances".into(),
+        }
+    }
+
+    fn leaves(&self) -> Option<plan::Down> {
+        self.step.leaves()
+    }
+
+    fn run(&self) -> Fut<'_, Result<Call, CloudError>> {
+        Box::pin(async move {
+            let request_id = match &self.step {
+                plan::aws::Step::CancelSpotRequest(id) => self.ec2.cancel_spot_request(id).await,
+                plan::aws::Step::Stop { hibernate } => self.ec2.stop(*hibernate).await,
+                plan::aws::Step::Terminate => self.ec2.terminate().await,
+            }?;
+            Ok(Call {
+                operation: self.describe(),
+                request_id,
+            })
+        })
+    }
+}

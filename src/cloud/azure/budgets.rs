@@ -1,0 +1,161 @@
+//! Azure Consumption budgets: a budget's amount, its current and forecast spend, and the
+//! period its time grain says, read with the VM's managed identity.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::Method;
+use serde::Deserialize;
+
+use super::arm::{self, Arm};
+use crate::config::{BudgetConfig, BudgetSource};
+use crate::cost::budget::Reading;
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Budget {
+    properties: Properties,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct Properties {
+    amount: Option<f64>,
+    time_grain: String,
+    current_spend: Option<Spend>,
+    forecast_spend: Option<Spend>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Spend {
+    amount: Option<f64>,
+    unit: String,
+}
+
+/// A budget's answer as a reading of its current calendar period, and when that period ends;
+/// `Err` says why it is none (a billing-period grain, a currency other than USD, an amount
+/// that is not one).
+pub fn reading(body: &[u8], now: f64) -> Result<(Reading, f64), String> {
+    use crate::cost::calendar::months;
+    let b: Budget =
+        serde_json::from_slice(body).map_err(|e| format!("the budget does not parse: {e}"))?;
+    let p = b.properties;
+    let usd = |what: &str, s: &Option<Spend>| -> Result<Option<f64>, String> {
+        match s {
+            None => Ok(None),
+            Some(Spend { unit, .. }) if unit != "USD" => Err(format!(
+                "the budget's {what} is in {}, not USD",
+                crate::redact::brief(unit, 8)
+            )),
+            Some(Spend { amount, .. }) => {
+                Ok(amount.and_then(|a| crate::cost::parse_usd(&a.to_string())))
+            }
+        }
+    };
+    let limit = p
+        .amount
+        .and_then(|a| crate::cost::parse_usd(&a.to_string()))
+        .filter(|a| *a > 0.0)
+        .ok_or("the budget's amount is not an amount above 0")?;
+    let spent = usd("current spend", &p.current_spend)?.ok_or("the budget has no current spend")?;
+    let forecast = usd("forecast spend", &p.forecast_spend)?;
+    // The period its spend is of is the calendar one its time grain says, now; a billing
+    // period's bounds are the agreement's, which the budget does not give.
+    let (period_start, period_end) = match p.time_grain.as_str() {
+        "Monthly" => months(now, 1),
+        "Quarterly" => months(now, 3),
+        "Annually" => months(now, 12),
+        other => {
+            return Err(format!(
+                "the budget's time grain {:?} is none of Monthly, Quarterly, Annually",
+                crate::redact::brief(other, 32)
+            ))
+        }
+    };
+    Ok((
+        Reading {
+            spent,
+            forecast,
+            limit,
+            period_start,
+        },
+        period_end,
+    ))
+}
+
+/// Polls one Azure budget, with backoff on errors.
+pub async fn poll(arm: Arc<Arm>, budget: BudgetConfig, readings: Arc<dyn crate::cloud::Readings>) {
+    let BudgetSource::AzureBudgets { scope, budget_name } = &budget.source else {
+        return;
+    };
+    let url = format!(
+        "{scope}/providers/Microsoft.Consumption/budgets/{budget_name}?api-version={}",
+        arm::BUDGETS_API_VERSION
+    );
+    let mut delay = budget.poll_interval;
+    let mut failing = false;
+    loop {
+        let answer = match arm.send("Budgets_Get", Method::GET, &url, None).await {
+            Ok(a) if a.status.is_success() => reading(&a.body, crate::time::now()),
+            Ok(a) => Err(arm::classify("Budgets_Get", &a).to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match answer {
+            Ok((reading, period_end)) => {
+                if failing {
+                    tracing::info!(budget = %budget.name, "the Azure budget answers again");
+                }
+                failing = false;
+                delay = budget.poll_interval;
+                readings.budget(&budget.name, reading, period_end);
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(budget = %budget.name, error = %e, "cannot read the Azure budget; it stays unknown, retried with backoff");
+                }
+                failing = true;
+                delay = (delay * 2).min(Duration::from_secs(3600));
+            }
+        }
+        tokio::time::sleep(delay).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_example_reads_and_odd_ones_do_not() {
+        // The specification's example (2024-08-01 Budget.json), with a forecast.
+        let body = br#"{"id": "subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/MYDEVTESTRG/providers/Microsoft.Consumption/budgets/TestBudget",
+            "name": "TestBudget", "type": "Microsoft.Consumption/budgets",
+            "properties": {"category": "Cost", "amount": 100.65, "timeGrain": "Monthly",
+            "timePeriod": {"startDate": "2017-10-01T00:00:00Z", "endDate": "2018-10-31T00:00:00Z"},
+            "currentSpend": {"amount": 80.89, "unit": "USD"},
+            "forecastSpend": {"amount": 120.5, "unit": "USD"}}}"#;
+        let now = crate::time::parse_rfc3339("2026-12-06T08:00:00Z").unwrap();
+        let (r, end) = reading(body, now).unwrap();
+        assert_eq!((r.limit, r.spent, r.forecast), (100.65, 80.89, Some(120.5)));
+        assert_eq!(
+            r.period_start,
+            crate::time::parse_rfc3339("2026-12-01T00:00:00Z").unwrap()
+        );
+        assert_eq!(
+            end,
+            crate::time::parse_rfc3339("2027-01-01T00:00:00Z").unwrap()
+        );
+        let text = String::from_utf8(body.to_vec()).unwrap();
+        for (from, to, why) in [
+            ("\"Monthly\"", "\"BillingMonth\"", "time grain"),
+            ("\"unit\": \"USD\"", "\"unit\": \"EUR\"", "in EUR"),
+            ("100.65", "-1", "amount"),
+            ("100.65", "1e309", "parse"),
+        ] {
+            let odd = text.replacen(from, to, 1);
+            let e = reading(odd.as_bytes(), now).unwrap_err();
+            assert!(e.contains(why), "{to}: {e}");
+        }
+    }
+}

@@ -1,0 +1,453 @@
+//! Microsoft Azure (`provider = "azure"`): the Instance Metadata Service for identity, tags and
+//! Scheduled Events; Resource Manager, with the VM's managed identity, for actions; the Retail
+//! Prices API for the price.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::Method;
+use tokio::task::JoinSet;
+
+use super::{Api, Call, Cloud, CloudError, Fut, Link, MetadataError, Node, Notice, NoticeKind};
+use crate::cloud::plan::{self, Plan, SpotStop};
+use crate::rules::{Action, Lifecycle};
+
+pub mod arm;
+mod budgets;
+pub mod imds;
+pub mod prices;
+
+use arm::Arm;
+use imds::{Compute, Event, Imds};
+
+/// Resource Manager's public endpoint.
+pub const DEFAULT_ENDPOINT: &str = "https://management.azure.com";
+/// The Retail Prices API's.
+pub const DEFAULT_PRICES: &str = "https://prices.azure.com";
+
+pub struct Azure {
+    imds: Arc<Imds>,
+    /// The instance document's `compute`, once read.
+    compute: Mutex<Option<Compute>>,
+    /// The last Scheduled Events answer, kept by the events poller.
+    events: Arc<Mutex<Scheduled>>,
+}
+
+/// What Scheduled Events said last.
+#[derive(Default)]
+struct Scheduled {
+    /// The events in force, each with the time it takes effect: its `NotBefore`, or, once it
+    /// has started (and `NotBefore` is empty), the time it was first seen.
+    events: Vec<(Event, f64)>,
+    /// Why the last read failed, while it does.
+    failing: Option<String>,
+}
+
+impl Azure {
+    pub fn new(config: &crate::config::Config) -> Azure {
+        Azure {
+            imds: Arc::new(Imds::new(
+                &config.cloud.imds_endpoint,
+                &config.cloud.client_id,
+            )),
+            compute: Mutex::new(None),
+            events: Arc::default(),
+        }
+    }
+
+    /// The events of this VM (`Resources` names it) that `keep` picks, as notices.
+    fn notices(&self, keep: impl Fn(&str) -> bool) -> Result<Vec<Notice>, MetadataError> {
+        let name = self
+            .compute
+            .lock()
+            .map_err(|_| poisoned())?
+            .as_ref()
+            .map(|c| c.name.clone())
+            .unwrap_or_default();
+        let scheduled = self.events.lock().map_err(|_| poisoned())?;
+        if let Some(why) = &scheduled.failing {
+            return Err(MetadataError::Invalid {
+                path: "/metadata/scheduledevents".into(),
+                message: why.clone(),
+            });
+        }
+        Ok(scheduled
+            .events
+            .iter()
+            .filter(|(e, _)| keep(&e.event_type))
+            .filter(|(e, _)| e.resources.iter().any(|r| r.eq_ignore_ascii_case(&name)))
+            .map(|(e, time)| Notice {
+                key: e.event_id.clone(),
+                kind: if is_interruption(&e.event_type) {
+                    NoticeKind::Interruption
+                } else {
+                    NoticeKind::Event(crate::redact::brief(&e.event_type, 32))
+                },
+                time: *time,
+                text: crate::redact::brief(
+                    &format!(
+                        "{} {} ({}): {}",
+                        e.event_type, e.event_status, e.event_source, e.description
+                    ),
+                    512,
+                ),
+            })
+            .collect())
+    }
+}
+
+/// A lock that a panic poisoned is unknown, and unknown holds: its read fails.
+fn poisoned() -> MetadataError {
+    MetadataError::Invalid {
+        path: "/metadata/scheduledevents".into(),
+        message: "the last answer is unknown (a lock was poisoned)".into(),
+    }
+}
+
+/// `Preempt` (a Spot VM evicted) and `Terminate` (a scale set deleting it) end the VM.
+fn is_interruption(event_type: &str) -> bool {
+    matches!(event_type, "Preempt" | "Terminate")
+}
+
+/// The lifecycle `priority` says: `Spot` (and the scale sets' older `Low`) or `Regular`.
+fn lifecycle(priority: &str) -> Option<Lifecycle> {
+    match priority {
+        "Spot" | "Low" => Some(Lifecycle::Spot),
+        "Regular" => Some(Lifecycle::OnDemand),
+        other => {
+            tracing::warn!(
+                priority = %crate::redact::brief(other, 32),
+                "instance metadata does not say whether the VM is regular or Spot: spend is unknown unless [cost] hourly_price_usd is set"
+            );
+            None
+        }
+    }
+}
+
+impl Cloud for Azure {
+    fn name(&self) -> &'static str {
+        "azure"
+    }
+
+    fn identity(&self) -> Fut<'_, Result<Node, MetadataError>> {
+        Box::pin(async {
+            let c = self.imds.compute().await?;
+            let node = Node {
+                instance_id: c.vm_id.clone(),
+                instance_type: c.vm_size.clone(),
+                availability_zone: c.zone.clone(),
+                region: c.location.clone(),
+                lifecycle: lifecycle(&c.priority),
+            };
+            if let Ok(mut kept) = self.compute.lock() {
+                *kept = Some(c);
+            }
+            Ok(node)
+        })
+    }
+
+    fn interruption(&self) -> Fut<'_, Result<Option<Notice>, MetadataError>> {
+        Box::pin(async { Ok(self.notices(is_interruption)?.into_iter().next()) })
+    }
+
+    fn advice(&self) -> Fut<'_, Result<Vec<Notice>, MetadataError>> {
+        Box::pin(async { self.notices(|t| !is_interruption(t)) })
+    }
+
+    fn tags(&self) -> Fut<'_, Result<super::Tags, MetadataError>> {
+        Box::pin(async {
+            let c = self.imds.compute().await?;
+            Ok(c.tags_list.into_iter().map(|t| (t.name, t.value)).collect())
+        })
+    }
+
+    fn tag_sources(&self) -> &'static str {
+        "the instance metadata's tagsList"
+    }
+
+    fn connect(&self, node: &Node, link: Link<'_>, tasks: &mut JoinSet<()>) -> Arc<dyn Api> {
+        let config = link.config;
+        let c = self
+            .compute
+            .lock()
+            .ok()
+            .and_then(|c| c.clone())
+            .unwrap_or_default();
+        tracing::info!(
+            vm = %c.name,
+            vm_id = %node.instance_id,
+            size = %node.instance_type,
+            region = %node.region,
+            zone = %node.availability_zone,
+            subscription = %c.subscription_id,
+            resource_group = %c.resource_group_name,
+            lifecycle = node.lifecycle_label(),
+            "running on Azure"
+        );
+        tasks.spawn(poll_events(
+            Arc::clone(&self.imds),
+            Arc::clone(&self.events),
+            config.cloud.poll_interval,
+        ));
+        if config.cost.hourly_price_usd.is_none() && config.cost.pricing_api {
+            tasks.spawn(poll_price(
+                config
+                    .cost
+                    .pricing_endpoint_url
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_PRICES.into()),
+                node.clone(),
+                Arc::clone(&link.readings),
+                config.cost.spot_price_refresh,
+            ));
+        }
+        let base = config
+            .cloud
+            .endpoint_url
+            .clone()
+            .unwrap_or_else(|| DEFAULT_ENDPOINT.into());
+        let vm = format!(
+            "/subscriptions/{}/resourceGroups/{}/providers/Microsoft.Compute/virtualMachines/{}",
+            c.subscription_id, c.resource_group_name, c.name
+        );
+        let scale_set = (!c.vm_scale_set_name.is_empty()).then(|| c.vm_scale_set_name.clone());
+        let arm = Arc::new(Arm::new(&base, vm, Arc::clone(&self.imds)));
+        for b in &config.budgets {
+            if matches!(b.source, crate::config::BudgetSource::AzureBudgets { .. }) {
+                tasks.spawn(budgets::poll(
+                    Arc::clone(&arm),
+                    b.clone(),
+                    Arc::clone(&link.readings),
+                ));
+            }
+        }
+        Arc::new(AzureApi {
+            arm,
+            vm: plan::azure::Vm {
+                spot: node.lifecycle == Some(Lifecycle::Spot),
+                hibernation: match c.additional_capabilities.hibernation_enabled.as_str() {
+                    "true" | "True" => Some(true),
+                    "false" | "False" => Some(false),
+                    _ => None,
+                },
+                scale_set,
+            },
+        })
+    }
+}
+
+/// Reads Scheduled Events every `every`, each read with its own long timeout (the first can
+/// take minutes), on a task of its own: sampling, serving and deciding never wait for it.
+async fn poll_events(imds: Arc<Imds>, kept: Arc<Mutex<Scheduled>>, every: Duration) {
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        ticker.tick().await;
+        let answer = imds.events().await;
+        let Ok(mut s) = kept.lock() else { return };
+        match answer {
+            Ok(doc) => {
+                let now = crate::time::now();
+                let events = doc
+                    .events
+                    .into_iter()
+                    .take(64)
+                    .map(|e| {
+                        let seen = s
+                            .events
+                            .iter()
+                            .find(|(old, _)| old.event_id == e.event_id)
+                            .map(|(_, t)| *t);
+                        let time = imds::parse_rfc1123(&e.not_before).or(seen).unwrap_or(now);
+                        (e, time)
+                    })
+                    .collect();
+                s.events = events;
+                s.failing = None;
+            }
+            Err(e) => s.failing = Some(e.to_string()),
+        }
+    }
+}
+
+/// Reads the Retail price of this VM's size, then again every `every`, and keeps the last one
+/// known: a Spot VM's as the spot price (kept across restarts), a regular VM's as the pricing
+/// API's.
+async fn poll_price(base: String, node: Node, readings: Arc<dyn super::Readings>, every: Duration) {
+    let spot = node.lifecycle == Some(Lifecycle::Spot);
+    let mut said = false;
+    loop {
+        match prices::price(&base, &node.region, &node.instance_type, spot).await {
+            Ok(p) => {
+                tracing::info!(usd_per_hour = p, size = %node.instance_type, region = %node.region, spot, "price from the Azure Retail Prices API");
+                let kind = if spot {
+                    super::PriceKind::Spot
+                } else {
+                    super::PriceKind::List
+                };
+                readings.price(kind, p);
+                said = false;
+            }
+            Err(why) => {
+                if !said {
+                    said = true;
+                    tracing::warn!(reason = %why, "no price from the Azure Retail Prices API; keeping the last known one (set [cost] hourly_price_usd to give one)");
+                }
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Resource Manager, for this VM.
+struct AzureApi {
+    arm: Arc<Arm>,
+    vm: plan::azure::Vm,
+}
+
+impl Api for AzureApi {
+    /// Tags are read from instance metadata only.
+    fn tags(&self) -> Option<Fut<'_, Result<super::Tags, CloudError>>> {
+        None
+    }
+
+    fn state(&self) -> Fut<'_, Result<Option<String>, CloudError>> {
+        Box::pin(async {
+            let url = format!(
+                "{}?api-version={}&$expand=instanceView",
+                self.arm.vm,
+                arm::COMPUTE_API_VERSION
+            );
+            let answer = self
+                .arm
+                .send("VirtualMachines_Get", Method::GET, &url, None)
+                .await?;
+            if !answer.status.is_success() {
+                return Err(arm::classify("VirtualMachines_Get", &answer));
+            }
+            let vm: serde_json::Value = serde_json::from_slice(&answer.body).unwrap_or_default();
+            Ok(vm["properties"]["instanceView"]["statuses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s["code"].as_str()?.strip_prefix("PowerState/"))
+                .map(|s| crate::redact::brief(s, 32))
+                .next())
+        })
+    }
+
+    fn plan(
+        &self,
+        action: Action,
+        spot_stop: SpotStop,
+    ) -> Fut<'_, Result<Plan<Box<dyn super::Step>>, CloudError>> {
+        Box::pin(async move {
+            Ok(match plan::azure::plan(action, &self.vm, spot_stop) {
+                Plan::Refuse(why) => Plan::Refuse(why),
+                Plan::Steps(steps) => Plan::Steps(
+                    steps
+                        .into_iter()
+                        .map(|step| {
+                            Box::new(AzureStep {
+                                arm: Arc::clone(&self.arm),
+                                step,
+                            }) as Box<dyn super::Step>
+                        })
+                        .collect(),
+                ),
+            })
+        })
+    }
+
+    fn tag_action<'a>(
+        &'a self,
+        action: &'a str,
+        rule: &'a str,
+    ) -> Fut<'a, Result<Call, CloudError>> {
+        Box::pin(async move {
+            let url = format!(
+                "{}/providers/Microsoft.Resources/tags/default?api-version={}",
+                self.arm.vm,
+                arm::TAGS_API_VERSION
+            );
+            // Merge: the VM's other tags stay as they are.
+            let body = serde_json::json!({
+                "operation": "Merge",
+                "properties": {"tags": {"gpuwatch:action": action, "gpuwatch:rule": rule}},
+            });
+            let request_id = self
+                .arm
+                .act("Tags_UpdateAtScope", Method::PATCH, &url, Some(&body))
+                .await?;
+            Ok(Call {
+                operation: "Tags_UpdateAtScope".into(),
+                request_id,
+            })
+        })
+    }
+
+    fn publish<'a>(
+        &'a self,
+        _topic: &'a str,
+        _subject: &'a str,
+        _text: &'a str,
+    ) -> Option<Fut<'a, Result<Option<String>, CloudError>>> {
+        None
+    }
+
+    fn grant_hint(&self) -> &'static str {
+        "Azure denied access: assign the role in config/azure-role.json to the VM's managed identity at the VM's scope"
+    }
+}
+
+struct AzureStep {
+    arm: Arc<Arm>,
+    step: plan::azure::Step,
+}
+
+impl super::Step for AzureStep {
+    fn describe(&self) -> String {
+        match self.step {
+            plan::azure::Step::Deallocate { hibernate: false } => {
+                "VirtualMachines_Deallocate".into()
+            }
+            plan::azure::Step::Deallocate { hibernate: true } => {
+                "VirtualMachines_Deallocate (hibernate)".into()
+            }
+            plan::azure::Step::Delete => "VirtualMachines_Delete".into(),
+        }
+    }
+
+    fn leaves(&self) -> Option<plan::Down> {
+        self.step.leaves()
+    }
+
+    fn run(&self) -> Fut<'_, Result<Call, CloudError>> {
+        Box::pin(async move {
+            let v = arm::COMPUTE_API_VERSION;
+            let request_id = match self.step {
+                plan::azure::Step::Deallocate { hibernate } => {
+                    let url = format!(
+                        "{}/deallocate?api-version={v}{}",
+                        self.arm.vm,
+                        if hibernate { "&hibernate=true" } else { "" }
+                    );
+                    self.arm
+                        .act("VirtualMachines_Deallocate", Method::POST, &url, None)
+                        .await?
+                }
+                // `forceDeletion=false` said outright: left out, Azure may force the delete.
+                plan::azure::Step::Delete => {
+                    let url = format!("{}?api-version={v}&forceDeletion=false", self.arm.vm);
+                    self.arm
+                        .act("VirtualMachines_Delete", Method::DELETE, &url, None)
+                        .await?
+                }
+            };
+            Ok(Call {
+                operation: self.describe(),
+                request_id,
+            })
+        })
+    }
+}

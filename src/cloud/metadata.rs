@@ -1,0 +1,177 @@
+//! The instance metadata service's HTTP client, for every cloud: plain HTTP/1.1 to a
+//! link-local address, one connection of hyper's per request, with no TLS, proxy, redirect or
+//! connection pool. It is polled every few seconds for a node's life, and a general client's
+//! machinery would cost the async worker tens of KiB of stack on every poll; a proxy must
+//! never see a metadata request (Azure refuses one that carries `X-Forwarded-For`).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper::Method;
+
+/// How long one metadata request may take, unless the caller says otherwise. Off the cloud
+/// nothing answers; this keeps startup quick.
+pub const TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The largest metadata answer read; real ones are a few KiB at most.
+pub const MAX_BODY: usize = 64 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetadataError {
+    #[error("instance metadata at {endpoint} did not answer: {source}")]
+    Unreachable {
+        endpoint: String,
+        source: std::io::Error,
+    },
+    #[error("instance metadata {path}: HTTP {status}")]
+    Status { path: String, status: u16 },
+    #[error("instance metadata {path}: {message}")]
+    Invalid { path: String, message: String },
+}
+
+/// An answer: its status and its body (at most `MAX_BODY` bytes).
+pub struct Answer {
+    pub status: u16,
+    pub body: Bytes,
+}
+
+impl Answer {
+    /// The body as text, for the answer to `path`.
+    pub fn text(self, path: &str) -> Result<String, MetadataError> {
+        String::from_utf8(self.body.into()).map_err(|_| MetadataError::Invalid {
+            path: path.into(),
+            message: "the answer is not UTF-8".into(),
+        })
+    }
+}
+
+/// One metadata endpoint: where to connect, and what to send as `Host`.
+pub struct Endpoint {
+    /// The endpoint as configured, for messages.
+    pub base: String,
+    /// `host:port` to connect to.
+    pub authority: String,
+    /// The `Host` header: the endpoint's host, with its port if it names one.
+    pub host: String,
+    /// The path the endpoint's URL ends with, if any, before the service's own paths.
+    pub prefix: String,
+}
+
+impl Endpoint {
+    /// `endpoint` is an `http://` URL (the config checks it); anything else fails every request
+    /// as unreachable.
+    pub fn new(endpoint: &str) -> Endpoint {
+        let base = endpoint.trim_end_matches('/').to_string();
+        let rest = base.strip_prefix("http://").unwrap_or_default();
+        let (host, prefix) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        // A port given, or 80; an IPv6 literal keeps its brackets.
+        let authority = match host.rsplit_once(':') {
+            Some((_, port)) if !port.contains(']') => host.to_string(),
+            _ => format!("{host}:80"),
+        };
+        Endpoint {
+            authority,
+            host: host.to_string(),
+            prefix: prefix.to_string(),
+            base,
+        }
+    }
+
+    /// Makes one request on a connection of its own, within `timeout`, reading at most
+    /// `MAX_BODY` bytes of the answer's body.
+    pub async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&'static str, &str)],
+        timeout: Duration,
+    ) -> Result<Answer, MetadataError> {
+        let unreachable = |source| MetadataError::Unreachable {
+            endpoint: self.base.clone(),
+            source,
+        };
+        if self.authority.starts_with(':') || !self.base.starts_with("http://") {
+            return Err(unreachable(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the endpoint is not an http:// URL",
+            )));
+        }
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.prefix))
+            .header(hyper::header::HOST, &self.host);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| unreachable(std::io::Error::other(e)))?;
+        let exchange = async {
+            let io = |e| unreachable(std::io::Error::other(e));
+            let stream = tokio::net::TcpStream::connect(&self.authority)
+                .await
+                .map_err(unreachable)?;
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .map_err(io)?;
+            // The connection ends once the answer is read and `sender` dropped.
+            tokio::spawn(connection);
+            let answer = sender.send_request(request).await.map_err(io)?;
+            let status = answer.status().as_u16();
+            match Limited::new(answer.into_body(), MAX_BODY).collect().await {
+                Ok(body) => Ok(Answer {
+                    status,
+                    body: body.to_bytes(),
+                }),
+                // An error's body is only ever a message: the status says enough.
+                Err(_) if !(200..300).contains(&status) => Ok(Answer {
+                    status,
+                    body: Bytes::new(),
+                }),
+                Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                    Err(MetadataError::Invalid {
+                        path: path.into(),
+                        message: format!("the answer is larger than {MAX_BODY} bytes"),
+                    })
+                }
+                Err(e) => Err(unreachable(std::io::Error::other(e))),
+            }
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .unwrap_or_else(|_| {
+                Err(unreachable(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer within {timeout:?}"),
+                )))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_endpoint_gives_the_address_host_and_path() {
+        let cases = [
+            ("http://169.254.169.254", "169.254.169.254:80", ""),
+            ("http://127.0.0.1:8080/", "127.0.0.1:8080", ""),
+            ("http://[fd00:ec2::254]", "[fd00:ec2::254]:80", ""),
+            ("http://[::1]:1338/imds", "[::1]:1338", "/imds"),
+            ("http://metadata.local/x/y/", "metadata.local:80", "/x/y"),
+        ];
+        for (endpoint, authority, prefix) in cases {
+            let e = Endpoint::new(endpoint);
+            assert_eq!(e.authority, authority, "{endpoint}");
+            assert_eq!(e.prefix, prefix, "{endpoint}");
+        }
+        // A port the endpoint does not name is not sent.
+        assert_eq!(
+            Endpoint::new("http://169.254.169.254/").host,
+            "169.254.169.254"
+        );
+    }
+}
