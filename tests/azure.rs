@@ -483,3 +483,67 @@ fn the_budget_gate_opens_on_a_consumption_budget_s_spend_and_never_on_an_unknown
         .assert_in(&s);
     assert_eq!(fake.state()["power"], "deallocated");
 }
+
+#[test]
+fn an_identity_that_fails_at_first_holds_the_action_until_it_answers() {
+    let fake = Fake::start();
+    fake.set(json!({"token_down": true}));
+    let d = start(&fake, "enforce", "stop", "", IDLE);
+    // The action is decided, and waits on its first call: no token, no call.
+    d.await_log(LIMIT, "no managed identity token");
+    assert!(fake.calls("arm").is_empty());
+    assert_eq!(fake.state()["power"], "running");
+    fake.set(json!({"token_down": false}));
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    assert_eq!(
+        fake.mutations(),
+        [
+            format!("PATCH {VM}/providers/Microsoft.Resources/tags/default"),
+            format!("POST {VM}/deallocate"),
+        ]
+    );
+}
+
+#[test]
+fn an_operation_with_a_location_alone_is_followed_to_its_end() {
+    let fake = Fake::start();
+    fake.set(json!({"location_only": true, "op_polls": 3}));
+    let d = start(&fake, "enforce", "terminate", "", IDLE);
+    d.await_scrape(LIMIT, |s| actions(s, "terminate", "done") == 1.0);
+    let state = fake.state();
+    assert_eq!(state["deleted"], true);
+    let monitors = fake
+        .calls("arm")
+        .iter()
+        .filter(|c| c["query"]["monitor"] == "true")
+        .count();
+    assert!(monitors >= 3, "the Location URL was read {monitors} times");
+}
+
+#[test]
+fn a_mixed_case_hold_tag_holds_as_azure_reads_tag_names() {
+    let fake = Fake::start();
+    let mut c = Fake::start_state_compute();
+    let until = gpuwatch::time::now().ceil() + 4.0;
+    c["tagsList"] = json!([{"name": "GPUWatch:Hold", "value": gpuwatch::time::rfc3339(until)}]);
+    fake.set(json!({"compute": c}));
+    let d = start(&fake, "enforce", "stop", "", IDLE);
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    assert!(secs(&events(&d.audit(), "action_attempt")[0]["time"]) >= until);
+}
+
+#[test]
+fn scheduled_events_that_never_answer_hold_every_action() {
+    let fake = Fake::start();
+    fake.set(json!({"events_down": true}));
+    let d = start(&fake, "enforce", "stop", "", IDLE);
+    let first = d.await_sample(LIMIT, |s| s["nvml"]["up"] == true);
+    d.await_time(first["timestamp"].as_f64().unwrap() + 5.0);
+    assert!(events(&d.audit(), "action_attempt").is_empty());
+    metric("gpuwatch_hold_until_timestamp_seconds")
+        .label("source", "tag")
+        .value(f64::INFINITY)
+        .assert_in(&d.scrape());
+    fake.set(json!({"events_down": false}));
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+}

@@ -30,9 +30,10 @@ pub enum MetadataError {
     Invalid { path: String, message: String },
 }
 
-/// An answer: its status and its body (at most `MAX_BODY` bytes).
+/// An answer: its status, its headers and its body (at most `MAX_BODY` bytes).
 pub struct Answer {
     pub status: u16,
+    pub headers: hyper::HeaderMap,
     pub body: Bytes,
 }
 
@@ -120,14 +121,17 @@ impl Endpoint {
             tokio::spawn(connection);
             let answer = sender.send_request(request).await.map_err(io)?;
             let status = answer.status().as_u16();
+            let headers = answer.headers().clone();
             match Limited::new(answer.into_body(), MAX_BODY).collect().await {
                 Ok(body) => Ok(Answer {
                     status,
+                    headers,
                     body: body.to_bytes(),
                 }),
                 // An error's body is only ever a message: the status says enough.
                 Err(_) if !(200..300).contains(&status) => Ok(Answer {
                     status,
+                    headers,
                     body: Bytes::new(),
                 }),
                 Err(e) if e.is::<http_body_util::LengthLimitError>() => {

@@ -21,6 +21,7 @@ pub mod aws;
 pub mod azure;
 
 pub mod metadata;
+pub mod rest;
 
 pub use gpuwatch_core::node::Node;
 pub use gpuwatch_core::plan;
@@ -32,6 +33,9 @@ pub type Fut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// An instance's tags, as name and value.
 pub type Tags = Vec<(String, String)>;
+
+/// How long a cloud's operation (a deallocate, a stop) is followed to its end, at most.
+pub const FOLLOW_FOR: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
 /// The one cloud the config names, or none.
 pub fn open(config: &Config) -> Option<Arc<dyn Cloud>> {

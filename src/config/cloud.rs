@@ -10,6 +10,14 @@ pub enum Provider {
     Azure,
 }
 
+impl Provider {
+    /// Whether the cloud's calls start operations that gpuwatch follows to their end (Azure's
+    /// deallocate and delete), which an action's time limit must allow for.
+    pub fn follows_operations(self) -> bool {
+        matches!(self, Provider::Azure)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct CloudConfig {
     pub provider: Provider,

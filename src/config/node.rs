@@ -9,7 +9,8 @@ use super::*;
 /// The labels `gpuwatch_node_info` always has, and the target labels Prometheus adds (which
 /// would rename a label of the same name to `exported_*`): a label of the user's own may not
 /// take them.
-pub const NODE_INFO_LABELS: [&str; 6] = [
+pub const NODE_INFO_LABELS: [&str; 7] = [
+    "provider",
     "instance_id",
     "instance_type",
     "availability_zone",

@@ -52,6 +52,9 @@ struct Seen {
     /// When the tags were last read, and whether the hold went unknown since for want of a read.
     good_tags: Option<Instant>,
     stale: bool,
+    /// When interruption notices were last read, and why the last read failed.
+    good_notices: Option<Instant>,
+    notices_failing: Option<String>,
     failures: Failures,
 }
 
@@ -69,7 +72,15 @@ pub async fn poll_cloud(p: CloudPoller) {
 
 impl CloudPoller {
     async fn interruption(&self, seen: &mut Seen) {
-        match self.cloud.interruption().await {
+        let read = self.cloud.interruption().await;
+        match &read {
+            Ok(_) => {
+                seen.good_notices = Some(Instant::now());
+                seen.notices_failing = None;
+            }
+            Err(e) => seen.notices_failing = Some(e.to_string()),
+        }
+        match read {
             Ok(Some(notice)) => {
                 let was = self
                     .signals
@@ -191,7 +202,11 @@ impl CloudPoller {
             let values = tag_label_values(&self.tag_labels, &tags);
             self.metrics.update(|v| v.tag_labels = values);
         }
-        let hold = match tags.iter().find(|(k, _)| k == "gpuwatch:hold") {
+        // Azure takes tag names without regard to case: so does the hold, on every cloud.
+        let hold = match tags
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("gpuwatch:hold"))
+        {
             None => HoldStatus::None,
             Some((_, v)) => match crate::time::parse_rfc3339(v) {
                 Some(t) => HoldStatus::Until(t, "instance tag gpuwatch:hold".into()),
@@ -201,15 +216,39 @@ impl CloudPoller {
             },
         };
         if let Ok(mut h) = self.signals.tag_hold.lock() {
-            *h = hold;
+            *h = self.unless_notices_unknown(hold, seen);
         }
+    }
+
+    /// Interruption notices that have not been read (at all, or for three poll intervals) may
+    /// hold one: then a node without a hold holds, as for tags unread.
+    fn unless_notices_unknown(&self, hold: HoldStatus, seen: &Seen) -> HoldStatus {
+        let stale_after = self.every * 3;
+        let known = seen.good_notices.is_some_and(|t| t.elapsed() < stale_after);
+        if known || hold != HoldStatus::None {
+            return hold;
+        }
+        HoldStatus::Unknown(format!(
+            "interruption notices have not been read{} ({}), and one may have been announced",
+            if seen.good_notices.is_some() {
+                format!(" for {}", humantime::format_duration(stale_after))
+            } else {
+                String::new()
+            },
+            seen.notices_failing.as_deref().unwrap_or("no answer yet")
+        ))
     }
 
     /// A failed read leaves the last tags in force only for a while: a hold placed since must
     /// not go unseen for as long as the reads fail (metadata down, the API's tag read denied or
     /// throttled while its actions still work).
     fn tags_unread(&self, seen: &mut Seen) {
-        let stale_after = tags_stale_after(self.every, self.tag_every);
+        // A cloud whose tags come from metadata alone reads them every `every`.
+        let api_tags = self.api.as_ref().is_some_and(|a| a.tags().is_some());
+        let stale_after = tags_stale_after(
+            self.every,
+            if api_tags { self.tag_every } else { self.every },
+        );
         if !seen.stale && seen.good_tags.is_some_and(|t| t.elapsed() >= stale_after) {
             seen.stale = true;
             let why = format!(
@@ -221,6 +260,9 @@ impl CloudPoller {
             if let Ok(mut h) = self.signals.tag_hold.lock() {
                 *h = HoldStatus::Unknown(why);
             }
+        } else if let Ok(mut h) = self.signals.tag_hold.lock() {
+            let kept = std::mem::replace(&mut *h, HoldStatus::None);
+            *h = self.unless_notices_unknown(kept, seen);
         }
     }
 }

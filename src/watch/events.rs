@@ -203,11 +203,17 @@ impl super::Watch {
         Executed::Recorded
     }
 
-    /// The longest an action takes before its own limits end it: an `exec` its timeout, an EC2
-    /// call its retries (and one last attempt).
+    /// The longest an action takes before its own limits end it: an `exec` its timeout, a cloud
+    /// call its retries (and one last attempt), and on a cloud whose calls start operations,
+    /// following the last one to its end.
     pub(super) fn action_limit(&self) -> std::time::Duration {
         let a = &self.config.actions;
-        a.exec_timeout.max(a.retry_for) + std::time::Duration::from_secs(60)
+        let follow = if self.config.cloud.provider.follows_operations() {
+            crate::cloud::FOLLOW_FOR
+        } else {
+            std::time::Duration::ZERO
+        };
+        a.exec_timeout.max(a.retry_for + follow) + std::time::Duration::from_secs(60)
     }
 
     /// Counts an action's result; it shows when the step publishes.

@@ -65,10 +65,14 @@ STATE = {
     "vm_tags": {"team": "ml"},
     # Instance metadata answers 503 while this is true.
     "imds_down": False,
+    # The identity endpoint answers 500 while this is true, as when Entra ID fails.
+    "token_down": False,
     # Client IDs of the user-assigned identities on the VM; "" is the system-assigned one.
     "identities": [""],
     "token_ttl": 3599,
     "events": [],
+    # Scheduled Events answer 500 while this is true.
+    "events_down": False,
     "incarnation": 1,
     # Permissions the VM's identity lacks: ARM answers 403 AuthorizationFailed.
     "denied": [],
@@ -76,6 +80,9 @@ STATE = {
     "throttle": {},
     # Status reads before an operation ends, and how it ends.
     "op_polls": 2,
+    # Answer an operation with a Location header alone (as the Delete example does), which
+    # answers 202 while it runs, then 200 (or 204 for a delete).
+    "location_only": False,
     "op_outcome": "Succeeded",
     "budgets": {},
     "calls": [],
@@ -158,6 +165,8 @@ class Imds(Base):
             if version not in EVENTS_VERSIONS:
                 return self.bad_version()
             with LOCK:
+                if STATE["events_down"]:
+                    return self.send(500, {"error": "Internal server error"})
                 doc = {"DocumentIncarnation": STATE["incarnation"], "Events": STATE["events"]}
             return self.send(200, doc)
         return self.send(404, {"error": "Not found"})
@@ -179,6 +188,8 @@ class Imds(Base):
             return self.send(400, {"error": "invalid_request", "error_description": "Only one of client_id, object_id, msi_res_id may be given"})
         client_id = q.get("client_id", [""])[0]
         with LOCK:
+            if STATE["token_down"]:
+                return self.send(500, {"error": "unknown", "error_description": "Failed to retrieve token from the Active directory. For details see logs in <file path>"})
             if client_id not in STATE["identities"]:
                 return self.send(400, {"error": "invalid_request", "error_description": "Identity not found"})
             ttl = STATE["token_ttl"]
@@ -239,7 +250,7 @@ class Arm(Base):
             c = STATE["compute"]
             vm = scope_of(c).lower()
         if "/providers/microsoft.compute/locations/" in lower and "/operations/" in lower:
-            return self.operation(path, version)
+            return self.operation(path, version, q.get("monitor", [""])[0] == "true")
         if lower.endswith("/providers/microsoft.resources/tags/default"):
             return self.tags(method, lower[: -len("/providers/microsoft.resources/tags/default")], raw, version)
         if "/providers/microsoft.consumption/budgets/" in lower:
@@ -345,13 +356,13 @@ class Arm(Base):
             call["operation_id"] = op
         host = "http://%s:%d" % self.server.server_address
         status_url = "%s/subscriptions/%s/providers/Microsoft.Compute/locations/%s/operations/%s?api-version=%s" % (host, sub, location, op, version)
-        return self.send(202, None, {
-            "Azure-AsyncOperation": status_url,
-            "Location": status_url + "&monitor=true",
-            "Retry-After": "1",
-            "x-ms-request-id": op})
+        headers = {"Location": status_url + "&monitor=true", "Retry-After": "1", "x-ms-request-id": op}
+        with LOCK:
+            if not STATE["location_only"]:
+                headers["Azure-AsyncOperation"] = status_url
+        return self.send(202, None, headers)
 
-    def operation(self, path, version):
+    def operation(self, path, version, monitor):
         op = path.rstrip("/").split("/")[-1]
         with LOCK:
             sub = STATE["compute"]["subscriptionId"]
@@ -374,6 +385,12 @@ class Arm(Base):
                         STATE["power"] = "stopped"
                 else:
                     STATE["power"] = "running"
+            if monitor:
+                if o["status"] == "InProgress":
+                    return self.send(202, None, {"Location": self.path, "Retry-After": "1"})
+                if o["status"] == "Failed":
+                    return self.send(500, arm_error("InternalExecutionError", "An internal execution error occurred."))
+                return self.send(204 if o["what"] == "delete" else 200, None)
             body = {"name": op, "status": o["status"], "startTime": o["start"]}
             if o["status"] != "InProgress":
                 body["endTime"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())

@@ -3,15 +3,16 @@
 //! step. Each call carries a token of the VM's managed identity, fetched from instance metadata
 //! and renewed before it expires; no token is ever logged or put in an error.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use reqwest::header::{HeaderMap, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::header::{HeaderMap, RETRY_AFTER};
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 
-use super::imds::{Imds, Token};
+use super::imds::Imds;
 use crate::cloud::metadata::MetadataError;
+use crate::cloud::rest::{same_origin, Answer, Rest, Token};
 use crate::cloud::{CloudError, ErrorKind};
 
 pub const COMPUTE_API_VERSION: &str = "2024-11-01";
@@ -50,27 +51,16 @@ pub fn permission(operation: &str) -> &'static str {
         .map_or("", |(_, p)| p)
 }
 
-/// The largest answer read; real ones are a few KiB.
-const MAX_BODY: usize = 1024 * 1024;
-/// A token is renewed this long before it expires.
-const RENEW_BEFORE: f64 = 300.0;
 /// How long an operation is followed to its end. Deallocating a large GPU VM takes minutes.
-const FOLLOW_FOR: Duration = Duration::from_secs(30 * 60);
+use crate::cloud::FOLLOW_FOR;
 /// The wait between status reads when Azure does not say (`Retry-After`); Compute allows 15
 /// status reads a minute per resource.
 const DEFAULT_POLL: Duration = Duration::from_secs(5);
 
-/// An answer: its status, headers and body.
-pub struct Answer {
-    pub status: StatusCode,
-    pub headers: HeaderMap,
-    pub body: Vec<u8>,
-}
-
-impl Answer {
-    fn request_id(&self) -> Option<String> {
-        header(&self.headers, "x-ms-request-id").map(|v| crate::redact::brief(v, 128))
-    }
+fn request_id(answer: &Answer) -> Option<String> {
+    answer
+        .header("x-ms-request-id")
+        .map(|v| crate::redact::brief(v, 128))
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -138,79 +128,30 @@ pub fn classify(operation: &'static str, answer: &Answer) -> CloudError {
         operation,
         kind,
         message,
-        request_id: answer.request_id(),
+        request_id: request_id(answer),
     }
 }
 
 /// Resource Manager, for one VM.
 pub struct Arm {
-    /// The endpoint, without a trailing slash: `https://management.azure.com`.
-    base: String,
+    rest: Rest,
     /// The VM's resource id: `/subscriptions/.../virtualMachines/{name}`.
     pub vm: String,
-    imds: Arc<Imds>,
-    token: tokio::sync::Mutex<Option<Token>>,
-    http: OnceLock<reqwest::Client>,
 }
 
 impl Arm {
     pub fn new(base: &str, vm: String, imds: Arc<Imds>) -> Arm {
+        let tokens: crate::cloud::rest::TokenSource = Box::new(move |operation| {
+            let imds = Arc::clone(&imds);
+            Box::pin(async move { token(&imds, operation).await })
+        });
         Arm {
-            base: base.trim_end_matches('/').to_string(),
+            rest: Rest::new(base, tokens),
             vm,
-            imds,
-            token: tokio::sync::Mutex::new(None),
-            http: OnceLock::new(),
         }
     }
 
-    /// The client, made on the first call. Redirects are not followed: a token goes only to
-    /// the endpoint.
-    fn http(&self) -> Result<&reqwest::Client, CloudError> {
-        if let Some(c) = self.http.get() {
-            return Ok(c);
-        }
-        let client = crate::client::http_client()
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(30))
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| CloudError {
-                operation: "Client",
-                kind: ErrorKind::Other,
-                message: e.to_string(),
-                request_id: None,
-            })?;
-        Ok(self.http.get_or_init(|| client))
-    }
-
-    /// A token of the managed identity, renewed before it expires.
-    async fn bearer(&self, operation: &'static str, renew: bool) -> Result<String, CloudError> {
-        let mut cached = self.token.lock().await;
-        let now = crate::time::now();
-        match cached.as_ref() {
-            Some(t) if !renew && t.expires_on - RENEW_BEFORE > now => return Ok(t.value.clone()),
-            _ => {}
-        }
-        let token = self.imds.token().await.map_err(|e| CloudError {
-            operation,
-            // No identity (400) will not come by retrying; metadata that does not answer may.
-            kind: match &e {
-                MetadataError::Invalid { message, .. } if message.starts_with("HTTP 4") => {
-                    ErrorKind::AccessDenied
-                }
-                _ => ErrorKind::Retryable,
-            },
-            message: format!("no managed identity token: {e}"),
-            request_id: None,
-        })?;
-        let value = token.value.clone();
-        *cached = Some(token);
-        Ok(value)
-    }
-
-    /// Sends one request to `url` (a path under the endpoint, or a URL on it), with a token;
-    /// a 401 renews the token and tries once more.
+    /// Sends one request to `url` (a path under the endpoint, or a URL on it).
     pub async fn send(
         &self,
         operation: &'static str,
@@ -218,51 +159,7 @@ impl Arm {
         url: &str,
         body: Option<&serde_json::Value>,
     ) -> Result<Answer, CloudError> {
-        let url = if url.starts_with('/') {
-            format!("{}{url}", self.base)
-        } else {
-            url.to_string()
-        };
-        let mut renew = false;
-        loop {
-            let token = self.bearer(operation, renew).await?;
-            let mut request = self
-                .http()?
-                .request(method.clone(), &url)
-                .header(AUTHORIZATION, format!("Bearer {token}"));
-            request = match body {
-                Some(b) => request
-                    .header(CONTENT_TYPE, "application/json")
-                    .body(b.to_string()),
-                // An action without a body says so: Azure's front end refuses one that doesn't.
-                None if method != Method::GET => request.header(CONTENT_LENGTH, "0"),
-                None => request,
-            };
-            let retryable = |message: String| CloudError {
-                operation,
-                kind: ErrorKind::Retryable,
-                message,
-                request_id: None,
-            };
-            let response = request
-                .send()
-                .await
-                .map_err(|e| retryable(crate::redact::urls(&e.to_string())))?;
-            let (status, headers) = (response.status(), response.headers().clone());
-            let body = crate::client::read_body(response, MAX_BODY)
-                .await
-                .map_err(|e| retryable(crate::redact::urls(&e.to_string())))?
-                .ok_or_else(|| retryable(format!("the answer is larger than {MAX_BODY} bytes")))?;
-            if status == StatusCode::UNAUTHORIZED && !renew {
-                renew = true;
-                continue;
-            }
-            return Ok(Answer {
-                status,
-                headers,
-                body,
-            });
-        }
+        self.rest.send(operation, method, url, body).await
     }
 
     /// Sends one request and follows the operation it starts to its end.
@@ -277,7 +174,7 @@ impl Arm {
         if !answer.status.is_success() {
             return Err(classify(operation, &answer));
         }
-        let id = answer.request_id();
+        let id = request_id(&answer);
         let async_op = header(&answer.headers, "azure-asyncoperation");
         let location = header(&answer.headers, "location");
         match (async_op, location) {
@@ -306,12 +203,12 @@ impl Arm {
             message,
             request_id: None,
         };
-        if !same_origin(&self.base, url) {
+        if !same_origin(&self.rest.base, url) {
             return Err(fail(
                 ErrorKind::Other,
                 format!(
                     "the operation's status URL is not on {}: not followed, so its outcome is unknown",
-                    self.base
+                    self.rest.base
                 ),
             ));
         }
@@ -339,22 +236,32 @@ impl Arm {
             };
             wait = retry_after(&answer.headers);
             let status = answer.status.as_u16();
+            // A `Location` URL answers 202 while the operation runs, then its result.
+            if !async_operation {
+                match status {
+                    202 => continue,
+                    200..=299 => return Ok(()),
+                    429 => continue,
+                    _ => {
+                        let e = classify(operation, &answer);
+                        return Err(fail(
+                            ErrorKind::Other,
+                            format!("the operation ended: {}", e.message),
+                        ));
+                    }
+                }
+            }
+            // The `Azure-AsyncOperation` resource answers 200 while it can be read; a failure
+            // to read it says nothing of the operation.
             if !answer.status.is_success() {
                 let e = classify("Operations_Get", &answer);
                 if e.kind == ErrorKind::Retryable {
                     continue;
                 }
-                // Reading the status failed; the operation itself may have run.
                 return Err(fail(
                     e.kind,
                     format!("the operation was accepted, but its status cannot be read: {e}"),
                 ));
-            }
-            if !async_operation {
-                if status == 202 {
-                    continue;
-                }
-                return Ok(());
             }
             #[derive(Deserialize, Default)]
             #[serde(default)]
@@ -392,37 +299,28 @@ fn retry_after(headers: &HeaderMap) -> Duration {
         .map_or(DEFAULT_POLL, |s| Duration::from_secs(s.clamp(1, 60)))
 }
 
-/// Whether `url` is on the same scheme, host and port as `base`.
-fn same_origin(base: &str, url: &str) -> bool {
-    match (reqwest::Url::parse(base), reqwest::Url::parse(url)) {
-        (Ok(a), Ok(b)) => {
-            a.scheme() == b.scheme()
-                && a.host_str() == b.host_str()
-                && a.port_or_known_default() == b.port_or_known_default()
-        }
-        _ => false,
-    }
+/// A token of the VM's managed identity, for `operation`.
+async fn token(imds: &Imds, operation: &'static str) -> Result<Token, CloudError> {
+    imds.token().await.map_err(|e| CloudError {
+        operation,
+        // No identity (400, 403) will not come by retrying; metadata that is updating (404,
+        // 410), throttled (429) or failing (5xx), or does not answer, may answer later.
+        kind: match &e {
+            MetadataError::Invalid { message, .. }
+                if message.starts_with("HTTP 400") || message.starts_with("HTTP 403") =>
+            {
+                ErrorKind::AccessDenied
+            }
+            _ => ErrorKind::Retryable,
+        },
+        message: format!("no managed identity token: {e}"),
+        request_id: None,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_status_url_elsewhere_is_not_followed() {
-        let base = "https://management.azure.com";
-        assert!(same_origin(base, "https://management.azure.com/subscriptions/s/providers/Microsoft.Compute/locations/westus/operations/1?api-version=2024-11-01"));
-        assert!(same_origin(base, "https://management.azure.com:443/x"));
-        for other in [
-            "http://management.azure.com/x",
-            "https://evil.example/x",
-            "https://management.azure.com.evil.example/x",
-            "https://management.azure.com:8443/x",
-            "not a url",
-        ] {
-            assert!(!same_origin(base, other), "{other}");
-        }
-    }
 
     #[test]
     fn errors_say_their_code_and_message_and_name_the_permission() {

@@ -8,6 +8,7 @@ use hyper::Method;
 use serde::Deserialize;
 
 use crate::cloud::metadata::{Endpoint, MetadataError, TIMEOUT};
+use crate::cloud::rest::Token;
 
 /// The instance document's version: the first with every field read here
 /// (`additionalCapabilities.hibernationEnabled` came last).
@@ -37,8 +38,16 @@ pub struct Compute {
     pub eviction_policy: String,
     pub tags_list: Vec<Tag>,
     pub vm_scale_set_name: String,
+    /// A Flexible scale set's id (absent for Uniform ones, whose `resourceId` says it).
+    pub virtual_machine_scale_set: Option<SubResource>,
     pub resource_id: String,
     pub additional_capabilities: Capabilities,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct SubResource {
+    pub id: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -57,20 +66,6 @@ pub struct Tag {
 #[derive(Deserialize)]
 struct Instance {
     compute: Compute,
-}
-
-/// A managed identity's token, and when it expires (Unix seconds).
-#[derive(Clone)]
-pub struct Token {
-    pub value: String,
-    pub expires_on: f64,
-}
-
-/// Never shown: a token is a secret.
-impl std::fmt::Debug for Token {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Token(expires_on: {})", self.expires_on)
-    }
 }
 
 /// The token answer. Its times are strings on IMDS (numbers on other Azure hosts).
@@ -174,11 +169,11 @@ impl Imds {
     pub async fn token(&self) -> Result<Token, MetadataError> {
         let mut path = format!(
             "/metadata/identity/oauth2/token?api-version={TOKEN_API_VERSION}&resource={}",
-            encode(RESOURCE)
+            crate::cloud::rest::encode(RESOURCE)
         );
         if !self.client_id.is_empty() {
             path.push_str("&client_id=");
-            path.push_str(&encode(&self.client_id));
+            path.push_str(&crate::cloud::rest::encode(&self.client_id));
         }
         // The path names no secret; the answer is one, and is never put in an error.
         let shown = "/metadata/identity/oauth2/token";
@@ -241,19 +236,6 @@ fn brief(text: &str) -> String {
     crate::redact::brief(text, 128)
 }
 
-/// Percent-encodes a query value.
-fn encode(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 /// Parses an RFC 1123 date (`Mon, 19 Sep 2016 18:29:47 GMT`) into Unix seconds.
 pub fn parse_rfc1123(text: &str) -> Option<f64> {
     let rest = text.trim().split_once(", ")?.1;
@@ -298,8 +280,11 @@ mod tests {
 
     #[test]
     fn query_values_are_percent_encoded() {
-        assert_eq!(encode(RESOURCE), "https%3A%2F%2Fmanagement.azure.com%2F");
-        assert_eq!(encode("a b&c=d"), "a%20b%26c%3Dd");
+        assert_eq!(
+            crate::cloud::rest::encode(RESOURCE),
+            "https%3A%2F%2Fmanagement.azure.com%2F"
+        );
+        assert_eq!(crate::cloud::rest::encode("a b&c=d"), "a%20b%26c%3Dd");
     }
 
     #[test]

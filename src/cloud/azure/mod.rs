@@ -3,7 +3,7 @@
 //! Prices API for the price.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use tokio::task::JoinSet;
@@ -31,16 +31,32 @@ pub struct Azure {
     compute: Mutex<Option<Compute>>,
     /// The last Scheduled Events answer, kept by the events poller.
     events: Arc<Mutex<Scheduled>>,
+    /// How often Scheduled Events are read.
+    every: Duration,
 }
 
 /// What Scheduled Events said last.
-#[derive(Default)]
 struct Scheduled {
-    /// The events in force, each with the time it takes effect: its `NotBefore`, or, once it
-    /// has started (and `NotBefore` is empty), the time it was first seen.
+    /// This VM's events in force, each with the time it takes effect: its `NotBefore`, or,
+    /// once it has started (and `NotBefore` is empty), the time it was first seen.
     events: Vec<(Event, f64)>,
     /// Why the last read failed, while it does.
     failing: Option<String>,
+    /// When the last read succeeded.
+    answered: Option<Instant>,
+}
+
+impl Default for Scheduled {
+    /// Before the first answer, the events are unknown, and unknown holds.
+    fn default() -> Scheduled {
+        Scheduled {
+            events: Vec::new(),
+            failing: Some(
+                "Scheduled Events have not answered yet (Azure enables them on the first request, which can take two minutes)".into(),
+            ),
+            answered: None,
+        }
+    }
 }
 
 impl Azure {
@@ -52,30 +68,32 @@ impl Azure {
             )),
             compute: Mutex::new(None),
             events: Arc::default(),
+            every: config.cloud.poll_interval,
         }
     }
 
-    /// The events of this VM (`Resources` names it) that `keep` picks, as notices.
+    /// The events of this VM that `keep` picks, as notices. An answer older than three reads
+    /// (each of which may take `EVENTS_TIMEOUT`) is no answer.
     fn notices(&self, keep: impl Fn(&str) -> bool) -> Result<Vec<Notice>, MetadataError> {
-        let name = self
-            .compute
-            .lock()
-            .map_err(|_| poisoned())?
-            .as_ref()
-            .map(|c| c.name.clone())
-            .unwrap_or_default();
         let scheduled = self.events.lock().map_err(|_| poisoned())?;
+        let failing = |message: String| MetadataError::Invalid {
+            path: "/metadata/scheduledevents".into(),
+            message,
+        };
         if let Some(why) = &scheduled.failing {
-            return Err(MetadataError::Invalid {
-                path: "/metadata/scheduledevents".into(),
-                message: why.clone(),
-            });
+            return Err(failing(why.clone()));
+        }
+        let most = (self.every + imds::EVENTS_TIMEOUT) * 3;
+        if scheduled.answered.is_none_or(|t| t.elapsed() > most) {
+            return Err(failing(format!(
+                "Scheduled Events have not answered for {}",
+                humantime::format_duration(most)
+            )));
         }
         Ok(scheduled
             .events
             .iter()
             .filter(|(e, _)| keep(&e.event_type))
-            .filter(|(e, _)| e.resources.iter().any(|r| r.eq_ignore_ascii_case(&name)))
             .map(|(e, time)| Notice {
                 key: e.event_id.clone(),
                 kind: if is_interruption(&e.event_type) {
@@ -187,6 +205,7 @@ impl Cloud for Azure {
         tasks.spawn(poll_events(
             Arc::clone(&self.imds),
             Arc::clone(&self.events),
+            c.name.clone(),
             config.cloud.poll_interval,
         ));
         if config.cost.hourly_price_usd.is_none() && config.cost.pricing_api {
@@ -210,7 +229,22 @@ impl Cloud for Azure {
             "/subscriptions/{}/resourceGroups/{}/providers/Microsoft.Compute/virtualMachines/{}",
             c.subscription_id, c.resource_group_name, c.name
         );
-        let scale_set = (!c.vm_scale_set_name.is_empty()).then(|| c.vm_scale_set_name.clone());
+        // A scale set's instance says so in any of three ways; a Uniform one only in its
+        // `resourceId`.
+        let in_set = !c.vm_scale_set_name.is_empty()
+            || c.resource_id
+                .to_ascii_lowercase()
+                .contains("/virtualmachinescalesets/")
+            || c.virtual_machine_scale_set
+                .as_ref()
+                .is_some_and(|s| !s.id.is_empty());
+        let scale_set = in_set.then(|| {
+            if c.vm_scale_set_name.is_empty() {
+                "unnamed".to_string()
+            } else {
+                c.vm_scale_set_name.clone()
+            }
+        });
         let arm = Arc::new(Arm::new(&base, vm, Arc::clone(&self.imds)));
         for b in &config.budgets {
             if matches!(b.source, crate::config::BudgetSource::AzureBudgets { .. }) {
@@ -237,8 +271,10 @@ impl Cloud for Azure {
 }
 
 /// Reads Scheduled Events every `every`, each read with its own long timeout (the first can
-/// take minutes), on a task of its own: sampling, serving and deciding never wait for it.
-async fn poll_events(imds: Arc<Imds>, kept: Arc<Mutex<Scheduled>>, every: Duration) {
+/// take minutes), on a task of its own: sampling, serving and deciding never wait for it. Only
+/// the events whose `Resources` name this VM (`name`) are kept: an availability set's events
+/// list every VM of the set.
+async fn poll_events(imds: Arc<Imds>, kept: Arc<Mutex<Scheduled>>, name: String, every: Duration) {
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
@@ -251,6 +287,7 @@ async fn poll_events(imds: Arc<Imds>, kept: Arc<Mutex<Scheduled>>, every: Durati
                 let events = doc
                     .events
                     .into_iter()
+                    .filter(|e| e.resources.iter().any(|r| r.eq_ignore_ascii_case(&name)))
                     .take(64)
                     .map(|e| {
                         let seen = s
@@ -264,6 +301,7 @@ async fn poll_events(imds: Arc<Imds>, kept: Arc<Mutex<Scheduled>>, every: Durati
                     .collect();
                 s.events = events;
                 s.failing = None;
+                s.answered = Some(Instant::now());
             }
             Err(e) => s.failing = Some(e.to_string()),
         }

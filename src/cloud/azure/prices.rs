@@ -30,6 +30,8 @@ pub struct Item {
     #[serde(rename = "type")]
     pub kind: String,
     pub unit_of_measure: String,
+    /// A row of a non-primary meter region (the 2023 api-version lists them too).
+    pub is_primary_meter_region: Option<bool>,
 }
 
 /// The price of `size` in `region` among `items`: the Linux pay-as-you-go meter (`Spot` for a
@@ -41,6 +43,7 @@ pub fn pick(items: &[Item], region: &str, size: &str, spot: bool) -> Result<f64,
             i.arm_region_name.eq_ignore_ascii_case(region)
                 && i.arm_sku_name.eq_ignore_ascii_case(size)
                 && i.kind == "Consumption"
+                && i.is_primary_meter_region != Some(false)
                 && i.unit_of_measure == "1 Hour"
                 && !i.product_name.ends_with(" Windows")
                 && !i.product_name.contains("Cloud Services")
@@ -86,18 +89,18 @@ pub async fn price(base: &str, region: &str, size: &str, spot: bool) -> Result<f
         quote(region),
         quote(size)
     );
-    let mut url = reqwest::Url::parse(&format!("{}/api/retail/prices", base.trim_end_matches('/')))
-        .map_err(|e| e.to_string())?;
-    url.query_pairs_mut()
-        .append_pair("api-version", API_VERSION)
-        .append_pair("currencyCode", "'USD'")
-        .append_pair("$filter", &filter);
+    // As the documents write it: `$filter` as is, spaces as `%20`, quotes as `%27`.
+    let base = base.trim_end_matches('/');
+    let url = format!(
+        "{base}/api/retail/prices?api-version={API_VERSION}&currencyCode=%27USD%27&$filter={}",
+        crate::cloud::rest::encode(&filter)
+    );
     let mut items = Vec::new();
-    let mut next = Some(url.to_string());
+    let mut next = Some(url);
     for _ in 0..MAX_PAGES {
         let Some(page_url) = next.take() else { break };
         // A next page is read only from the same API.
-        if !page_url.starts_with(base.trim_end_matches('/')) {
+        if !crate::cloud::rest::same_origin(base, &page_url) {
             return Err("the next page link is elsewhere than the Retail Prices API".into());
         }
         let response = client
@@ -138,6 +141,7 @@ mod tests {
             product_name: product.into(),
             kind: kind.into(),
             unit_of_measure: "1 Hour".into(),
+            is_primary_meter_region: Some(true),
         }
     }
 

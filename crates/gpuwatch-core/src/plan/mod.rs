@@ -3,6 +3,7 @@
 
 pub mod aws;
 pub mod azure;
+pub mod gcp;
 
 /// What `stop` (and `hibernate`) does on a spot instance that cannot be stopped that way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,216 @@
+//! A cloud's REST API with bearer tokens, for every cloud that has one (Azure Resource
+//! Manager, Compute Engine): one client made on the first call, with timeouts and no
+//! redirects (a token goes only to the endpoint), tokens kept until five minutes before they
+//! expire and fetched again after a 401, and answers read with a cap. No token is ever logged
+//! or put in an error.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
+use reqwest::{Method, StatusCode};
+
+use super::{CloudError, ErrorKind, Fut};
+
+/// The largest answer read; real ones are a few KiB.
+const MAX_BODY: usize = 1024 * 1024;
+/// A token is renewed this long before it expires.
+const RENEW_BEFORE: f64 = 300.0;
+
+/// A bearer token, and when it expires (Unix seconds).
+#[derive(Clone)]
+pub struct Token {
+    pub value: String,
+    pub expires_on: f64,
+}
+
+/// Never shown: a token is a secret.
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Token(expires_on: {})", self.expires_on)
+    }
+}
+
+/// Fetches a new token, for the operation that needs it.
+pub type TokenSource =
+    Box<dyn Fn(&'static str) -> Fut<'static, Result<Token, CloudError>> + Send + Sync>;
+
+/// An answer: its status, headers and body.
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    /// A header's value, when it is text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name)?.to_str().ok()
+    }
+}
+
+pub struct Rest {
+    /// The endpoint, without a trailing slash.
+    pub base: String,
+    tokens: TokenSource,
+    token: tokio::sync::Mutex<Option<Token>>,
+    http: OnceLock<reqwest::Client>,
+}
+
+impl Rest {
+    pub fn new(base: &str, tokens: TokenSource) -> Rest {
+        Rest {
+            base: base.trim_end_matches('/').to_string(),
+            tokens,
+            token: tokio::sync::Mutex::new(None),
+            http: OnceLock::new(),
+        }
+    }
+
+    fn http(&self) -> Result<&reqwest::Client, CloudError> {
+        if let Some(c) = self.http.get() {
+            return Ok(c);
+        }
+        let client = crate::client::http_client()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(30))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| CloudError {
+                operation: "Client",
+                kind: ErrorKind::Other,
+                message: e.to_string(),
+                request_id: None,
+            })?;
+        Ok(self.http.get_or_init(|| client))
+    }
+
+    /// A token, renewed before it expires (or now, after a 401).
+    async fn bearer(&self, operation: &'static str, renew: bool) -> Result<String, CloudError> {
+        let mut cached = self.token.lock().await;
+        let now = crate::time::now();
+        match cached.as_ref() {
+            Some(t) if !renew && t.expires_on - RENEW_BEFORE > now => return Ok(t.value.clone()),
+            _ => {}
+        }
+        let token = (self.tokens)(operation).await?;
+        let value = token.value.clone();
+        *cached = Some(token);
+        Ok(value)
+    }
+
+    /// Sends one request to `url` (a path under the endpoint, or a URL on it), with a token;
+    /// a 401 renews the token and tries once more.
+    pub async fn send(
+        &self,
+        operation: &'static str,
+        method: Method,
+        url: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<Answer, CloudError> {
+        let url = if url.starts_with('/') {
+            format!("{}{url}", self.base)
+        } else {
+            url.to_string()
+        };
+        if !same_origin(&self.base, &url) {
+            return Err(CloudError {
+                operation,
+                kind: ErrorKind::Other,
+                message: format!(
+                    "{} is not on {}: not sent",
+                    crate::redact::urls(&url),
+                    self.base
+                ),
+                request_id: None,
+            });
+        }
+        let retryable = |message: String| CloudError {
+            operation,
+            kind: ErrorKind::Retryable,
+            message,
+            request_id: None,
+        };
+        let mut renew = false;
+        loop {
+            let token = self.bearer(operation, renew).await?;
+            let mut request = self
+                .http()?
+                .request(method.clone(), &url)
+                .header(AUTHORIZATION, format!("Bearer {token}"));
+            request = match body {
+                Some(b) => request
+                    .header(CONTENT_TYPE, "application/json")
+                    .body(b.to_string()),
+                // A call without a body says so: some front ends refuse one that doesn't.
+                None if method != Method::GET => request.header(CONTENT_LENGTH, "0"),
+                None => request,
+            };
+            let response = request
+                .send()
+                .await
+                .map_err(|e| retryable(crate::redact::urls(&e.to_string())))?;
+            let (status, headers) = (response.status(), response.headers().clone());
+            let body = crate::client::read_body(response, MAX_BODY)
+                .await
+                .map_err(|e| retryable(crate::redact::urls(&e.to_string())))?
+                .ok_or_else(|| retryable(format!("the answer is larger than {MAX_BODY} bytes")))?;
+            if status == StatusCode::UNAUTHORIZED && !renew {
+                renew = true;
+                continue;
+            }
+            return Ok(Answer {
+                status,
+                headers,
+                body,
+            });
+        }
+    }
+}
+
+/// Percent-encodes a query value: everything but letters, digits and `-_.~` (RFC 3986's
+/// unreserved characters), so a space is `%20`.
+pub fn encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Whether `url` is on the same scheme, host and port as `base`.
+pub fn same_origin(base: &str, url: &str) -> bool {
+    match (reqwest::Url::parse(base), reqwest::Url::parse(url)) {
+        (Ok(a), Ok(b)) => {
+            a.scheme() == b.scheme()
+                && a.host_str() == b.host_str()
+                && a.port_or_known_default() == b.port_or_known_default()
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_elsewhere_is_not_the_endpoint() {
+        let base = "https://management.azure.com";
+        assert!(same_origin(base, "https://management.azure.com/subscriptions/s/providers/Microsoft.Compute/locations/westus/operations/1?api-version=2024-11-01"));
+        assert!(same_origin(base, "https://management.azure.com:443/x"));
+        for other in [
+            "http://management.azure.com/x",
+            "https://evil.example/x",
+            "https://management.azure.com.evil.example/x",
+            "https://management.azure.com:8443/x",
+            "not a url",
+        ] {
+            assert!(!same_origin(base, other), "{other}");
+        }
+    }
+}
