@@ -19,6 +19,7 @@ use crate::rules::Action;
 
 pub mod aws;
 pub mod azure;
+pub mod gcp;
 
 pub mod metadata;
 pub mod rest;
@@ -43,6 +44,7 @@ pub fn open(config: &Config) -> Option<Arc<dyn Cloud>> {
         Provider::None => None,
         Provider::Aws => Some(Arc::new(aws::Aws::new(config))),
         Provider::Azure => Some(Arc::new(azure::Azure::new(config))),
+        Provider::Gcp => Some(Arc::new(gcp::Gcp::new(config))),
     }
 }
 
@@ -97,6 +99,8 @@ pub enum PriceKind {
     Spot,
     /// The cloud's price list's (the Pricing API, Azure's Retail Prices).
     List,
+    /// A dated table's, built in (Compute Engine's).
+    Table,
 }
 
 /// A notice from instance metadata. `key` tells one notice from the next (a hook runs once per

@@ -8,13 +8,14 @@ pub enum Provider {
     None,
     Aws,
     Azure,
+    Gcp,
 }
 
 impl Provider {
     /// Whether the cloud's calls start operations that gpuwatch follows to their end (Azure's
     /// deallocate and delete), which an action's time limit must allow for.
     pub fn follows_operations(self) -> bool {
-        matches!(self, Provider::Azure)
+        matches!(self, Provider::Azure | Provider::Gcp)
     }
 }
 
@@ -33,6 +34,8 @@ pub struct CloudConfig {
     /// Azure: the `client_id` of the user-assigned managed identity to act as; empty: the
     /// VM's system-assigned identity.
     pub client_id: String,
+    /// Compute Engine: what a stop does with local SSD data.
+    pub local_ssd: gpuwatch_core::plan::gcp::LocalSsd,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -66,6 +69,16 @@ impl RawCloud {
                 ("none", Provider::None),
                 ("aws", Provider::Aws),
                 ("azure", Provider::Azure),
+                ("gcp", Provider::Gcp),
+            ],
+        );
+        let local_ssd = pick(
+            invalid,
+            "cloud.local_ssd",
+            &self.local_ssd,
+            &[
+                ("keep", gpuwatch_core::plan::gcp::LocalSsd::Keep),
+                ("discard", gpuwatch_core::plan::gcp::LocalSsd::Discard),
             ],
         );
         let client_id = self.client_id.trim();
@@ -121,6 +134,7 @@ impl RawCloud {
             poll_interval: poll_interval?,
             tag_poll_interval: tag_poll_interval?,
             client_id: client_id_ok.then(|| client_id.to_string())?,
+            local_ssd: local_ssd?,
         })
     }
 }

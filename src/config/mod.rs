@@ -276,6 +276,7 @@ impl RawConfig {
         });
 
         let budgets = validate_budgets(&self.budgets, &mut errors);
+        refuse_what_the_cloud_cannot(&self, &mut errors);
         let mut rules = Vec::new();
         add_rules(&mut rules, self.rules, &budgets, &mut errors);
         for b in &budgets {
@@ -329,6 +330,29 @@ impl RawConfig {
             }),
             _ => Err(ConfigErrors(errors)),
         }
+    }
+}
+
+/// An action the configured cloud can never carry out on a GPU node is refused at load, naming
+/// the key: Compute Engine does not suspend a VM with GPUs, so `hibernate` cannot run there.
+fn refuse_what_the_cloud_cannot(raw: &RawConfig, errors: &mut Vec<ConfigError>) {
+    if raw.cloud.provider != "gcp" {
+        return;
+    }
+    let why = "\"hibernate\" suspends the VM, which Compute Engine does not do for a VM with GPUs: use \"stop\"";
+    let rules = raw.rules.iter().enumerate();
+    let hibernating = rules
+        .filter(|(_, r)| r.action == "hibernate")
+        .map(|(i, _)| format!("rules[{i}].action"));
+    let budgets = raw.budgets.iter().enumerate();
+    let exhausted = budgets
+        .filter(|(_, b)| b.on_exhausted == "hibernate")
+        .map(|(i, _)| format!("budgets[{i}].on_exhausted"));
+    for key in hibernating.chain(exhausted) {
+        errors.push(ConfigError::Invalid {
+            key,
+            message: why.into(),
+        });
     }
 }
 

@@ -59,6 +59,8 @@ pub struct RawCloud {
     pub tag_poll_interval: String,
     /// Azure: the client ID of a user-assigned managed identity.
     pub client_id: String,
+    /// Compute Engine: "keep" (the default) or "discard" local SSD data when the VM stops.
+    pub local_ssd: String,
     /// Instance tags copied onto `gpuwatch_node_info` as labels.
     pub tag_labels: Vec<String>,
 }
@@ -183,6 +185,7 @@ impl Default for RawConfig {
                 poll_interval: "5s".to_string(),
                 tag_poll_interval: "1m".to_string(),
                 client_id: String::new(),
+                local_ssd: "keep".to_string(),
                 tag_labels: Vec::new(),
             },
             node: RawNode::default(),

@@ -21,6 +21,8 @@ use crate::state::Persisted;
 pub struct PollerReadings {
     pub spot: Mutex<Option<f64>>,
     pub pricing_api: Mutex<Option<f64>>,
+    /// A cloud's own dated table's on-demand price (Compute Engine's).
+    pub table: Mutex<Option<f64>>,
     /// AWS Budgets readings, by gpuwatch budget name.
     pub aws_budgets: Mutex<BTreeMap<String, AwsReading>>,
     /// Prometheus budgets' answers, by gpuwatch budget name.
@@ -76,7 +78,8 @@ impl Tracker {
         let table = self
             .node
             .as_ref()
-            .and_then(|n| price::table().price(&n.region, &n.instance_type));
+            .and_then(|n| price::table().price(&n.region, &n.instance_type))
+            .or_else(|| self.readings.table.lock().ok().and_then(|t| *t));
         let spot = self
             .readings
             .spot
@@ -164,6 +167,7 @@ impl crate::cloud::Readings for PollerReadings {
         let slot = match kind {
             crate::cloud::PriceKind::Spot => &self.spot,
             crate::cloud::PriceKind::List => &self.pricing_api,
+            crate::cloud::PriceKind::Table => &self.table,
         };
         if let Ok(mut s) = slot.lock() {
             *s = Some(usd_per_hour);

@@ -8,6 +8,8 @@ pub mod azure;
 pub mod browser;
 pub mod certs;
 pub mod dashboards;
+pub mod fake;
+pub mod gcp;
 pub mod prometheus;
 pub mod receiver;
 

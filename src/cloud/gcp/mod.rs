@@ -1,0 +1,391 @@
+//! Google Compute Engine (`provider = "gcp"`): the metadata server for identity, preemption
+//! and maintenance notices and the `gpuwatch-hold` attribute; the Compute Engine API, with
+//! the VM's service account, for actions; a dated table for the price.
+
+use std::sync::{Arc, Mutex};
+
+use reqwest::Method;
+use tokio::task::JoinSet;
+
+use super::{Api, Call, Cloud, CloudError, Fut, Link, MetadataError, Node, Notice, NoticeKind};
+use crate::cloud::plan::{self, gcp::LocalSsd, Plan, SpotStop};
+use crate::rules::{Action, Lifecycle};
+
+pub mod compute;
+pub mod metadata;
+mod prices;
+
+use compute::Compute;
+use metadata::Server;
+
+/// The Compute Engine API's public endpoint.
+pub const DEFAULT_ENDPOINT: &str = "https://compute.googleapis.com";
+/// The instance attribute that holds every action until the RFC 3339 time it gives.
+pub const HOLD_ATTRIBUTE: &str = "gpuwatch-hold";
+
+pub struct Gcp {
+    server: Arc<Server>,
+    /// The project, zone and name, once metadata has named the VM.
+    me: Mutex<Option<Me>>,
+    /// Each notice in force, by key, with the time it was first seen.
+    notices: Mutex<Vec<(String, f64)>>,
+    local_ssd: LocalSsd,
+}
+
+#[derive(Clone, Default)]
+struct Me {
+    project: String,
+    zone: String,
+    name: String,
+}
+
+impl Gcp {
+    pub fn new(config: &crate::config::Config) -> Gcp {
+        Gcp {
+            server: Arc::new(Server::new(&config.cloud.imds_endpoint)),
+            me: Mutex::new(None),
+            notices: Mutex::default(),
+            local_ssd: config.cloud.local_ssd,
+        }
+    }
+
+    /// When the notice `key` was first seen (now, if it is new): a notice without a time of
+    /// its own keeps one, so that it is said and hooked once.
+    fn first_seen(&self, key: Option<&str>) -> Option<f64> {
+        let mut seen = self.notices.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(key) = key else {
+            seen.clear();
+            return None;
+        };
+        seen.retain(|(k, _)| k == key);
+        if seen.is_empty() {
+            seen.push((key.to_string(), crate::time::now()));
+        }
+        Some(seen[0].1)
+    }
+}
+
+/// A metadata value that must be a name: a path segment, and nothing that could leave it.
+fn name(what: &str, value: &str) -> Result<String, MetadataError> {
+    let ok = !value.is_empty()
+        && value.len() <= 128
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' || c == ':');
+    if ok {
+        Ok(value.to_string())
+    } else {
+        Err(MetadataError::Invalid {
+            path: format!("/computeMetadata/v1/{what}"),
+            message: format!("{:?} is not a name", crate::redact::brief(value, 64)),
+        })
+    }
+}
+
+impl Cloud for Gcp {
+    fn name(&self) -> &'static str {
+        "gcp"
+    }
+
+    fn identity(&self) -> Fut<'_, Result<Node, MetadataError>> {
+        Box::pin(async {
+            let s = &self.server;
+            let project = name(
+                "project/project-id",
+                &s.required("project/project-id").await?,
+            )?;
+            let id = name("instance/id", &s.required("instance/id").await?)?;
+            let vm = name("instance/name", &s.required("instance/name").await?)?;
+            let zone = s.required("instance/zone").await?;
+            let zone = name("instance/zone", metadata::last(&zone))?;
+            let machine = s.required("instance/machine-type").await?;
+            let machine = name("instance/machine-type", metadata::last(&machine))?;
+            let lifecycle = match s.get("instance/scheduling/provisioning-model").await? {
+                Some(m) if m == "SPOT" => Some(Lifecycle::Spot),
+                Some(m) if m == "STANDARD" => Some(Lifecycle::OnDemand),
+                _ => match s.get("instance/scheduling/preemptible").await?.as_deref() {
+                    Some("TRUE") => Some(Lifecycle::Spot),
+                    Some("FALSE") => Some(Lifecycle::OnDemand),
+                    _ => None,
+                },
+            };
+            let node = Node {
+                instance_id: id,
+                instance_type: machine,
+                region: metadata::region(&zone).to_string(),
+                availability_zone: zone.clone(),
+                lifecycle,
+            };
+            if let Ok(mut me) = self.me.lock() {
+                *me = Some(Me {
+                    project,
+                    zone,
+                    name: vm,
+                });
+            }
+            Ok(node)
+        })
+    }
+
+    /// Preemption (`instance/preempted` is `TRUE`) and host maintenance (a GPU VM is
+    /// terminated for it: `instance/maintenance-event` other than `NONE`).
+    fn interruption(&self) -> Fut<'_, Result<Option<Notice>, MetadataError>> {
+        Box::pin(async {
+            let preempted = self.server.required("instance/preempted").await?;
+            let maintenance = self.server.required("instance/maintenance-event").await?;
+            let (key, text) = if preempted == "TRUE" {
+                (
+                    "preempted".to_string(),
+                    "the VM is being preempted".to_string(),
+                )
+            } else if maintenance != "NONE" {
+                (
+                    format!("maintenance {maintenance}"),
+                    format!(
+                        "host maintenance {}: a VM with GPUs is terminated for it",
+                        crate::redact::brief(&maintenance, 64)
+                    ),
+                )
+            } else {
+                self.first_seen(None);
+                return Ok(None);
+            };
+            let time = self.first_seen(Some(&key)).unwrap_or_else(crate::time::now);
+            Ok(Some(Notice {
+                key,
+                kind: NoticeKind::Interruption,
+                time,
+                text,
+            }))
+        })
+    }
+
+    fn advice(&self) -> Fut<'_, Result<Vec<Notice>, MetadataError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// The hold attribute, as the tag the watch looks for.
+    fn tags(&self) -> Fut<'_, Result<super::Tags, MetadataError>> {
+        Box::pin(async {
+            let path = format!("instance/attributes/{HOLD_ATTRIBUTE}");
+            Ok(self
+                .server
+                .get(&path)
+                .await?
+                .map(|v| vec![("gpuwatch:hold".to_string(), v)])
+                .unwrap_or_default())
+        })
+    }
+
+    fn tag_sources(&self) -> &'static str {
+        "the instance's gpuwatch-hold metadata attribute"
+    }
+
+    fn connect(&self, node: &Node, link: Link<'_>, tasks: &mut JoinSet<()>) -> Arc<dyn Api> {
+        let config = link.config;
+        let me = self
+            .me
+            .lock()
+            .ok()
+            .and_then(|m| m.clone())
+            .unwrap_or_default();
+        tracing::info!(
+            vm = %me.name,
+            id = %node.instance_id,
+            machine_type = %node.instance_type,
+            zone = %node.availability_zone,
+            project = %me.project,
+            lifecycle = node.lifecycle_label(),
+            "running on Compute Engine"
+        );
+        let base = config
+            .cloud
+            .endpoint_url
+            .clone()
+            .unwrap_or_else(|| DEFAULT_ENDPOINT.into());
+        let compute = Arc::new(Compute::new(
+            &base,
+            &me.project,
+            &me.zone,
+            &me.name,
+            Arc::clone(&self.server),
+        ));
+        if config.cost.hourly_price_usd.is_none() {
+            tasks.spawn(price(
+                Arc::clone(&compute),
+                node.clone(),
+                Arc::clone(&link.readings),
+            ));
+        }
+        Arc::new(GcpApi {
+            compute,
+            local_ssd: self.local_ssd,
+        })
+    }
+}
+
+/// The VM's price from the table, once: an N1 VM's with the GPUs `instances.get` says are
+/// attached.
+async fn price(compute: Arc<Compute>, node: Node, readings: Arc<dyn super::Readings>) {
+    let spot = node.lifecycle == Some(Lifecycle::Spot);
+    let gpus = if node.instance_type.starts_with("n1-") {
+        match compute.get().await {
+            Ok(i) => i
+                .guest_accelerators
+                .iter()
+                .map(|a| {
+                    (
+                        metadata::last(&a.accelerator_type).to_string(),
+                        a.accelerator_count,
+                    )
+                })
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the VM's attached GPUs, so its price is unknown (set [cost] hourly_price_usd)");
+                return;
+            }
+        }
+    } else {
+        Vec::new()
+    };
+    match prices::price(&node.instance_type, &node.region, spot, &gpus) {
+        Ok(p) => {
+            tracing::info!(usd_per_hour = p, machine_type = %node.instance_type, region = %node.region, spot, as_of = prices::AS_OF, "price from the built-in Compute Engine table");
+            let kind = if spot {
+                super::PriceKind::Spot
+            } else {
+                super::PriceKind::Table
+            };
+            readings.price(kind, p);
+        }
+        Err(why) => {
+            tracing::warn!(reason = %why, "no price for this VM: spend is unknown unless [cost] hourly_price_usd is set")
+        }
+    }
+}
+
+/// Compute Engine, for this VM.
+struct GcpApi {
+    compute: Arc<Compute>,
+    local_ssd: LocalSsd,
+}
+
+impl Api for GcpApi {
+    /// Labels are not holds here; the hold is a metadata attribute.
+    fn tags(&self) -> Option<Fut<'_, Result<super::Tags, CloudError>>> {
+        None
+    }
+
+    fn state(&self) -> Fut<'_, Result<Option<String>, CloudError>> {
+        Box::pin(async {
+            let i = self.compute.get().await?;
+            Ok(Some(crate::redact::brief(&i.status, 32)).filter(|s| !s.is_empty()))
+        })
+    }
+
+    fn plan(
+        &self,
+        action: Action,
+        _spot_stop: SpotStop,
+    ) -> Fut<'_, Result<Plan<Box<dyn super::Step>>, CloudError>> {
+        Box::pin(async move {
+            // Whether local SSDs are attached decides what a stop says of their data.
+            let local_ssd = match action {
+                Action::Stop => self
+                    .compute
+                    .get()
+                    .await?
+                    .disks
+                    .iter()
+                    .any(|d| d.kind == "SCRATCH"),
+                _ => false,
+            };
+            let vm = plan::gcp::Vm { local_ssd };
+            Ok(match plan::gcp::plan(action, &vm, self.local_ssd) {
+                Plan::Refuse(why) => Plan::Refuse(why),
+                Plan::Steps(steps) => Plan::Steps(
+                    steps
+                        .into_iter()
+                        .map(|step| {
+                            Box::new(GcpStep {
+                                compute: Arc::clone(&self.compute),
+                                step,
+                            }) as Box<dyn super::Step>
+                        })
+                        .collect(),
+                ),
+            })
+        })
+    }
+
+    fn tag_action<'a>(
+        &'a self,
+        action: &'a str,
+        rule: &'a str,
+    ) -> Fut<'a, Result<Call, CloudError>> {
+        Box::pin(async move {
+            Ok(Call {
+                operation: "instances.setLabels".into(),
+                request_id: self.compute.label(action, rule).await?,
+            })
+        })
+    }
+
+    fn publish<'a>(
+        &'a self,
+        _topic: &'a str,
+        _subject: &'a str,
+        _text: &'a str,
+    ) -> Option<Fut<'a, Result<Option<String>, CloudError>>> {
+        None
+    }
+
+    fn grant_hint(&self) -> &'static str {
+        "Compute Engine denied access: grant the role in config/gcp-role.yaml to the VM's service account, and give the VM an access scope that allows Compute Engine writes"
+    }
+}
+
+struct GcpStep {
+    compute: Arc<Compute>,
+    step: plan::gcp::Step,
+}
+
+impl super::Step for GcpStep {
+    fn describe(&self) -> String {
+        match self.step {
+            plan::gcp::Step::Stop {
+                discard_local_ssd: false,
+            } => "instances.stop".into(),
+            plan::gcp::Step::Stop {
+                discard_local_ssd: true,
+            } => "instances.stop (discarding local SSD data)".into(),
+            plan::gcp::Step::Delete => "instances.delete".into(),
+        }
+    }
+
+    fn leaves(&self) -> Option<plan::Down> {
+        self.step.leaves()
+    }
+
+    fn run(&self) -> Fut<'_, Result<Call, CloudError>> {
+        Box::pin(async move {
+            let c = &self.compute;
+            let request_id = match self.step {
+                // Said outright: Compute Engine refuses a stop of a VM with local SSDs that
+                // does not say what becomes of their data.
+                plan::gcp::Step::Stop { discard_local_ssd } => {
+                    let url = format!("{}/stop?discardLocalSsd={discard_local_ssd}", c.instance);
+                    c.act("instances.stop", Method::POST, &url, None).await?
+                }
+                plan::gcp::Step::Delete => {
+                    c.act("instances.delete", Method::DELETE, &c.instance, None)
+                        .await?
+                }
+            };
+            Ok(Call {
+                operation: self.describe(),
+                request_id,
+            })
+        })
+    }
+}

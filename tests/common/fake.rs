@@ -1,0 +1,112 @@
+//! A fake cloud of `tests/<cloud>/fake_<cloud>.py`, one process per test: it prints
+//! `ready <port>...` once it listens, and keeps its state (with every call made to it) at
+//! `/_fake/state` on its control port.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The fake, stopped (by PID) when dropped.
+pub struct Process {
+    /// The ports it listens on, in the order it printed them.
+    pub ports: Vec<SocketAddr>,
+    /// Where its state is kept.
+    pub control: SocketAddr,
+    _child: super::Killed,
+}
+
+impl Process {
+    /// Starts `script` (under `tests/`), whose control port is the `control`th it prints.
+    pub fn start(script: &str, control: usize) -> Process {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests")
+            .join(script);
+        let mut child = Command::new("python3")
+            .arg(&script)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("python3 {}: {e}", script.display()));
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let ports: Vec<SocketAddr> = line
+            .trim()
+            .strip_prefix("ready ")
+            .unwrap_or_else(|| panic!("{} did not start: {line:?}", script.display()))
+            .split(' ')
+            .map(|p| SocketAddr::from(([127, 0, 0, 1], p.parse().unwrap())))
+            .collect();
+        Process {
+            control: ports[control],
+            ports,
+            _child: super::Killed(child),
+        }
+    }
+
+    /// The fake's state, with every call made to it.
+    pub fn state(&self) -> Value {
+        super::get(self.control, "/_fake/state").json()
+    }
+
+    /// Merges `changes` into the fake's state.
+    pub fn set(&self, changes: Value) {
+        let body = changes.to_string();
+        let mut s = TcpStream::connect(self.control).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        write!(
+            s,
+            "POST /_fake/state HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.control,
+            body.len()
+        )
+        .unwrap();
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).unwrap();
+        assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    }
+
+    /// The calls made to `service`.
+    pub fn calls(&self, service: &str) -> Vec<Value> {
+        self.state()["calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["service"] == service)
+            .cloned()
+            .collect()
+    }
+
+    /// The calls to `service` that change something (any but GET), as `METHOD path`.
+    pub fn mutations(&self, service: &str) -> Vec<String> {
+        self.calls(service)
+            .iter()
+            .filter(|c| c["method"] != "GET")
+            .map(|c| {
+                format!(
+                    "{} {}",
+                    c["method"].as_str().unwrap(),
+                    c["path"].as_str().unwrap()
+                )
+            })
+            .collect()
+    }
+
+    /// Waits until `cond` holds of the state, for at most `limit`.
+    pub fn await_state(&self, limit: Duration, cond: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + limit;
+        loop {
+            let s = self.state();
+            if cond(&s) {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "the fake never got there: {s:#}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

@@ -1,0 +1,357 @@
+//! Idle rules acting on Compute Engine VMs, end to end: the daemon over fake GPUs, against a
+//! fake metadata server and Compute Engine API written from Google's documents and the API's
+//! discovery document (`tests/gcp/fake_gcp.py`). The fake checks `Metadata-Flavor: Google` and
+//! the service account's bearer token as Google does.
+
+mod common;
+
+use std::time::Duration;
+
+use common::aws::actions;
+use common::gcp::{Fake, VM};
+use common::{events, metric, secs, Daemon};
+use serde_json::json;
+
+const IDLE: &str = "[[gpu]]\nutilization = 0\n[[gpu]]\nutilization = 0\n";
+const BUSY: &str = "[[gpu]]\nutilization = 90\n[[gpu]]\nutilization = 90\n";
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn rule(action: &str) -> String {
+    format!(
+        "[[rules]]\nname = \"Idle 2h\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\nthreshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 2\naction = \"{action}\"\n"
+    )
+}
+
+fn start(fake: &Fake, mode: &str, action: &str, extra: &str, scenario: &str) -> Daemon {
+    start_in(
+        tempfile::tempdir().unwrap(),
+        fake,
+        mode,
+        action,
+        extra,
+        scenario,
+    )
+}
+
+fn start_in(
+    dir: tempfile::TempDir,
+    fake: &Fake,
+    mode: &str,
+    action: &str,
+    extra: &str,
+    scenario: &str,
+) -> Daemon {
+    let config = fake.config(
+        dir.path(),
+        &format!("mode = \"{mode}\"\nwarning = \"1s\""),
+        &format!("{extra}\n{}", rule(action)),
+    );
+    Daemon::start_scenario(dir, scenario, &config)
+}
+
+fn api_calls(d: &Daemon) -> Vec<String> {
+    events(&d.audit(), "api_call")
+        .iter()
+        .map(|r| r["operation"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn an_idle_vm_is_labelled_then_stopped_once_its_operation_followed_to_done() {
+    let fake = Fake::start();
+    let d = start(&fake, "enforce", "stop", "", IDLE);
+    let s = d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    metric("gpuwatch_node_info")
+        .label("provider", "gcp")
+        .label("instance_id", "4567890123456789012")
+        .label("instance_type", "a2-highgpu-1g")
+        .label("availability_zone", "us-central1-a")
+        .label("lifecycle", "on-demand")
+        .value(1.0)
+        .assert_in(&s);
+    let state = fake.state();
+    assert_eq!(state["status"], "TERMINATED");
+    assert_eq!(
+        fake.mutations(),
+        [format!("POST {VM}/setLabels"), format!("POST {VM}/stop")]
+    );
+    let calls = fake.calls("compute");
+    let stop = calls
+        .iter()
+        .find(|c| c["path"].as_str().unwrap().ends_with("/stop"))
+        .unwrap();
+    assert_eq!(stop["query"]["discardLocalSsd"], "false");
+    let op = stop["operation"].as_str().unwrap();
+    let reads = calls
+        .iter()
+        .filter(|c| c["path"].as_str().unwrap().ends_with(op))
+        .count();
+    assert!(reads >= 2, "the operation was read {reads} times");
+    // The labels were set with the fingerprint read, the VM's own kept, values as GCP takes them.
+    assert_eq!(state["labels"]["team"], "ml");
+    assert_eq!(state["labels"]["gpuwatch-action"], "stop");
+    assert_eq!(state["labels"]["gpuwatch-rule"], "idle_2h");
+    assert_eq!(api_calls(&d), ["instances.setLabels", "instances.stop"]);
+    assert_eq!(events(&d.audit(), "api_call")[1]["request_id"], op);
+    assert!(fake
+        .calls("metadata")
+        .iter()
+        .all(|c| c["flavor"] == "Google"));
+    assert!(!d.log().contains("ya29."), "a token was logged");
+    // The table's price of the machine type in its region.
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_instance_hourly_cost_dollars")
+            .get(s)
+            .is_some()
+    });
+    metric("gpuwatch_instance_hourly_cost_dollars")
+        .label("source", "table")
+        .value(3.67339)
+        .assert_in(&s);
+}
+
+#[test]
+fn busy_gpus_and_dry_run_call_nothing() {
+    let fake = Fake::start();
+    let d = start(&fake, "dry-run", "stop", "", IDLE);
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "dry_run") == 1.0);
+    assert_eq!(
+        events(&d.audit(), "action_result")[0]["detail"],
+        "would instances.stop"
+    );
+    drop(d);
+    let d = start(&fake, "enforce", "stop", "", BUSY);
+    let first = d.await_sample(LIMIT, |s| s["nvml"]["up"] == true);
+    d.await_time(first["timestamp"].as_f64().unwrap() + 5.0);
+    assert!(events(&d.audit(), "action_attempt").is_empty());
+    assert_eq!(fake.mutations(), Vec::<String>::new());
+}
+
+#[test]
+fn preemption_and_maintenance_block_the_action_and_run_the_hook_once() {
+    for (change, key) in [
+        (
+            json!({"preempted": "TRUE", "provisioning_model": "SPOT"}),
+            "preempted",
+        ),
+        (
+            json!({"maintenance_event": "TERMINATE_ON_HOST_MAINTENANCE"}),
+            "maintenance",
+        ),
+    ] {
+        let fake = Fake::start();
+        fake.set(change);
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("hook-ran");
+        let extra = format!(
+            "[spot]\ninterruption_hook = [\"touch\", \"{}\"]\nhook_timeout = \"5s\"",
+            marker.display()
+        );
+        let d = start_in(dir, &fake, "enforce", "stop", &extra, IDLE);
+        d.await_scrape(LIMIT, |s| {
+            metric("gpuwatch_spot_interruption_pending").get(s) == Some(1.0)
+        });
+        d.await_sample(LIMIT, |_| marker.exists());
+        d.await_time(gpuwatch::time::now() + 4.0);
+        let audit = d.audit();
+        assert_eq!(events(&audit, "interruption_hook").len(), 1, "{key}");
+        assert!(
+            events(&audit, "action_attempt").is_empty(),
+            "{key}: {audit:?}"
+        );
+        assert_eq!(fake.mutations(), Vec::<String>::new(), "{key}");
+        // Over: the action follows.
+        fake.set(json!({"preempted": "FALSE", "maintenance_event": "NONE"}));
+        d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    }
+}
+
+#[test]
+fn a_hold_attribute_holds_until_it_expires() {
+    let fake = Fake::start();
+    fake.set(json!({"attributes": {"gpuwatch-hold": "after lunch"}}));
+    let d = start(&fake, "enforce", "stop", "", IDLE);
+    let first = d.await_sample(LIMIT, |s| s["nvml"]["up"] == true);
+    d.await_time(first["timestamp"].as_f64().unwrap() + 5.0);
+    assert!(events(&d.audit(), "action_attempt").is_empty());
+    metric("gpuwatch_hold_until_timestamp_seconds")
+        .label("source", "tag")
+        .value(f64::INFINITY)
+        .assert_in(&d.scrape());
+    let until = gpuwatch::time::now().ceil() + 3.0;
+    fake.set(json!({"attributes": {"gpuwatch-hold": gpuwatch::time::rfc3339(until)}}));
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    assert!(secs(&events(&d.audit(), "action_attempt")[0]["time"]) >= until);
+}
+
+#[test]
+fn metadata_down_at_start_holds_every_action_and_acts_once_it_answers() {
+    let fake = Fake::start();
+    fake.set(json!({"metadata_down": true}));
+    let d = start(&fake, "enforce", "stop", "", IDLE);
+    d.await_log(LIMIT, "instance metadata is unavailable");
+    let first = d.await_sample(LIMIT, |s| s["nvml"]["up"] == true);
+    d.await_time(first["timestamp"].as_f64().unwrap() + 5.0);
+    assert!(events(&d.audit(), "action_attempt").is_empty());
+    assert!(fake.calls("compute").is_empty());
+    fake.set(json!({"metadata_down": false}));
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    assert_eq!(fake.state()["status"], "TERMINATED");
+}
+
+#[test]
+fn an_insufficient_scope_is_a_failed_action_naming_the_scope() {
+    let fake = Fake::start();
+    fake.set(json!({"scopes_ok": false}));
+    let d = start(&fake, "enforce", "stop", "", IDLE);
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "failed") == 1.0);
+    let audit = d.audit();
+    let error = events(&audit, "api_error")[0];
+    let said = error["error"].as_str().unwrap();
+    assert!(
+        said.contains("insufficient authentication scopes"),
+        "{said}"
+    );
+    assert!(said.contains("--scopes=compute-rw"), "{said}");
+    let result = events(&audit, "action_result")[0];
+    assert!(result["detail"].as_str().unwrap().contains("access scopes"));
+    assert_eq!(fake.state()["status"], "RUNNING");
+}
+
+#[test]
+fn a_missing_permission_names_it_and_terminate_deletes() {
+    let fake = Fake::start();
+    fake.set(json!({"denied": ["compute.instances.delete"]}));
+    let d = start(&fake, "enforce", "terminate", "", IDLE);
+    d.await_scrape(LIMIT, |s| actions(s, "terminate", "failed") == 1.0);
+    let audit = d.audit();
+    let said = events(&audit, "api_error")[0]["error"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        said.contains("Required 'compute.instances.delete' permission"),
+        "{said}"
+    );
+    assert!(said.contains("needs compute.instances.delete"), "{said}");
+    drop(d);
+    let fake = Fake::start();
+    let d = start(&fake, "enforce", "terminate", "", IDLE);
+    d.await_scrape(LIMIT, |s| actions(s, "terminate", "done") == 1.0);
+    assert_eq!(fake.state()["deleted"], true);
+    assert_eq!(api_calls(&d), ["instances.setLabels", "instances.delete"]);
+}
+
+#[test]
+fn a_stale_fingerprint_is_read_again_and_local_ssd_data_is_kept_by_default() {
+    let fake = Fake::start();
+    // Another writer changes the labels between gpuwatch's read and its write, once.
+    fake.set(json!({"local_ssd": true, "stale_once": true}));
+    let d = start(&fake, "enforce", "stop", "", IDLE);
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    let stop = fake
+        .calls("compute")
+        .into_iter()
+        .find(|c| c["path"].as_str().unwrap().ends_with("/stop"))
+        .unwrap();
+    assert_eq!(stop["query"]["discardLocalSsd"], "false");
+    let labels = fake
+        .calls("compute")
+        .iter()
+        .filter(|c| c["path"].as_str().unwrap().ends_with("/setLabels"))
+        .count();
+    assert_eq!(labels, 2, "the stale fingerprint was read again, once");
+    assert_eq!(fake.state()["labels"]["gpuwatch-action"], "stop");
+    drop(d);
+    let fake = Fake::start();
+    fake.set(json!({"local_ssd": true}));
+    let dir = tempfile::tempdir().unwrap();
+    let config = fake
+        .config(
+            dir.path(),
+            "mode = \"enforce\"\nwarning = \"1s\"",
+            &rule("stop"),
+        )
+        .replace(
+            "provider = \"gcp\"",
+            "provider = \"gcp\"\nlocal_ssd = \"discard\"",
+        );
+    let d = Daemon::start_scenario(dir, IDLE, &config);
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    assert_eq!(
+        api_calls(&d),
+        [
+            "instances.setLabels",
+            "instances.stop (discarding local SSD data)"
+        ]
+    );
+}
+
+#[test]
+fn a_failed_operation_is_a_failed_action_with_its_errors() {
+    let fake = Fake::start();
+    fake.set(json!({"op_error": {"code": "RESOURCE_NOT_READY", "message": "The resource is not ready"}, "throttle": {"stop": 1}}));
+    let d = start(&fake, "enforce", "stop", "", IDLE);
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "failed") == 1.0);
+    let said = events(&d.audit(), "api_error")[0]["error"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        said.contains("RESOURCE_NOT_READY: The resource is not ready"),
+        "{said}"
+    );
+    let stops = fake
+        .calls("compute")
+        .iter()
+        .filter(|c| c["path"].as_str().unwrap().ends_with("/stop"))
+        .count();
+    assert_eq!(stops, 2, "one throttled, one accepted");
+}
+
+/// `GCP_PERMISSIONS` names every Compute Engine method the code calls, and
+/// `config/gcp-role.yaml` grants exactly their permissions.
+#[test]
+fn the_shipped_role_grants_exactly_the_calls_the_code_makes() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut called = Vec::new();
+    for entry in std::fs::read_dir(root.join("src/cloud/gcp")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let source = std::fs::read_to_string(path).unwrap();
+        let squeezed: String = source.split_whitespace().collect();
+        for call in [".act(\"", ".send(\"", "letmethod=\""] {
+            called.extend(
+                squeezed
+                    .split(call)
+                    .skip(1)
+                    .filter_map(|rest| rest.split('"').next())
+                    .map(str::to_string),
+            );
+        }
+    }
+    called.sort();
+    called.dedup();
+    let table = gpuwatch::cloud::gcp::compute::GCP_PERMISSIONS;
+    let mut listed: Vec<String> = table.iter().map(|(m, _)| m.to_string()).collect();
+    listed.sort();
+    assert_eq!(
+        called, listed,
+        "GCP_PERMISSIONS drifted from the calls in src/cloud/gcp"
+    );
+    let role = std::fs::read_to_string(root.join("config/gcp-role.yaml")).unwrap();
+    let mut granted: Vec<&str> = role
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- "))
+        .collect();
+    granted.sort();
+    let mut needed: Vec<&str> = table.iter().map(|(_, p)| *p).collect();
+    needed.sort();
+    assert_eq!(
+        granted, needed,
+        "config/gcp-role.yaml drifted from GCP_PERMISSIONS"
+    );
+    assert!(role.contains("includedPermissions:"), "{role}");
+}
