@@ -17,6 +17,7 @@ use tokio::task::JoinSet;
 use crate::config::{Config, Provider};
 use crate::rules::Action;
 
+pub mod alibaba;
 pub mod aws;
 pub mod azure;
 pub mod gcp;
