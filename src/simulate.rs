@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 
 use gpuwatch_core::cost::budget::Crossing;
 use gpuwatch_core::cost::price::Price;
-use gpuwatch_core::step::order::{drive, Edge, Executed, Save, Withdrawn};
+use gpuwatch_core::step::order::{drive_at_once, Edge, Executed, Save, Withdrawn};
 use gpuwatch_core::step::{crossing_text, step, Inputs, State};
 
 use crate::cloud::plan::{aws::plan, Down, Plan};
@@ -270,7 +270,7 @@ pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Repo
             lifecycle,
             spot_stop: config.actions.spot_stop,
         };
-        ready(drive(&settings, &mut state, outcome.order, &mut rehearsal));
+        drive_at_once(&settings, &mut state, outcome.order, &mut rehearsal);
     }
     out
 }
@@ -385,16 +385,6 @@ impl Edge for Rehearsal<'_> {
         // The daemon completes an action once it has run (and recorded it); a replay runs
         // none, and settles it the same way.
         Executed::Recorded
-    }
-}
-
-/// Runs a future whose every await is ready at once: the rehearsal's edge never waits.
-fn ready<F: std::future::Future>(f: F) -> F::Output {
-    let mut f = std::pin::pin!(f);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match f.as_mut().poll(&mut cx) {
-        std::task::Poll::Ready(v) => v,
-        std::task::Poll::Pending => unreachable!("the rehearsal's edge never waits"),
     }
 }
 

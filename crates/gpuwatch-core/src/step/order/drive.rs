@@ -2,7 +2,8 @@
 //! `gpuwatch simulate` each hand `drive` an `Edge` that does their I/O (or records a report),
 //! and `drive` alone settles the state around it (`on_warned`, `on_saved`,
 //! `on_alert_unrecorded`, `on_deferred`, `on_executed`), so that the rehearsal keeps the very
-//! order the daemon keeps.
+//! order the daemon keeps. An edge that never waits (the rehearsal, the order's scripted tests)
+//! runs it with `drive_at_once`, without a runtime.
 
 use crate::cost::budget::Crossing;
 use crate::rules::engine::Event;
@@ -97,4 +98,25 @@ pub async fn drive<E: Edge>(
         let _ = edge.save(state, save).await;
     }
     sent
+}
+
+/// Runs `drive` to its end at once, without a runtime, on an edge whose every call answers
+/// without waiting (`gpuwatch simulate`'s rehearsal, the order's scripted tests). Returns the
+/// budget alerts sent.
+///
+/// # Panics
+///
+/// If the edge waits: such an edge belongs on a runtime, with `drive`.
+pub fn drive_at_once<E: Edge>(
+    settings: &Settings,
+    state: &mut State,
+    unsaved: Unsaved,
+    edge: &mut E,
+) -> Vec<Crossing> {
+    let mut run = std::pin::pin!(drive(settings, state, unsaved, edge));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::future::Future::poll(run.as_mut(), &mut cx) {
+        std::task::Poll::Ready(sent) => sent,
+        std::task::Poll::Pending => panic!("an edge driven at once waited"),
+    }
 }

@@ -23,7 +23,7 @@
 //! restart with `settle_in_flight`. None of this does I/O: the edge saves, logs and sends.
 
 mod drive;
-pub use drive::{drive, Edge};
+pub use drive::{drive, drive_at_once, Edge};
 
 use crate::cost::budget::{Alerted, Crossing};
 use crate::rules::engine::{self, Event, InFlight};

@@ -12,7 +12,7 @@ use crate::step::tests::{obs, settings};
 use crate::step::{step, Budget, BudgetSource, Inputs, Settings};
 
 mod scripted;
-use scripted::{ready, Scripted};
+use scripted::Scripted;
 
 /// The world around one step.
 #[derive(Debug, Clone, Copy)]
@@ -136,7 +136,7 @@ impl Node {
             first_save: true,
             dead: false,
         };
-        ready(drive(&settings, &mut state, order, &mut edge));
+        drive_at_once(&settings, &mut state, order, &mut edge);
         let alive = !edge.dead;
         self.state = state;
         alive

@@ -117,13 +117,3 @@ impl super::Edge for Scripted<'_> {
         executed
     }
 }
-
-/// Runs a future whose every await is ready at once (the scripted edge never waits).
-pub(super) fn ready<F: std::future::Future>(f: F) -> F::Output {
-    let mut f = std::pin::pin!(f);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match f.as_mut().poll(&mut cx) {
-        std::task::Poll::Ready(v) => v,
-        std::task::Poll::Pending => unreachable!("the scripted edge never waits"),
-    }
-}
