@@ -22,6 +22,7 @@ use crate::cloud::plan::{aws::plan, Down, Plan};
 use crate::config::Config;
 use crate::rules::engine::Event;
 use crate::rules::{Action, GpuReading, Lifecycle, Metric, Observation, Rule};
+use crate::state::audit::action_result;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
@@ -357,7 +358,10 @@ impl Edge for Rehearsal<'_> {
         // What the daemon would call on this instance, as it plans it (without the spot
         // request, which only EC2 knows).
         let (kind, detail) = match plan(*action, self.lifecycle, None, self.spot_stop) {
-            Plan::Refuse(why) => ("refused", format!("{why}; the node stays up")),
+            Plan::Refuse(why) => (
+                "refused",
+                action_result(*action, "refused", &format!("{why}; the node stays up")),
+            ),
             Plan::Steps(steps) => {
                 let last = steps
                     .last()
@@ -453,15 +457,10 @@ fn report(t: f64, e: &Event, rule: Option<&Rule>) -> Report {
     let (action, detail, evidence) = match e {
         Event::Breach { evidence, .. } => (
             None,
-            format!(
-                "{} of {} periods breach the threshold {}",
-                evidence.breaching_periods,
-                evidence.periods.len(),
-                evidence.threshold
-            ),
+            e.sentence().unwrap_or_default(),
             serde_json::to_value(evidence).ok(),
         ),
-        Event::Recovered { .. } => (None, "no longer breaching".to_string(), None),
+        Event::Recovered { .. } => (None, e.sentence().unwrap_or_default(), None),
         Event::Warning {
             action,
             due_at,
@@ -479,11 +478,12 @@ fn report(t: f64, e: &Event, rule: Option<&Rule>) -> Report {
         Event::Cancelled { action, .. } | Event::Postponed { action, .. } => {
             (Some(*action), e.sentence().unwrap_or_default(), None)
         }
+        // A replay runs nothing: each action's result is a rehearsal's, in its record's words.
         Event::Action {
             action, evidence, ..
         } => (
             Some(*action),
-            format!("would {action}"),
+            action_result(*action, "dry_run", &format!("would {action}")),
             serde_json::to_value(evidence).ok(),
         ),
     };

@@ -363,7 +363,7 @@ fn audit_tells_what_happened_in_words() {
     assert_eq!(
         lines[1],
         format!(
-            "{}  rule idle-2h breached (2 of 2 periods past the threshold 0.05)",
+            "{}  rule idle-2h: 2 of 2 periods breach the threshold 0.05",
             clock(7_200.0)
         )
     );

@@ -26,7 +26,7 @@ pub const AUDIT_FILE: &str = "audit.jsonl";
 pub const MAX_RECORD_BYTES: usize = 64 * 1024;
 
 mod read;
-pub use read::{local, read_line, recent, Entry};
+pub use read::{action_result, local, read_line, recent, Entry};
 
 /// A record as one JSON line no longer than the reader takes. A rule judged over many periods
 /// and GPUs can make its evidence longer: its oldest periods are left out (and counted, as

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::AuditRecord;
-use crate::rules::engine::{cancelled, postponed};
+use crate::rules::engine::{breached, cancelled, postponed, RECOVERED};
 use crate::rules::Action;
 use gpuwatch_core::cost::budget::Crossing;
 
@@ -75,18 +75,41 @@ fn warning_words(rule: &str, action: Action, due_at: &str, unless: &str) -> Stri
     )
 }
 
+/// A breach in words, as `simulate` says it too (`Event::sentence`), from the evidence on
+/// record: its periods are those kept and those left out to fit the line.
+fn breach_words(rule: &str, evidence: &Value) -> String {
+    let (Some(breaching), Some(threshold)) = (
+        evidence["breaching_periods"].as_u64(),
+        evidence["threshold"].as_f64(),
+    ) else {
+        return format!("rule {rule} breached (its evidence is not on record)");
+    };
+    let periods = evidence["periods"].as_array().map_or(0, Vec::len)
+        + evidence["periods_omitted"].as_u64().unwrap_or(0) as usize;
+    format!(
+        "rule {rule}: {}",
+        breached(breaching as usize, periods, threshold)
+    )
+}
+
+/// An action's result in words, as its `action_result` record holds it (`result`, the
+/// executor's label, and its `detail`): "stop done", "stop failed: ...", "stop refused: ...";
+/// a dry run says what it would have done ("would stop this instance ..."). `gpuwatch audit`
+/// and `simulate` (whose every action is a rehearsal) both say it so.
+pub fn action_result(action: Action, result: &str, detail: &str) -> String {
+    match (result, detail) {
+        ("dry_run", would) if !would.is_empty() => would.to_string(),
+        (result, "") => format!("{action} {result}"),
+        (result, detail) => format!("{action} {result}: {detail}"),
+    }
+}
+
 /// A record in words; `mode` is the mode it was written in.
 fn words(r: &AuditRecord, mode: &str) -> String {
     use AuditRecord as R;
     match r {
-        R::Breach { rule, evidence, .. } => {
-            let periods = evidence["periods"].as_array().map_or(0, Vec::len);
-            format!(
-                "rule {rule} breached ({} of {periods} periods past the threshold {})",
-                evidence["breaching_periods"], evidence["threshold"]
-            )
-        }
-        R::Recovered { rule, .. } => format!("rule {rule} no longer breaches"),
+        R::Breach { rule, evidence, .. } => breach_words(rule, evidence),
+        R::Recovered { rule, .. } => format!("rule {rule}: {RECOVERED}"),
         R::Warning {
             rule,
             action,
@@ -114,13 +137,7 @@ fn words(r: &AuditRecord, mode: &str) -> String {
             action,
             result,
             detail,
-        } => {
-            if detail.is_empty() {
-                format!("rule {rule}: {action} {result}")
-            } else {
-                format!("rule {rule}: {action} {result}: {detail}")
-            }
-        }
+        } => format!("rule {rule}: {}", action_result(*action, result, detail)),
         R::ApiCall {
             rule,
             operation,

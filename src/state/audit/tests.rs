@@ -234,3 +234,91 @@ fn the_rotated_files_are_the_names_rotation_writes_oldest_first() {
         .collect();
     assert_eq!(names, ["audit.jsonl.2", "audit.jsonl.1", "audit.jsonl"]);
 }
+
+/// A breach, a recovery and an action's result have one sentence: `gpuwatch audit` reads each
+/// record in the words `simulate` reports its event with (`Event::sentence`, `action_result`).
+#[test]
+fn the_reader_says_each_event_as_simulate_says_it() {
+    use crate::rules::engine::Event;
+    use crate::rules::window::{Assessment, Datapoint, DatapointState};
+    let period = |start: f64| Datapoint {
+        start,
+        values: vec![(0, 0.01)],
+        state: DatapointState::Breaching,
+    };
+    let evidence = Assessment {
+        breaching: true,
+        breaching_periods: 2,
+        threshold: 0.05,
+        periods: vec![period(0.0), period(600.0)],
+        budget: None,
+        problems: Vec::new(),
+        gpus: Vec::new(),
+    };
+    let said = |record: AuditRecord| {
+        let line = serde_json::to_string(&record.stamped(1_796_083_260.0, "enforce", None));
+        let sentence = Entry::parse(&line.unwrap()).unwrap().sentence();
+        sentence.split_once("  ").unwrap().1.to_string()
+    };
+    let breach = Event::Breach {
+        rule: "idle".into(),
+        evidence: evidence.clone(),
+    };
+    let recorded = said(AuditRecord::Breach {
+        rule: "idle".into(),
+        at: 0.0,
+        evidence: serde_json::to_value(&evidence).unwrap(),
+    });
+    assert_eq!(
+        recorded,
+        format!("rule idle: {}", breach.sentence().unwrap())
+    );
+    assert_eq!(
+        recorded,
+        "rule idle: 2 of 2 periods breach the threshold 0.05"
+    );
+    let recovered = Event::Recovered {
+        rule: "idle".into(),
+    };
+    assert_eq!(
+        said(AuditRecord::Recovered {
+            rule: "idle".into(),
+            at: 0.0,
+        }),
+        format!("rule idle: {}", recovered.sentence().unwrap())
+    );
+    // A record whose oldest periods were left out to fit its line still counts them.
+    let mut fitted = serde_json::to_value(&evidence).unwrap();
+    fitted["periods"].as_array_mut().unwrap().remove(0);
+    fitted["periods_omitted"] = 1.into();
+    assert_eq!(
+        said(AuditRecord::Breach {
+            rule: "idle".into(),
+            at: 0.0,
+            evidence: fitted,
+        }),
+        recorded
+    );
+    // A dry run says what it would have done, as every action of a replay does.
+    let result = |result: &str, detail: &str| {
+        said(AuditRecord::ActionResult {
+            rule: "idle".into(),
+            action: Action::Stop,
+            result: result.into(),
+            detail: detail.into(),
+        })
+    };
+    assert_eq!(
+        result("dry_run", "would stop"),
+        format!(
+            "rule idle: {}",
+            action_result(Action::Stop, "dry_run", "would stop")
+        )
+    );
+    assert_eq!(result("dry_run", "would stop"), "rule idle: would stop");
+    assert_eq!(result("done", ""), "rule idle: stop done");
+    assert_eq!(
+        result("refused", "no cloud"),
+        "rule idle: stop refused: no cloud"
+    );
+}

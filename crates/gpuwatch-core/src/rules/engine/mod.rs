@@ -138,14 +138,22 @@ impl Event {
         }
     }
 
-    /// The event in the words every edge says it with (the log, the webhook, `gpuwatch
-    /// audit`, `simulate`), for the events whose words are their reason: a cancellation and a
-    /// postponement. `None` for the others, whose words depend on their rule or evidence.
+    /// The event in the words every edge says it with (`gpuwatch audit`, `simulate`, and for
+    /// a cancellation and a postponement the log and the webhook too), for the events whose
+    /// words are their own: a breach (its evidence), a recovery, a cancellation and a
+    /// postponement (their reason). `None` for a warning and an action, whose words depend on
+    /// their rule (`Rule::calls_off`) or on how the action went.
     pub fn sentence(&self) -> Option<String> {
         match self {
+            Event::Breach { evidence, .. } => Some(breached(
+                evidence.breaching_periods as usize,
+                evidence.periods.len(),
+                evidence.threshold,
+            )),
+            Event::Recovered { .. } => Some(RECOVERED.to_string()),
             Event::Cancelled { action, reason, .. } => Some(cancelled(*action, reason)),
             Event::Postponed { action, reason, .. } => Some(postponed(*action, reason)),
-            _ => None,
+            Event::Warning { .. } | Event::Action { .. } => None,
         }
     }
 
@@ -544,6 +552,14 @@ fn budget_shut(budget: &str, ratio: Option<f64>, at_least: f64) -> String {
         ),
     }
 }
+
+/// A breach in words, from its evidence: "2 of 2 periods breach the threshold 0.05".
+pub fn breached(breaching_periods: usize, periods: usize, threshold: f64) -> String {
+    format!("{breaching_periods} of {periods} periods breach the threshold {threshold}")
+}
+
+/// A recovery in words.
+pub const RECOVERED: &str = "no longer breaching";
 
 /// A cancellation in words: "stop cancelled: the GPUs came back ...".
 pub fn cancelled(action: Action, reason: &str) -> String {
