@@ -233,6 +233,7 @@ pub fn run(cli: Cli) -> ExitCode {
                 }),
                 memory_total_bytes,
                 power_limit_watts,
+                state_unwritable: None,
             };
             cmd::simulate::run(&c, &trace, json, &options)
         }),

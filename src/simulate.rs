@@ -6,16 +6,20 @@
 //! with an optional header; `pod` (`namespace/pod`) is who held the GPU, for pod-scoped rules
 //! (`job` and `user` for job- and user-scoped ones), and
 //! `sm_active` and `tensor_active` are GPM's activities (ratios or percents), for rules on them. Timestamps are RFC 3339 or Unix seconds; utilization is a ratio or a percent (`37%`).
-//! A timestamp with no row for some GPU is unknown data for that GPU, which counts as busy. The
-//! memory and power columns become ratios given the GPU's memory and power limit; without them
-//! (or the columns) rules on those metrics see unknown data. Process counts are not in traces.
+//! A timestamp with no row for some GPU is unknown data for that GPU, which counts as busy: the
+//! sample is incomplete, as the daemon's is when a GPU is lost. An empty column is a GPU read
+//! without that reading, as when NVML fails to give it. The memory and power columns become
+//! ratios given the GPU's memory and power limit; without them (or the columns) rules on those
+//! metrics see unknown data. Process counts are not in traces.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use gpuwatch_core::cost::budget::Crossing;
 use gpuwatch_core::cost::price::Price;
-use gpuwatch_core::step::order::{drive_at_once, Edge, Executed, Save, Withdrawn};
+use gpuwatch_core::step::order::{
+    drive_at_once, not_recorded, withheld, Edge, Executed, Save, Withdrawn,
+};
 use gpuwatch_core::step::{crossing_text, step, Inputs, State};
 
 use crate::cloud::plan::{aws::plan, Down, Plan};
@@ -23,6 +27,7 @@ use crate::config::Config;
 use crate::rules::engine::Event;
 use crate::rules::{Action, GpuReading, Lifecycle, Metric, Observation, Rule};
 use crate::state::audit::action_result;
+use crate::state::STATE_FILE;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
@@ -202,6 +207,12 @@ pub struct Options {
     pub memory_total_bytes: Option<f64>,
     /// With it, the trace's power_watts become `power_ratio`.
     pub power_limit_watts: Option<f64>,
+    /// A span of the trace in Unix seconds (from its first time up to, not including, its
+    /// second) over which `state.json` cannot be written, as on a full or read-only state
+    /// directory: every save of those steps fails, and the order withholds what needs a durable
+    /// record (each action due is withdrawn and falls due again, budget alerts wait), as the
+    /// daemon's does.
+    pub state_unwritable: Option<(f64, f64)>,
 }
 
 /// Replays the trace through the config's rules with the given options. Boot grace counts from
@@ -212,6 +223,7 @@ pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Repo
         spend,
         memory_total_bytes,
         power_limit_watts,
+        state_unwritable,
     } = *options;
     let gpus: BTreeSet<u32> = rows.iter().map(|r| r.gpu).collect();
     let mut times: Vec<f64> = rows.iter().map(|r| r.t).collect();
@@ -262,11 +274,12 @@ pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Repo
         let obs = observation(*t, &gpus, at, memory_total_bytes, power_limit_watts);
         let outcome = step(&settings, &mut state, &obs, &inputs(*t, down.is_some()));
         // The daemon's order, through the same function, on an edge that writes nothing and
-        // whose every record and save works.
+        // whose every record works, and every save but those of an unwritable span.
         let mut rehearsal = Rehearsal {
             out: &mut out,
             rules: &outcome.rules,
             t: *t,
+            saves: !state_unwritable.is_some_and(|(from, until)| (from..until).contains(t)),
             down: &mut down,
             lifecycle,
             spot_stop: config.actions.spot_stop,
@@ -277,12 +290,14 @@ pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Repo
 }
 
 /// `simulate`'s edge of the safety order (`order::drive`, as the daemon's loop runs it): each
-/// event becomes a line of the report, every record and save works, and an action is planned
-/// as the daemon would plan it, never carried out.
+/// event becomes a line of the report, every record works, every save works unless the state
+/// is unwritable then, and an action is planned as the daemon would plan it, never carried out.
 struct Rehearsal<'a> {
     out: &'a mut Vec<Report>,
     rules: &'a [Rule],
     t: f64,
+    /// Whether this step's saves of the state work.
+    saves: bool,
     /// What the call that took the node down left it as, once one has: no instance action is reported
     /// after it.
     down: &'a mut Option<Down>,
@@ -295,14 +310,33 @@ impl Rehearsal<'_> {
         self.rules.iter().find(|r| r.name == event.rule())
     }
 
-    /// Reports an event, unless the node is down and its rule acts on the instance.
+    /// Whether what `rule` does goes unreported: the node is down, and the rule acts on the
+    /// instance.
+    fn silent(&self, rule: Option<&Rule>) -> bool {
+        self.down.is_some() && rule.is_some_and(|r| r.action.is_instance_action())
+    }
+
+    /// Reports an event, unless its rule is silent now.
     fn report(&mut self, event: &Event) {
         let rule = self.rule(event);
-        if self.down.is_some() && rule.is_some_and(|r| r.action.is_instance_action()) {
+        if self.silent(rule) {
             return;
         }
         let line = report(self.t, event, rule);
         self.out.push(line);
+    }
+
+    /// Reports a line of this step that is no event of a rule's.
+    fn note(&mut self, rule: &str, kind: &'static str, action: Option<Action>, detail: String) {
+        self.out.push(Report {
+            time: crate::time::rfc3339(self.t),
+            at: self.t,
+            rule: rule.to_string(),
+            kind,
+            action: action.map(|a| a.to_string()),
+            detail,
+            evidence: None,
+        });
     }
 }
 
@@ -313,21 +347,23 @@ impl Edge for Rehearsal<'_> {
     }
 
     async fn save(&mut self, _state: &State, _save: Save) -> bool {
-        true
+        self.saves
     }
 
-    fn taken_back(&mut self, _withdrawn: &[Withdrawn], _alerts: usize) {}
+    fn taken_back(&mut self, withdrawn: &[Withdrawn], alerts: usize) {
+        for w in withdrawn {
+            if !self.silent(self.rules.iter().find(|r| r.name == w.rule)) {
+                let detail = not_recorded(w.action, STATE_FILE);
+                self.note(&w.rule, "withdrawn", Some(w.action), detail);
+            }
+        }
+        if alerts > 0 {
+            self.note("", "withheld", None, withheld(alerts, STATE_FILE));
+        }
+    }
 
     async fn alert(&mut self, c: &Crossing) -> bool {
-        self.out.push(Report {
-            time: crate::time::rfc3339(self.t),
-            at: self.t,
-            rule: c.budget.clone(),
-            kind: "budget_alert",
-            action: None,
-            detail: crossing_text(c),
-            evidence: None,
-        });
+        self.note(&c.budget, "budget_alert", None, crossing_text(c));
         true
     }
 
@@ -377,15 +413,7 @@ impl Edge for Rehearsal<'_> {
                 )
             }
         };
-        self.out.push(Report {
-            time: crate::time::rfc3339(self.t),
-            at: self.t,
-            rule: rule.clone(),
-            kind,
-            action: Some(action.to_string()),
-            detail,
-            evidence: None,
-        });
+        self.note(rule, kind, Some(*action), detail);
         // The daemon completes an action once it has run (and recorded it); a replay runs
         // none, and settles it the same way.
         Executed::Recorded
@@ -393,7 +421,8 @@ impl Edge for Rehearsal<'_> {
 }
 
 /// The observation of one timestamp: a reading for every GPU of the trace, unknown where the
-/// timestamp has no row for it. `at` is sorted by GPU.
+/// timestamp has no row for it (and the sample then incomplete, as the daemon's is without a
+/// GPU). `at` is sorted by GPU.
 fn observation(
     t: f64,
     gpus: &BTreeSet<u32>,
@@ -405,6 +434,7 @@ fn observation(
         (Some(v), Some(t)) if t > 0.0 => Some(v / t),
         _ => None,
     };
+    let mut complete = true;
     let readings: Vec<GpuReading> = gpus
         .iter()
         .map(|&g| {
@@ -416,6 +446,7 @@ fn observation(
                 .binary_search_by_key(&g, |row| row.gpu)
                 .ok()
                 .map(|i| at[i]);
+            complete &= row.is_some();
             r.set(Metric::GpuUtilization, row.and_then(|row| row.utilization));
             r.set(
                 Metric::MemoryUsedRatio,
@@ -435,9 +466,7 @@ fn observation(
         .collect();
     Observation {
         t,
-        complete: readings
-            .iter()
-            .all(|r| r.get(Metric::GpuUtilization).is_some()),
+        complete,
         gpus: readings,
         veto: None,
         holders_unknown: false,

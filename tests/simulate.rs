@@ -162,39 +162,40 @@ fn power_rules_replay_with_the_power_limit() {
     assert_eq!(without, "no rule breached: no warning, no action\n");
 }
 
-/// The daemon and `gpuwatch simulate` run one decision step. One trace, played through the
-/// daemon by the fake NVML and through `simulate` from the samples the daemon took, gives the
-/// same events: kind, rule, and time within one sample.
-#[test]
-fn the_daemon_and_simulate_decide_the_same() {
-    const INTERVAL: f64 = 0.2;
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    // GPU 0 idles, works for a second and a half from 7 s, then idles again; GPU 1 idles.
-    std::fs::write(
-        dir.path().join("u.csv"),
-        "0,2\n7,2\n7.01,60\n8.5,60\n8.51,2\n120,2\n",
-    )
-    .unwrap();
-    let scenario = format!(
-        "[[gpu]]\nutilization = {{ kind = \"trace\", file = \"{}\" }}\n[[gpu]]\nutilization = 1\n",
-        dir.path().join("u.csv").display()
-    );
-    let config = format!(
-        "[sampling]\ninterval = \"200ms\"\ntimeout = \"1s\"\n\
-         [actions]\nboot_grace = \"0s\"\nwarning = \"2s\"\nwall = false\nstate_dir = \"{}\"\n\
-         [[rules]]\nname = \"idle-alert\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
-         threshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 2\naction = \"alert\"\n\
-         [[rules]]\nname = \"idle-stop\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
-         threshold = 0.05\nperiod = \"2s\"\nevaluation_periods = 2\naction = \"stop\"\n",
-        state.display()
-    );
-    let d = common::Daemon::start_in(dir, &scenario, &config);
+/// The daemon's sampling interval in the differential tests, in seconds: each event of one
+/// edge has its twin in the other within one sample.
+const INTERVAL: f64 = 0.2;
 
-    // Record every sample the daemon takes, for 18 seconds of its time.
+/// An event as both edges tell it: its kind, its rule, and the time of the sample it was
+/// decided on.
+type Decided = (String, String, f64);
+
+/// A config for the differential tests: a sample every 200 ms, no boot grace, a warning of two
+/// seconds, dry-run, the state in `dir/state`, and these rules.
+fn differential_config(dir: &Path, rules: &str) -> String {
+    format!(
+        "[sampling]\ninterval = \"200ms\"\ntimeout = \"1s\"\n\
+         [actions]\nboot_grace = \"0s\"\nwarning = \"2s\"\nwall = false\nstate_dir = \"{}\"\n{rules}",
+        dir.join("state").display()
+    )
+}
+
+/// An idle rule on `gpu_utilization` under 5%.
+fn idle_rule(name: &str, period: &str, action: &str) -> String {
+    format!(
+        "[[rules]]\nname = \"{name}\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
+         threshold = 0.05\nperiod = \"{period}\"\nevaluation_periods = 2\naction = \"{action}\"\n"
+    )
+}
+
+/// Records every sample the daemon takes, for `secs` seconds of its time, as a trace
+/// (`timestamp,gpu,utilization`), calling `each` with each sample's time and sequence number
+/// once it is recorded. Returns the trace and the last sample's time, once the daemon has
+/// decided on it.
+fn record_trace(d: &common::Daemon, secs: f64, mut each: impl FnMut(f64, u64)) -> (String, f64) {
     let mut trace = String::new();
     let (mut seq, mut first, mut last) = (0, None, 0.0);
-    while last - first.unwrap_or(last) < 18.0 {
+    while last - first.unwrap_or(last) < secs {
         let snap = d.snapshot_after(seq);
         seq = snap["seq"].as_u64().unwrap();
         last = snap["timestamp"].as_f64().unwrap();
@@ -205,11 +206,97 @@ fn the_daemon_and_simulate_decide_the_same() {
                 .map_or(String::new(), |u| u.to_string());
             trace.push_str(&format!("{last},{},{u}\n", g["index"]));
         }
+        each(last, seq);
     }
-    // The sample at `last` is published before the decision loop has decided on it: the status
-    // of a sample is served once the loop is done with it, its records written.
+    decided_on(d, seq);
+    (trace, last)
+}
+
+/// Waits until the daemon has decided on sample `seq`: a sample is published before the
+/// decision loop has decided on it, and its status is served once the loop is done with it,
+/// its records written and its state saved (or not).
+fn decided_on(d: &common::Daemon, seq: u64) {
     let status = d.get(&format!("/api/v1/status?after={}&timeout=10s", seq - 1));
     assert_eq!(status.status, 200, "{}", status.body);
+}
+
+/// The daemon's decisions on the samples up to `last`, from its audit log (in dry-run, an action
+/// is its attempt), leaving out those of `stopped` (a rule and the time the replay took the node
+/// down with it) after that time: the replay reports no instance action of a node that is down.
+fn decided_by(d: &common::Daemon, last: f64, stopped: Option<(&str, f64)>) -> Vec<Decided> {
+    d.audit()
+        .iter()
+        .filter_map(|r| {
+            let kind = match r["event"].as_str()? {
+                "action_attempt" => "action",
+                k @ ("breach" | "recovered" | "warning" | "cancelled" | "postponed") => k,
+                _ => return None,
+            };
+            let (rule, at) = (r["rule"].as_str()?.to_string(), r["at"].as_f64()?);
+            let after_stop = stopped.is_some_and(|(s, t)| rule == s && at > t);
+            (at <= last && !after_stop).then(|| (kind.to_string(), rule, at))
+        })
+        .collect()
+}
+
+/// The events of a replay's report that the daemon's audit log has too.
+fn simulated_of(reports: &[gpuwatch::simulate::Report]) -> Vec<Decided> {
+    reports
+        .iter()
+        .filter(|r| !["node_down", "withdrawn"].contains(&r.kind))
+        .map(|r| (r.kind.to_string(), r.rule.clone(), r.at))
+        .collect()
+}
+
+fn kinds(events: &[Decided]) -> Vec<String> {
+    events.iter().map(|(k, r, _)| format!("{r} {k}")).collect()
+}
+
+/// Rule by rule, the same events in the same order, each within one sample of its twin.
+fn assert_same(decided: &[Decided], simulated: &[Decided], rules: &[&str]) {
+    for rule in rules {
+        let of = |events: &[Decided]| -> Vec<Decided> {
+            events.iter().filter(|e| e.1 == *rule).cloned().collect()
+        };
+        let (daemon, replay) = (of(decided), of(simulated));
+        assert_eq!(
+            kinds(&daemon),
+            kinds(&replay),
+            "daemon {decided:?}\nsimulate {simulated:?}"
+        );
+        for (d, r) in daemon.iter().zip(&replay) {
+            assert!(
+                (d.2 - r.2).abs() <= INTERVAL + 1e-3,
+                "{d:?} vs {r:?}\ndaemon {decided:?}\nsimulate {simulated:?}"
+            );
+        }
+    }
+}
+
+/// The daemon and `gpuwatch simulate` run one decision step. One trace, played through the
+/// daemon by the fake NVML and through `simulate` from the samples the daemon took, gives the
+/// same events: kind, rule, and time within one sample.
+#[test]
+fn the_daemon_and_simulate_decide_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    // GPU 0 idles, works for a second and a half from 7 s, then idles again; GPU 1 idles.
+    std::fs::write(
+        dir.path().join("u.csv"),
+        "0,2\n7,2\n7.01,60\n8.5,60\n8.51,2\n120,2\n",
+    )
+    .unwrap();
+    let scenario = format!(
+        "[[gpu]]\nutilization = {{ kind = \"trace\", file = \"{}\" }}\n[[gpu]]\nutilization = 1\n",
+        dir.path().join("u.csv").display()
+    );
+    let config = differential_config(
+        dir.path(),
+        &(idle_rule("idle-alert", "1s", "alert") + &idle_rule("idle-stop", "2s", "stop")),
+    );
+    let d = common::Daemon::start_in(dir, &scenario, &config);
+
+    // Every sample the daemon takes, for 18 seconds of its time, replayed.
+    let (trace, last) = record_trace(&d, 18.0, |_, _| {});
     let trace_path = d.dir.path().join("trace.csv");
     std::fs::write(&trace_path, &trace).unwrap();
     let config_path = d.dir.path().join("gpuwatch.toml");
@@ -221,7 +308,7 @@ fn the_daemon_and_simulate_decide_the_same() {
         &trace_path,
         &"--json",
     ]);
-    let simulated: Vec<(String, String, f64)> = replay
+    let simulated: Vec<Decided> = replay
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
         .filter(|v| v["kind"] != "node_down")
@@ -242,42 +329,8 @@ fn the_daemon_and_simulate_decide_the_same() {
         .find(|(kind, rule, _)| kind == "action" && rule == "idle-stop")
         .map(|e| e.2)
         .expect("the replay stops the node");
-    let decided: Vec<(String, String, f64)> = d
-        .audit()
-        .iter()
-        .filter_map(|r| {
-            let kind = match r["event"].as_str()? {
-                "action_attempt" => "action",
-                k @ ("breach" | "recovered" | "warning" | "cancelled" | "postponed") => k,
-                _ => return None,
-            };
-            let (rule, at) = (r["rule"].as_str()?.to_string(), r["at"].as_f64()?);
-            (at <= last && (rule != "idle-stop" || at <= stopped_at))
-                .then(|| (kind.to_string(), rule, at))
-        })
-        .collect();
-
-    let kinds = |events: &[(String, String, f64)]| {
-        events
-            .iter()
-            .map(|(k, r, _)| format!("{r} {k}"))
-            .collect::<Vec<_>>()
-    };
-    // Rule by rule, the same events in the same order, each within one sample of its twin.
-    for rule in ["idle-alert", "idle-stop"] {
-        let of = |events: &[(String, String, f64)]| -> Vec<(String, String, f64)> {
-            events.iter().filter(|e| e.1 == rule).cloned().collect()
-        };
-        let (daemon, replay) = (of(&decided), of(&simulated));
-        assert_eq!(
-            kinds(&daemon),
-            kinds(&replay),
-            "daemon {decided:?}\nsimulate {simulated:?}"
-        );
-        for (d, r) in daemon.iter().zip(&replay) {
-            assert!((d.2 - r.2).abs() <= INTERVAL + 1e-3, "{d:?} vs {r:?}");
-        }
-    }
+    let decided = decided_by(&d, last, Some(("idle-stop", stopped_at)));
+    assert_same(&decided, &simulated, &["idle-alert", "idle-stop"]);
     // The trace exercised warnings, a cancellation by the busy second and both rules' actions.
     let all = kinds(&decided).join("\n");
     for want in [
@@ -288,6 +341,202 @@ fn the_daemon_and_simulate_decide_the_same() {
     ] {
         assert!(all.contains(want), "{want} missing:\n{all}");
     }
+}
+
+/// Puts a directory where `state.json` goes, so that every save of the state fails (the rename
+/// onto it does) while the audit log is written as ever; gives the file back with `false`.
+fn state_unwritable(state: &Path, unwritable: bool) {
+    let file = state.join("state.json");
+    if !unwritable {
+        return std::fs::remove_dir(&file).unwrap();
+    }
+    // The daemon may save between the removal and the directory: then again.
+    loop {
+        let _ = std::fs::remove_file(&file);
+        match std::fs::create_dir(&file) {
+            Ok(()) => return,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => panic!("{}: {e}", file.display()),
+        }
+    }
+}
+
+/// The daemon and `simulate` withdraw a warning alike, and withhold alike what a failed save
+/// cannot make durable. The alert rule's first warning is withdrawn because GPU 0 is read
+/// without its utilization (unknown is busy), its second because GPU 0 is used again; during
+/// its third `state.json` becomes unwritable, so each time its action falls due it is withdrawn
+/// (not recorded) and falls due again, until the state can be saved and it runs. The replay is
+/// told the span over which the daemon's saves failed.
+#[test]
+fn the_daemon_and_simulate_withdraw_and_withhold_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    // GPU 0 idles, has no utilization reading from 3 s to 3.4 s, works from 7 s to 7.5 s, then
+    // idles again; GPU 1 idles.
+    std::fs::write(
+        dir.path().join("u.csv"),
+        "0,2\n7,2\n7.01,60\n7.5,60\n7.51,2\n120,2\n",
+    )
+    .unwrap();
+    let scenario = format!(
+        "[[gpu]]\nutilization = {{ kind = \"trace\", file = \"{}\" }}\n[[gpu]]\nutilization = 1\n\
+         [[fault]]\nat = \"3s\"\nuntil = \"3400ms\"\ngpu = 0\nkind = \"fails\"\nfields = [\"utilization\"]\n",
+        dir.path().join("u.csv").display()
+    );
+    let config = differential_config(dir.path(), &idle_rule("idle-alert", "1s", "alert"));
+    let d = common::Daemon::start_in(dir, &scenario, &config);
+    let state = d.dir.path().join("state");
+    let withdrawn = |s: &common::Scrape| {
+        common::metric("gpuwatch_actions_total")
+            .label("result", "not_recorded")
+            .get(s)
+            .unwrap_or(0.0)
+    };
+
+    // The saves fail after the sample on which the third warning is on record, up to the one
+    // on which the action has been withdrawn three times. Each change is made once the daemon
+    // has decided on the sample just taken, a sample before the next: so the span of samples
+    // whose saves failed is known exactly (the samples after `from`, up to `until`).
+    let (mut from, mut until) = (None, None);
+    let (trace, last) = record_trace(&d, 18.0, |t, seq| {
+        if from.is_none() && common::events(&d.audit(), "warning").len() >= 3 {
+            decided_on(&d, seq);
+            state_unwritable(&state, true);
+            from = Some(t + 1e-3);
+        } else if from.is_some() && until.is_none() {
+            decided_on(&d, seq);
+            if withdrawn(&d.scrape()) >= 3.0 {
+                state_unwritable(&state, false);
+                until = Some(t + 1e-3);
+            }
+        }
+    });
+    let span = from.zip(until).expect("the state was unwritable a while");
+    let config = Config::load(&d.dir.path().join("gpuwatch.toml")).unwrap();
+    let rows = gpuwatch::simulate::parse_trace(&trace).unwrap();
+    let options = gpuwatch::simulate::Options {
+        state_unwritable: Some(span),
+        ..Default::default()
+    };
+    let reports = gpuwatch::simulate::replay_with(&config, &rows, &options);
+    let decided = decided_by(&d, last, None);
+    assert_same(&decided, &simulated_of(&reports), &["idle-alert"]);
+    // Each cancellation for the same reason: GPU 0 read without its utilization, then in use.
+    let audit = d.audit();
+    let reasons: Vec<String> = common::events(&audit, "cancelled")
+        .iter()
+        .map(|c| format!("alert cancelled: {}", c["reason"].as_str().unwrap()))
+        .collect();
+    let replayed: Vec<&str> = reports
+        .iter()
+        .filter(|r| r.kind == "cancelled")
+        .map(|r| r.detail.as_str())
+        .collect();
+    assert_eq!(reasons, replayed);
+    assert_eq!(
+        reasons,
+        [
+            "alert cancelled: GPU 0 has no gpu_utilization reading",
+            "alert cancelled: GPU 0 came back: gpu_utilization 0.600",
+        ]
+    );
+
+    // The action runs once the state is saved, after the span.
+    let acted = decided
+        .iter()
+        .find(|e| e.0 == "action" && e.2 > span.0)
+        .expect("the action ran once the state was saved");
+    assert!(acted.2 > span.1, "{acted:?} ran in {span:?}");
+    // Until then, the replay withdrew it as often as the daemon did.
+    let replayed = reports.iter().filter(|r| r.kind == "withdrawn").count() as f64;
+    assert!(replayed >= 3.0, "{reports:#?}");
+    assert_eq!(replayed, withdrawn(&d.scrape()));
+    let line = reports.iter().find(|r| r.kind == "withdrawn").unwrap();
+    assert!(
+        line.detail.contains("state.json could not be made durable"),
+        "{}",
+        line.detail
+    );
+}
+
+/// A replay rehearses a state that cannot be saved as the daemon lives it: over the span, the
+/// action that falls due is withdrawn at every step and the budget alerts withheld, and they go
+/// out at the first step after it, once.
+#[test]
+fn an_unwritable_state_withdraws_the_action_and_withholds_the_alert() {
+    let config = Config::parse(
+        "[actions]\nboot_grace = \"0s\"\nwarning = \"10m\"\n\
+         [[budgets]]\nname = \"team\"\nlimit_usd = 100\nthresholds = [0.5]\n\
+         [[rules]]\nname = \"idle\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
+         threshold = 0.05\nperiod = \"10m\"\nevaluation_periods = 2\naction = \"alert\"\n",
+        Path::new("t.toml"),
+    )
+    .unwrap();
+    // An hour, idle, a sample a minute, from 2026-11-30T00:00:00Z; $30 an hour from $40 spent
+    // crosses half the budget on the forecast at once, and on actual spend 20 minutes in, as
+    // the rule warns. Its alert is due at 30 minutes. The state cannot be saved for 40.
+    let start = 1_795_996_800.0;
+    let trace: String = (0..60)
+        .map(|m| format!("{},0,0.01\n", start + f64::from(m) * 60.0))
+        .collect();
+    let rows = gpuwatch::simulate::parse_trace(&trace).unwrap();
+    let options = gpuwatch::simulate::Options {
+        spend: Some(gpuwatch::simulate::Spend {
+            usd_per_hour: 30.0,
+            start_usd: 40.0,
+        }),
+        state_unwritable: Some((start, start + 40.0 * 60.0)),
+        ..Default::default()
+    };
+    let reports = gpuwatch::simulate::replay_with(&config, &rows, &options);
+    let minutes = |kind: &str| -> Vec<f64> {
+        reports
+            .iter()
+            .filter(|r| r.kind == kind)
+            .map(|r| (r.at - start) / 60.0)
+            .collect()
+    };
+    // The warning is on record before the save, failed or not.
+    assert_eq!(minutes("warning"), [20.0], "{reports:#?}");
+    // Each step withholds the alerts that cross (forecast, then actual spend too) ...
+    let withheld: Vec<&str> = reports
+        .iter()
+        .filter(|r| r.kind == "withheld")
+        .map(|r| r.detail.as_str())
+        .collect();
+    assert_eq!(withheld.len(), 39, "{reports:#?}");
+    assert_eq!(
+        withheld[0],
+        "1 budget alert withheld until state.json can be made durable"
+    );
+    assert_eq!(
+        withheld[19],
+        "2 budget alerts withheld until state.json can be made durable"
+    );
+    // ... and withdraws the action due, until the first step after the span.
+    let until_40: Vec<f64> = (30..40).map(f64::from).collect();
+    assert_eq!(minutes("withdrawn"), until_40, "{reports:#?}");
+    assert_eq!(minutes("budget_alert"), [40.0, 40.0], "{reports:#?}");
+    assert_eq!(minutes("action"), [40.0], "{reports:#?}");
+
+    // Without the span, both go out when they fall due.
+    let saved = gpuwatch::simulate::replay_with(
+        &config,
+        &rows,
+        &gpuwatch::simulate::Options {
+            state_unwritable: None,
+            ..options
+        },
+    );
+    let at = |kind: &str| {
+        saved
+            .iter()
+            .find(|r| r.kind == kind)
+            .map(|r| (r.at - start) / 60.0)
+    };
+    assert_eq!((at("budget_alert"), at("action")), (Some(1.0), Some(30.0)));
+    assert!(!saved
+        .iter()
+        .any(|r| r.kind == "withdrawn" || r.kind == "withheld"));
 }
 
 /// A node is terminated once: after the first instance action the replay says the node is down,

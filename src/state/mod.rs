@@ -23,7 +23,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-const STATE_FILE: &str = "state.json";
+/// The decision state's file in the state directory.
+pub const STATE_FILE: &str = "state.json";
 const HOLD_FILE: &str = "hold.json";
 
 /// The largest `state.json` or `hold.json` read: far beyond any real state, and a bound

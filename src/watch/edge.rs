@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use gpuwatch_core::cost::budget::Crossing;
-use gpuwatch_core::step::order::{Edge, Executed, Save, Withdrawn};
+use gpuwatch_core::step::order::{withheld, Edge, Executed, Save, Withdrawn};
 use gpuwatch_core::step::State;
 
 use crate::rules::engine::Event;
@@ -42,14 +42,12 @@ impl Edge for Live<'_> {
         if alerts > 0 {
             // No record, no alert: a restart could not know it had been sent. They are sent
             // once the disk recovers, as the thresholds cross again.
-            tracing::error!(
-                alerts,
-                "budget alerts withheld: state.json could not be made durable; they are sent once it can"
-            );
+            tracing::error!(alerts, "{}", withheld(alerts, crate::state::STATE_FILE));
         }
         for w in withdrawn {
             // No record, no action: a restart could not know it had run.
-            self.watch.not_recorded(&w.rule, w.action, "state.json");
+            self.watch
+                .not_recorded(&w.rule, w.action, crate::state::STATE_FILE);
         }
     }
 

@@ -7,7 +7,7 @@ use crate::actions::Outcome;
 use crate::rules::engine::Event;
 use crate::rules::{Rule, Scope};
 use crate::state::AuditRecord;
-use gpuwatch_core::step::order::Executed;
+use gpuwatch_core::step::order::{self, Executed};
 
 impl super::Watch {
     /// Logs and counts an action whose in-flight mark or audit record could not be made
@@ -16,7 +16,7 @@ impl super::Watch {
     pub(super) fn not_recorded(&self, rule: &str, action: crate::rules::Action, what: &str) {
         tracing::error!(
             rule = %rule, action = %action,
-            "the {action} did not run: its record in {what} could not be made durable; it is retried when the disk recovers"
+            "{}", order::not_recorded(action, what)
         );
         self.count(action, "not_recorded");
     }

@@ -196,6 +196,22 @@ pub struct Withdrawn {
     pub action: Action,
 }
 
+/// An action that did not run for want of its record, in words, as the daemon logs it and
+/// `simulate` reports it: `record` is what could not be made durable (the state, or the audit
+/// log).
+pub fn not_recorded(action: Action, record: &str) -> String {
+    format!(
+        "the {action} did not run: its record in {record} could not be made durable; it is retried when the disk recovers"
+    )
+}
+
+/// Budget alerts that a failed save of `record` withheld, in words, as the daemon logs them and
+/// `simulate` reports them.
+pub fn withheld(alerts: usize, record: &str) -> String {
+    let s = if alerts == 1 { "" } else { "s" };
+    format!("{alerts} budget alert{s} withheld until {record} can be made durable")
+}
+
 /// What became of an action the edge carried out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Executed {
