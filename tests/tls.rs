@@ -81,6 +81,9 @@ fn only_tls_with_the_right_password_gets_in() {
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or_else(|| panic!("a 429 without its wait: {}", r.head));
             assert!((1..=32).contains(&wait), "{}", r.head);
+            // The protocol's own wait, not a pause to show that nothing happens: this is the
+            // client obeying Retry-After, as the 429 asks, and no event marks the bar's end
+            // but the time it names (an earlier try only gets another 429).
             std::thread::sleep(std::time::Duration::from_secs(wait));
         };
         assert_eq!(refused.status, Some(401), "{u}:{p}");
