@@ -355,3 +355,22 @@ fn the_shipped_role_grants_exactly_the_calls_the_code_makes() {
     );
     assert!(role.contains("includedPermissions:"), "{role}");
 }
+
+#[test]
+fn tag_labels_are_the_vm_s_labels() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = fake.config(dir.path(), "mode = \"dry-run\"", "").replace(
+        "provider = \"gcp\"",
+        "provider = \"gcp\"\ntag_labels = [\"team\"]",
+    );
+    let d = Daemon::start_scenario(dir, IDLE, &config);
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_node_info").label("team", "ml").get(s) == Some(1.0)
+    });
+    metric("gpuwatch_node_info")
+        .label("provider", "gcp")
+        .label("team", "ml")
+        .value(1.0)
+        .assert_in(&s);
+}

@@ -2,7 +2,8 @@
 //! and maintenance notices and the `gpuwatch-hold` attribute; the Compute Engine API, with
 //! the VM's service account, for actions; a dated table for the price.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use tokio::task::JoinSet;
@@ -30,6 +31,11 @@ pub struct Gcp {
     /// Each notice in force, by key, with the time it was first seen.
     notices: Mutex<Vec<(String, f64)>>,
     local_ssd: LocalSsd,
+    /// The API, once the VM is known: `[cloud] tag_labels` are its labels.
+    compute: OnceLock<Arc<Compute>>,
+    /// The labels last read, and when, when `tag_labels` asks for them.
+    labels: Mutex<Option<(Instant, super::Tags)>>,
+    label_every: Option<Duration>,
 }
 
 #[derive(Clone, Default)]
@@ -46,6 +52,10 @@ impl Gcp {
             me: Mutex::new(None),
             notices: Mutex::default(),
             local_ssd: config.cloud.local_ssd,
+            compute: OnceLock::new(),
+            labels: Mutex::new(None),
+            label_every: (!config.node.tag_labels.is_empty())
+                .then_some(config.cloud.tag_poll_interval),
         }
     }
 
@@ -62,6 +72,39 @@ impl Gcp {
             seen.push((key.to_string(), crate::time::now()));
         }
         Some(seen[0].1)
+    }
+}
+
+impl Gcp {
+    /// The VM's labels for `tag_labels`, read again once `label_every` has passed.
+    async fn labels(&self) -> super::Tags {
+        let (Some(every), Some(compute)) = (self.label_every, self.compute.get()) else {
+            return Vec::new();
+        };
+        let last = self.labels.lock().ok().and_then(|l| l.clone());
+        if let Some((at, labels)) = &last {
+            if at.elapsed() < every {
+                return labels.clone();
+            }
+        }
+        match compute.get().await {
+            Ok(i) => {
+                let labels: super::Tags = i.labels.into_iter().collect();
+                if let Ok(mut l) = self.labels.lock() {
+                    *l = Some((Instant::now(), labels.clone()));
+                }
+                labels
+            }
+            Err(e) => {
+                // Asked again after `every`, not at every metadata poll.
+                tracing::warn!(error = %e, "cannot read the VM's labels for [cloud] tag_labels");
+                let kept = last.map(|(_, l)| l).unwrap_or_default();
+                if let Ok(mut l) = self.labels.lock() {
+                    *l = Some((Instant::now(), kept.clone()));
+                }
+                kept
+            }
+        }
     }
 }
 
@@ -164,16 +207,20 @@ impl Cloud for Gcp {
         Box::pin(async { Ok(Vec::new()) })
     }
 
-    /// The hold attribute, as the tag the watch looks for.
+    /// The hold attribute, as the tag the watch looks for; and, when `[cloud] tag_labels` asks
+    /// for them, the VM's labels, read with `instances.get` every `tag_poll_interval` (the last
+    /// ones read stand meanwhile, and while a read fails).
     fn tags(&self) -> Fut<'_, Result<super::Tags, MetadataError>> {
         Box::pin(async {
             let path = format!("instance/attributes/{HOLD_ATTRIBUTE}");
-            Ok(self
+            let mut tags: super::Tags = self
                 .server
                 .get(&path)
                 .await?
                 .map(|v| vec![("gpuwatch:hold".to_string(), v)])
-                .unwrap_or_default())
+                .unwrap_or_default();
+            tags.extend(self.labels().await);
+            Ok(tags)
         })
     }
 
@@ -210,6 +257,7 @@ impl Cloud for Gcp {
             &me.name,
             Arc::clone(&self.server),
         ));
+        let _ = self.compute.set(Arc::clone(&compute));
         if config.cost.hourly_price_usd.is_none() {
             tasks.spawn(price(
                 Arc::clone(&compute),
