@@ -69,109 +69,150 @@ pub fn parse_trace(text: &str) -> Result<Vec<Row>, TraceError> {
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let cols: Vec<&str> = line.split(',').map(str::trim).collect();
-        let err = |message: String| TraceError {
+        let cols = Cols {
+            cols: line.split(',').map(str::trim).collect(),
             line: n + 1,
-            message,
         };
-        if cols.len() < 3 {
-            return Err(err(format!(
+        if cols.cols.len() < 3 {
+            return Err(cols.err(format!(
                 "\"{line}\" has fewer than 3 columns (timestamp,gpu,utilization)"
             )));
         }
-        let t = match cols[0].parse::<f64>() {
+        let Some(t) = cols.time()? else {
+            continue; // a header
+        };
+        rows.push(cols.row(t)?);
+    }
+    Ok(rows)
+}
+
+/// The columns of one line of a trace, and its number, for errors.
+struct Cols<'a> {
+    cols: Vec<&'a str>,
+    line: usize,
+}
+
+impl Cols<'_> {
+    fn err(&self, message: String) -> TraceError {
+        TraceError {
+            line: self.line,
+            message,
+        }
+    }
+
+    /// The timestamp, RFC 3339 or Unix seconds, between 1970 and 9999; `Ok(None)` for a header
+    /// (a first line without one).
+    fn time(&self) -> Result<Option<f64>, TraceError> {
+        let c = self.cols[0];
+        let t = match c.parse::<f64>() {
             Ok(t) => Some(t),
-            Err(_) => crate::time::parse_rfc3339(cols[0]),
+            Err(_) => crate::time::parse_rfc3339(c),
         };
         let Some(t) = t else {
-            if rows.is_empty() && n == 0 {
-                continue; // a header
+            if self.line == 1 {
+                return Ok(None);
             }
-            return Err(err(format!(
-                "timestamp \"{}\" is neither RFC 3339 nor Unix seconds",
-                cols[0]
+            return Err(self.err(format!(
+                "timestamp \"{c}\" is neither RFC 3339 nor Unix seconds"
             )));
         };
         if !(0.0..=crate::time::MAX_UNIX_SECONDS).contains(&t) {
-            return Err(err(format!(
-                "timestamp \"{}\" is not a time between 1970 and 9999",
-                cols[0]
+            return Err(self.err(format!(
+                "timestamp \"{c}\" is not a time between 1970 and 9999"
             )));
         }
-        let gpu = cols[1]
-            .parse::<u32>()
-            .map_err(|_| err(format!("gpu \"{}\" is not a GPU index", cols[1])))?;
-        // A ratio from 0 to 1, or a percent (`37%`); empty or absent is unknown.
-        let ratio = |i: usize, what: &str| -> Result<Option<f64>, TraceError> {
-            let Some(c) = cols.get(i).filter(|c| !c.is_empty()) else {
-                return Ok(None);
-            };
-            let v = match c.strip_suffix('%') {
-                Some(p) => {
-                    p.trim()
-                        .parse::<f64>()
-                        .map_err(|_| err(format!("{what} \"{c}\" is not a percent")))?
-                        / 100.0
-                }
-                None => c
+        Ok(Some(t))
+    }
+
+    /// A ratio from 0 to 1, or a percent (`37%`); empty or absent is unknown.
+    fn ratio(&self, i: usize, what: &str) -> Result<Option<f64>, TraceError> {
+        let Some(c) = self.cols.get(i).filter(|c| !c.is_empty()) else {
+            return Ok(None);
+        };
+        let v = match c.strip_suffix('%') {
+            Some(p) => {
+                p.trim()
                     .parse::<f64>()
-                    .map_err(|_| err(format!("{what} \"{c}\" is not a ratio")))?,
-            };
-            if !(0.0..=1.0).contains(&v) {
-                return Err(err(format!(
-                    "{what} \"{c}\" is not between 0 and 1 (or 0% and 100%)"
-                )));
+                    .map_err(|_| self.err(format!("{what} \"{c}\" is not a percent")))?
+                    / 100.0
             }
-            Ok(Some(v))
+            None => c
+                .parse::<f64>()
+                .map_err(|_| self.err(format!("{what} \"{c}\" is not a ratio")))?,
         };
-        let utilization = ratio(2, "utilization")?;
-        let number = |i: usize, what: &str| -> Result<Option<f64>, TraceError> {
-            match cols.get(i).filter(|c| !c.is_empty()) {
-                None => Ok(None),
-                Some(c) => match c.parse::<f64>() {
-                    Ok(v) if v >= 0.0 && v.is_finite() => Ok(Some(v)),
-                    _ => Err(err(format!("{what} \"{c}\" is not a number of 0 or more"))),
-                },
-            }
-        };
-        let pod = match cols.get(5).filter(|c| !c.is_empty()) {
-            None => None,
-            Some(p) => match p.split_once('/') {
-                Some((ns, name))
-                    if !ns.is_empty()
-                        && !name.is_empty()
-                        && p.len() <= 507
-                        && !p.chars().any(char::is_control) =>
-                {
-                    Some(p.to_string())
-                }
-                _ => return Err(err(format!("pod \"{p}\" is not namespace/pod"))),
+        if !(0.0..=1.0).contains(&v) {
+            return Err(self.err(format!(
+                "{what} \"{c}\" is not between 0 and 1 (or 0% and 100%)"
+            )));
+        }
+        Ok(Some(v))
+    }
+
+    /// A number of 0 or more; empty or absent is unknown.
+    fn number(&self, i: usize, what: &str) -> Result<Option<f64>, TraceError> {
+        match self.cols.get(i).filter(|c| !c.is_empty()) {
+            None => Ok(None),
+            Some(c) => match c.parse::<f64>() {
+                Ok(v) if v >= 0.0 && v.is_finite() => Ok(Some(v)),
+                _ => Err(self.err(format!("{what} \"{c}\" is not a number of 0 or more"))),
             },
+        }
+    }
+
+    /// The pod column: `namespace/pod`.
+    fn pod(&self) -> Result<Option<String>, TraceError> {
+        let Some(p) = self.cols.get(5).filter(|c| !c.is_empty()) else {
+            return Ok(None);
         };
-        let job = match cols.get(8).filter(|c| !c.is_empty()) {
+        match p.split_once('/') {
+            Some((ns, name))
+                if !ns.is_empty()
+                    && !name.is_empty()
+                    && p.len() <= 507
+                    && !p.chars().any(char::is_control) =>
+            {
+                Ok(Some(p.to_string()))
+            }
+            _ => Err(self.err(format!("pod \"{p}\" is not namespace/pod"))),
+        }
+    }
+
+    /// The job and user columns.
+    fn job_and_user(&self) -> Result<[Option<String>; 2], TraceError> {
+        let job = match self.cols.get(8).filter(|c| !c.is_empty()) {
             None => None,
             Some(j) if crate::state::is_job_id(j) => Some(j.to_string()),
-            Some(j) => return Err(err(format!("job \"{j}\" is not a Slurm job id"))),
+            Some(j) => return Err(self.err(format!("job \"{j}\" is not a Slurm job id"))),
         };
-        let user = match cols.get(9).filter(|c| !c.is_empty()) {
+        let user = match self.cols.get(9).filter(|c| !c.is_empty()) {
             None => None,
             Some(u) if crate::metrics::plain_name(u) => Some(u.to_string()),
-            Some(u) => return Err(err(format!("user \"{u}\" is not a user name"))),
+            Some(u) => return Err(self.err(format!("user \"{u}\" is not a user name"))),
         };
-        rows.push(Row {
+        Ok([job, user])
+    }
+
+    /// The row at time `t`.
+    fn row(&self, t: f64) -> Result<Row, TraceError> {
+        let gpu = self.cols[1]
+            .parse::<u32>()
+            .map_err(|_| self.err(format!("gpu \"{}\" is not a GPU index", self.cols[1])))?;
+        let utilization = self.ratio(2, "utilization")?;
+        let pod = self.pod()?;
+        let [job, user] = self.job_and_user()?;
+        Ok(Row {
             t,
             gpu,
             job,
             user,
             utilization,
-            memory_used_bytes: number(3, "memory_used_bytes")?,
-            power_watts: number(4, "power_watts")?,
+            memory_used_bytes: self.number(3, "memory_used_bytes")?,
+            power_watts: self.number(4, "power_watts")?,
             pod,
-            sm_active: ratio(6, "sm_active")?,
-            tensor_active: ratio(7, "tensor_active")?,
-        });
+            sm_active: self.ratio(6, "sm_active")?,
+            tensor_active: self.ratio(7, "tensor_active")?,
+        })
     }
-    Ok(rows)
 }
 
 /// One line of the replay's report.
