@@ -154,6 +154,120 @@ impl Endpoint {
     }
 }
 
+/// How long a session token lives: the most both EC2 and Alibaba Cloud allow.
+const TOKEN_TTL_SECS: u64 = 21_600;
+
+/// A metadata service in session (hardened) mode, as EC2's IMDSv2 and Alibaba Cloud's work: a
+/// token from `PUT /latest/api/token` (its lifetime in the `ttl_header`), sent in the
+/// `token_header` of every `GET /latest/meta-data/...`, and fetched again before it expires or
+/// once a read answers 401.
+pub struct Session {
+    endpoint: Endpoint,
+    ttl_header: &'static str,
+    token_header: &'static str,
+    token: tokio::sync::Mutex<Option<Token>>,
+}
+
+/// A session token and when it was fetched, by the monotonic clock and by the wall clock: the
+/// monotonic clock does not advance across a suspend (a hibernate and resume), the wall clock
+/// does, so a token expires by whichever says it is older.
+struct Token {
+    value: String,
+    at: std::time::Instant,
+    wall: f64,
+}
+
+impl Token {
+    fn fresh(&self) -> bool {
+        let max = (TOKEN_TTL_SECS - 60) as f64;
+        let wall_age = crate::time::now() - self.wall;
+        self.at.elapsed().as_secs_f64() < max && (0.0..max).contains(&wall_age)
+    }
+}
+
+impl Session {
+    pub fn new(endpoint: &str, ttl_header: &'static str, token_header: &'static str) -> Session {
+        Session {
+            endpoint: Endpoint::new(endpoint),
+            ttl_header,
+            token_header,
+            token: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The session token, fetched now if none is fresh.
+    pub async fn token(&self) -> Result<String, MetadataError> {
+        let mut cached = self.token.lock().await;
+        if let Some(t) = cached.as_ref().filter(|t| t.fresh()) {
+            return Ok(t.value.clone());
+        }
+        let path = "/latest/api/token";
+        let ttl = TOKEN_TTL_SECS.to_string();
+        let answer = self
+            .endpoint
+            .request(Method::PUT, path, &[(self.ttl_header, &ttl)], TIMEOUT)
+            .await?;
+        if !(200..300).contains(&answer.status) {
+            return Err(MetadataError::Status {
+                path: path.into(),
+                status: answer.status,
+            });
+        }
+        // A header value cannot end in a newline: a token that did would fail every request.
+        let token = answer.text(path)?.trim().to_string();
+        if token.is_empty() {
+            return Err(MetadataError::Invalid {
+                path: path.into(),
+                message: "the token is empty".into(),
+            });
+        }
+        *cached = Some(Token {
+            value: token.clone(),
+            at: std::time::Instant::now(),
+            wall: crate::time::now(),
+        });
+        Ok(token)
+    }
+
+    /// GETs `/latest/meta-data/{path}`; `Ok(None)` for 404. A 401 means the token was revoked
+    /// or has expired: a new one is fetched and the request made once more.
+    pub async fn get(&self, path: &str) -> Result<Option<String>, MetadataError> {
+        let mut answer = self.send_get(path).await?;
+        if answer.status == 401 {
+            *self.token.lock().await = None;
+            answer = self.send_get(path).await?;
+        }
+        match answer.status {
+            200 => Ok(Some(answer.text(path)?.trim().to_string())),
+            404 => Ok(None),
+            status => Err(MetadataError::Status {
+                path: path.into(),
+                status,
+            }),
+        }
+    }
+
+    async fn send_get(&self, path: &str) -> Result<Answer, MetadataError> {
+        let token = self.token().await?;
+        self.endpoint
+            .request(
+                Method::GET,
+                &format!("/latest/meta-data/{path}"),
+                &[(self.token_header, &token)],
+                TIMEOUT,
+            )
+            .await
+    }
+
+    /// A path that must be there.
+    pub async fn required(&self, path: &str) -> Result<String, MetadataError> {
+        self.get(path).await?.ok_or_else(|| MetadataError::Status {
+            path: path.into(),
+            status: 404,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

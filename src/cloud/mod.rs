@@ -46,6 +46,7 @@ pub fn open(config: &Config) -> Option<Arc<dyn Cloud>> {
         Provider::Aws => Some(Arc::new(aws::Aws::new(config))),
         Provider::Azure => Some(Arc::new(azure::Azure::new(config))),
         Provider::Gcp => Some(Arc::new(gcp::Gcp::new(config))),
+        Provider::Alibaba => Some(Arc::new(alibaba::Alibaba::new(config))),
     }
 }
 

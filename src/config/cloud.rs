@@ -9,13 +9,14 @@ pub enum Provider {
     Aws,
     Azure,
     Gcp,
+    Alibaba,
 }
 
 impl Provider {
     /// Whether the cloud's calls start operations that gpuwatch follows to their end (Azure's
     /// deallocate and delete), which an action's time limit must allow for.
     pub fn follows_operations(self) -> bool {
-        matches!(self, Provider::Azure | Provider::Gcp)
+        matches!(self, Provider::Azure | Provider::Gcp | Provider::Alibaba)
     }
 }
 
@@ -36,6 +37,10 @@ pub struct CloudConfig {
     pub client_id: String,
     /// Compute Engine: what a stop does with local SSD data.
     pub local_ssd: gpuwatch_core::plan::gcp::LocalSsd,
+    /// Alibaba Cloud: the instance RAM role's name; empty: the one metadata names.
+    pub ram_role: String,
+    /// Alibaba Cloud: stop an instance that cannot stop in economical mode anyway, still billed.
+    pub keep_charging: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -70,6 +75,7 @@ impl RawCloud {
                 ("aws", Provider::Aws),
                 ("azure", Provider::Azure),
                 ("gcp", Provider::Gcp),
+                ("alibaba", Provider::Alibaba),
             ],
         );
         let local_ssd = pick(
@@ -135,6 +141,8 @@ impl RawCloud {
             tag_poll_interval: tag_poll_interval?,
             client_id: client_id_ok.then(|| client_id.to_string())?,
             local_ssd: local_ssd?,
+            ram_role: self.ram_role.trim().to_string(),
+            keep_charging: self.keep_charging,
         })
     }
 }

@@ -334,12 +334,14 @@ impl RawConfig {
 }
 
 /// An action the configured cloud can never carry out on a GPU node is refused at load, naming
-/// the key: Compute Engine does not suspend a VM with GPUs, so `hibernate` cannot run there.
+/// the key: Compute Engine does not suspend a VM with GPUs, and ECS offers no public
+/// hibernation, so `hibernate` cannot run there.
 fn refuse_what_the_cloud_cannot(raw: &RawConfig, errors: &mut Vec<ConfigError>) {
-    if raw.cloud.provider != "gcp" {
-        return;
-    }
-    let why = "\"hibernate\" suspends the VM, which Compute Engine does not do for a VM with GPUs: use \"stop\"";
+    let why = match raw.cloud.provider.as_str() {
+        "gcp" => "\"hibernate\" suspends the VM, which Compute Engine does not do for a VM with GPUs: use \"stop\"",
+        "alibaba" => "\"hibernate\" is not a public ECS API (an invitational preview): use \"stop\", which stops the instance in economical mode",
+        _ => return,
+    };
     let rules = raw.rules.iter().enumerate();
     let hibernating = rules
         .filter(|(_, r)| r.action == "hibernate")

@@ -61,6 +61,10 @@ pub struct RawCloud {
     pub client_id: String,
     /// Compute Engine: "keep" (the default) or "discard" local SSD data when the VM stops.
     pub local_ssd: String,
+    /// Alibaba Cloud: the instance RAM role's name; empty: the one metadata names.
+    pub ram_role: String,
+    /// Alibaba Cloud: stop an instance that cannot stop in economical mode anyway.
+    pub keep_charging: bool,
     /// Instance tags copied onto `gpuwatch_node_info` as labels.
     pub tag_labels: Vec<String>,
 }
@@ -186,6 +190,8 @@ impl Default for RawConfig {
                 tag_poll_interval: "1m".to_string(),
                 client_id: String::new(),
                 local_ssd: "keep".to_string(),
+                ram_role: String::new(),
+                keep_charging: false,
                 tag_labels: Vec::new(),
             },
             node: RawNode::default(),

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod alertmanager;
+pub mod alibaba;
 pub mod aws;
 pub mod azure;
 pub mod browser;

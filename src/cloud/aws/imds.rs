@@ -2,17 +2,12 @@
 //! through the metadata client every cloud shares (`cloud::metadata`).
 
 use std::collections::BTreeMap;
-use std::time::Instant;
 
-use hyper::Method;
 use serde::Deserialize;
-use tokio::sync::Mutex;
 
 use crate::rules::Lifecycle;
 
-use crate::cloud::metadata::{Answer, Endpoint, MetadataError as ImdsError, TIMEOUT};
-
-const TOKEN_TTL_SECS: u64 = 21_600;
+use crate::cloud::metadata::{MetadataError as ImdsError, Session};
 
 pub use gpuwatch_core::node::Node;
 
@@ -38,25 +33,7 @@ struct RebalanceNotice {
 }
 
 pub struct Imds {
-    endpoint: Endpoint,
-    token: Mutex<Option<Token>>,
-}
-
-/// A session token and when it was fetched, by the monotonic clock and by the wall clock: the
-/// monotonic clock does not advance across a suspend (a hibernate and resume), the wall clock
-/// does, so a token expires by whichever says it is older.
-struct Token {
-    value: String,
-    at: Instant,
-    wall: f64,
-}
-
-impl Token {
-    fn fresh(&self) -> bool {
-        let max = (TOKEN_TTL_SECS - 60) as f64;
-        let wall_age = crate::time::now() - self.wall;
-        self.at.elapsed().as_secs_f64() < max && (0.0..max).contains(&wall_age)
-    }
+    session: Session,
 }
 
 impl Imds {
@@ -64,96 +41,25 @@ impl Imds {
     /// as unreachable.
     pub fn new(endpoint: &str) -> Imds {
         Imds {
-            endpoint: Endpoint::new(endpoint),
-            token: Mutex::new(None),
+            session: Session::new(
+                endpoint,
+                "X-aws-ec2-metadata-token-ttl-seconds",
+                "X-aws-ec2-metadata-token",
+            ),
         }
     }
 
-    async fn request(
-        &self,
-        method: Method,
-        path: &str,
-        header: (&'static str, &str),
-    ) -> Result<Answer, ImdsError> {
-        self.endpoint
-            .request(method, path, &[header], TIMEOUT)
-            .await
-    }
-
+    #[cfg(test)]
     async fn token(&self) -> Result<String, ImdsError> {
-        let mut cached = self.token.lock().await;
-        if let Some(t) = cached.as_ref().filter(|t| t.fresh()) {
-            return Ok(t.value.clone());
-        }
-        let path = "/latest/api/token";
-        let ttl = TOKEN_TTL_SECS.to_string();
-        let answer = self
-            .request(
-                Method::PUT,
-                path,
-                ("X-aws-ec2-metadata-token-ttl-seconds", &ttl),
-            )
-            .await?;
-        if !(200..300).contains(&answer.status) {
-            return Err(ImdsError::Status {
-                path: path.into(),
-                status: answer.status,
-            });
-        }
-        // A header value cannot end in a newline: a token that did would fail every request.
-        let token = answer.text(path)?.trim().to_string();
-        if token.is_empty() {
-            return Err(ImdsError::Invalid {
-                path: path.into(),
-                message: "the token is empty".into(),
-            });
-        }
-        *cached = Some(Token {
-            value: token.clone(),
-            at: Instant::now(),
-            wall: crate::time::now(),
-        });
-        Ok(token)
+        self.session.token().await
     }
 
-    /// Forgets the token, so the next request fetches a new one.
-    async fn forget_token(&self) {
-        *self.token.lock().await = None;
-    }
-
-    /// GETs a metadata path; `Ok(None)` for 404. A 401 means the token was revoked or has
-    /// expired: a new one is fetched and the request made once more.
     async fn get(&self, path: &str) -> Result<Option<String>, ImdsError> {
-        let mut answer = self.send_get(path).await?;
-        if answer.status == 401 {
-            self.forget_token().await;
-            answer = self.send_get(path).await?;
-        }
-        match answer.status {
-            200 => Ok(Some(answer.text(path)?.trim().to_string())),
-            404 => Ok(None),
-            status => Err(ImdsError::Status {
-                path: path.into(),
-                status,
-            }),
-        }
-    }
-
-    async fn send_get(&self, path: &str) -> Result<Answer, ImdsError> {
-        let token = self.token().await?;
-        self.request(
-            Method::GET,
-            &format!("/latest/meta-data/{path}"),
-            ("X-aws-ec2-metadata-token", &token),
-        )
-        .await
+        self.session.get(path).await
     }
 
     async fn required(&self, path: &str) -> Result<String, ImdsError> {
-        self.get(path).await?.ok_or_else(|| ImdsError::Status {
-            path: path.into(),
-            status: 404,
-        })
+        self.session.required(path).await
     }
 
     pub async fn identity(&self) -> Result<Node, ImdsError> {
@@ -257,6 +163,8 @@ pub fn parse_rebalance(body: &str) -> Result<Notice, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cloud::metadata::TIMEOUT;
+    use std::time::Instant;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// Serves one connection: reads the request head, writes `answer` (if any), and returns the

@@ -1,6 +1,7 @@
 //! What an instance action means on each cloud: one pure plan per cloud, table-tested in its
 //! own module. The daemon's cloud boundary carries a plan out; nothing here calls anything.
 
+pub mod alibaba;
 pub mod aws;
 pub mod azure;
 pub mod gcp;

@@ -1,0 +1,388 @@
+//! The ECS API (2014-05-26, RPC style), for this one instance: every call a `POST /` with its
+//! parameters in the query, signed with signature V3 under the instance RAM role's STS
+//! credentials from instance metadata, renewed before they expire. No secret or token is ever
+//! logged or put in an error. `RAM_ACTIONS` and `config/alibaba-ram-policy.json` list the same
+//! actions; a test keeps them in step.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::sign;
+use crate::cloud::metadata::{MetadataError, Session};
+use crate::cloud::{CloudError, ErrorKind};
+
+pub const VERSION: &str = "2014-05-26";
+
+/// Every ECS action gpuwatch calls, with the RAM action that allows it.
+pub const RAM_ACTIONS: &[(&str, &str)] = &[
+    ("DescribeInstances", "ecs:DescribeInstances"),
+    ("DescribeInstanceStatus", "ecs:DescribeInstanceStatus"),
+    ("StopInstance", "ecs:StopInstance"),
+    ("DeleteInstance", "ecs:DeleteInstance"),
+    ("TagResources", "ecs:TagResources"),
+    ("DescribePrice", "ecs:DescribePrice"),
+    ("DescribeSpotPriceHistory", "ecs:DescribeSpotPriceHistory"),
+];
+
+/// The RAM action an ECS action needs.
+pub fn ram_action(action: &str) -> &'static str {
+    RAM_ACTIONS
+        .iter()
+        .find(|(a, _)| *a == action)
+        .map_or("", |(_, r)| r)
+}
+
+const MAX_BODY: usize = 1024 * 1024;
+/// Credentials are fetched again this long before they expire.
+const RENEW_BEFORE: f64 = 180.0;
+
+/// The RAM role's STS credentials, as metadata gives them.
+#[derive(Deserialize, Clone)]
+#[serde(rename_all = "PascalCase")]
+struct Credentials {
+    access_key_id: String,
+    access_key_secret: String,
+    security_token: String,
+    expiration: String,
+    #[serde(default)]
+    code: String,
+}
+
+/// Never shown: the secret and the token are secrets.
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Credentials(expiration: {})", self.expiration)
+    }
+}
+
+/// An error answer: `{"RequestId", "HostId", "Code", "Message", "Recommend"}`.
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "PascalCase")]
+struct ErrorBody {
+    request_id: String,
+    code: String,
+    message: String,
+}
+
+pub struct Ecs {
+    /// The endpoint, without a trailing slash.
+    base: String,
+    region: String,
+    metadata: Arc<Session>,
+    /// The RAM role's name, if the config gives it; else metadata names it.
+    role: String,
+    credentials: tokio::sync::Mutex<Option<(Credentials, f64)>>,
+    http: OnceLock<reqwest::Client>,
+}
+
+impl Ecs {
+    pub fn new(base: &str, region: &str, metadata: Arc<Session>, role: &str) -> Ecs {
+        Ecs {
+            base: base.trim_end_matches('/').to_string(),
+            region: region.to_string(),
+            metadata,
+            role: role.to_string(),
+            credentials: tokio::sync::Mutex::new(None),
+            http: OnceLock::new(),
+        }
+    }
+
+    pub fn region(&self) -> &str {
+        &self.region
+    }
+
+    fn fail(action: &'static str, kind: ErrorKind, message: String) -> CloudError {
+        CloudError {
+            operation: action,
+            kind,
+            message,
+            request_id: None,
+        }
+    }
+
+    /// The STS credentials, fetched now when none are fresh (or `renew` asks).
+    async fn credentials(
+        &self,
+        action: &'static str,
+        renew: bool,
+    ) -> Result<Credentials, CloudError> {
+        let mut cached = self.credentials.lock().await;
+        let now = crate::time::now();
+        if let Some((c, expires)) = cached.as_ref() {
+            if !renew && expires - RENEW_BEFORE > now {
+                return Ok(c.clone());
+            }
+        }
+        let no = |e: MetadataError| {
+            Self::fail(
+                action,
+                ErrorKind::Retryable,
+                format!("no RAM role credentials: {e}"),
+            )
+        };
+        let role = if self.role.is_empty() {
+            let listed = self
+                .metadata
+                .required("ram/security-credentials/")
+                .await
+                .map_err(no)?;
+            listed.lines().next().unwrap_or("").trim().to_string()
+        } else {
+            self.role.clone()
+        };
+        if role.is_empty() || role.contains(['/', '?', '#']) {
+            return Err(Self::fail(
+                action,
+                ErrorKind::AccessDenied,
+                "the instance has no RAM role: attach one (see config/alibaba-ram-policy.json)"
+                    .into(),
+            ));
+        }
+        let body = self
+            .metadata
+            .required(&format!("ram/security-credentials/{role}"))
+            .await
+            .map_err(no)?;
+        let c: Credentials = serde_json::from_str(&body).map_err(|_| {
+            Self::fail(
+                action,
+                ErrorKind::Retryable,
+                "the RAM role credentials do not parse".into(),
+            )
+        })?;
+        let expires = crate::time::parse_rfc3339(&c.expiration);
+        let good = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic());
+        let Some(expires) = expires.filter(|_| {
+            c.code == "Success"
+                && good(&c.access_key_id)
+                && good(&c.access_key_secret)
+                && good(&c.security_token)
+        }) else {
+            return Err(Self::fail(
+                action,
+                ErrorKind::Retryable,
+                format!(
+                    "the RAM role credentials are not usable (Code {:?})",
+                    crate::redact::brief(&c.code, 32)
+                ),
+            ));
+        };
+        *cached = Some((c.clone(), expires));
+        Ok(c)
+    }
+
+    fn http(&self) -> Result<&reqwest::Client, CloudError> {
+        if let Some(c) = self.http.get() {
+            return Ok(c);
+        }
+        let client = crate::client::http_client()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(30))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| Self::fail("Client", ErrorKind::Other, e.to_string()))?;
+        Ok(self.http.get_or_init(|| client))
+    }
+
+    /// Calls `action` with `params`, signed; an STS token the API calls expired is renewed
+    /// once. Returns the answer's JSON.
+    pub async fn call(
+        &self,
+        action: &'static str,
+        params: &[(&str, &str)],
+    ) -> Result<Value, CloudError> {
+        let query: Vec<(String, String)> = params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let canonical = sign::canonical_query(&query);
+        let url = format!("{}/?{canonical}", self.base);
+        let parsed = reqwest::Url::parse(&url).map_err(|e| {
+            Self::fail(
+                action,
+                ErrorKind::Other,
+                format!("the endpoint is not a URL: {e}"),
+            )
+        })?;
+        let host = match (parsed.host_str(), parsed.port()) {
+            (Some(h), Some(p)) => format!("{h}:{p}"),
+            (Some(h), None) => h.to_string(),
+            _ => {
+                return Err(Self::fail(
+                    action,
+                    ErrorKind::Other,
+                    "the endpoint names no host".into(),
+                ))
+            }
+        };
+        let mut renew = false;
+        loop {
+            let c = self.credentials(action, renew).await?;
+            let empty = sign::sha256_hex(b"");
+            let headers: Vec<(String, String)> = [
+                ("host", host.as_str()),
+                ("x-acs-action", action),
+                ("x-acs-version", VERSION),
+                ("x-acs-date", &rfc3339_seconds(crate::time::now())),
+                ("x-acs-signature-nonce", &nonce()),
+                ("x-acs-content-sha256", &empty),
+                ("x-acs-security-token", &c.security_token),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+            let signed = sign::sign(
+                &sign::Request {
+                    method: "POST",
+                    path: "/",
+                    query: &query,
+                    headers: &headers,
+                    body: b"",
+                },
+                &c.access_key_id,
+                &c.access_key_secret,
+            );
+            let mut request = self
+                .http()?
+                .post(&url)
+                .header("authorization", signed.authorization);
+            for (k, v) in headers.iter().filter(|(k, _)| k != "host") {
+                request = request.header(k, v);
+            }
+            let retryable = |m: String| Self::fail(action, ErrorKind::Retryable, m);
+            let response = request
+                .header(reqwest::header::CONTENT_LENGTH, "0")
+                .send()
+                .await
+                .map_err(|e| retryable(crate::redact::urls(&e.to_string())))?;
+            let status = response.status().as_u16();
+            let body = crate::client::read_body(response, MAX_BODY)
+                .await
+                .map_err(|e| retryable(crate::redact::urls(&e.to_string())))?
+                .ok_or_else(|| retryable(format!("the answer is larger than {MAX_BODY} bytes")))?;
+            if status == 200 {
+                return serde_json::from_slice(&body).map_err(|e| {
+                    Self::fail(
+                        action,
+                        ErrorKind::Other,
+                        format!("the answer does not parse: {e}"),
+                    )
+                });
+            }
+            let e: ErrorBody = serde_json::from_slice(&body).unwrap_or_default();
+            if e.code.starts_with("InvalidSecurityToken") && !renew {
+                renew = true;
+                continue;
+            }
+            return Err(classify(action, status, e));
+        }
+    }
+
+    /// This instance, as `DescribeInstances` gives it.
+    pub async fn describe(&self, id: &str) -> Result<Option<Value>, CloudError> {
+        let ids = serde_json::json!([id]).to_string();
+        let answer = self
+            .call(
+                "DescribeInstances",
+                &[("RegionId", &self.region), ("InstanceIds", &ids)],
+            )
+            .await?;
+        Ok(answer["Instances"]["Instance"]
+            .as_array()
+            .and_then(|a| a.iter().find(|i| i["InstanceId"] == id))
+            .cloned())
+    }
+}
+
+/// What an error answer means: throttling and 5xx are retried; RAM denials, credentials and
+/// signatures are permissions; the rest (an instance in the wrong state) is the request.
+fn classify(action: &'static str, status: u16, e: ErrorBody) -> CloudError {
+    let code = crate::redact::brief(&e.code, 128);
+    let kind = if code.starts_with("Throttling") || code == "ServiceUnavailable" || status >= 500 {
+        ErrorKind::Retryable
+    } else if code.starts_with("Forbidden")
+        || code.starts_with("InvalidAccessKeyId")
+        || code.starts_with("InvalidSecurityToken")
+        || code.starts_with("Signature")
+        || status == 401
+    {
+        ErrorKind::AccessDenied
+    } else {
+        ErrorKind::Other
+    };
+    let mut message = format!(
+        "{} (HTTP {status}): {}",
+        if code.is_empty() { "error" } else { &code },
+        if e.message.is_empty() {
+            "no message".to_string()
+        } else {
+            crate::redact::brief(&e.message, 1024)
+        }
+    );
+    if code.starts_with("Forbidden") {
+        message.push_str(&format!(
+            " (the instance's RAM role needs {}: see config/alibaba-ram-policy.json)",
+            ram_action(action)
+        ));
+    }
+    CloudError {
+        operation: action,
+        kind,
+        message,
+        request_id: (!e.request_id.is_empty()).then(|| crate::redact::brief(&e.request_id, 64)),
+    }
+}
+
+/// `yyyy-MM-ddTHH:mm:ssZ`, as `x-acs-date` takes it.
+fn rfc3339_seconds(t: f64) -> String {
+    crate::time::rfc3339(t.floor())
+}
+
+/// A nonce never used before: the time and a counter, with the process id.
+fn nonce() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let n = COUNT.fetch_add(1, Ordering::Relaxed);
+    let t = crate::time::now();
+    sign::sha256_hex(format!("{t}-{}-{n}", std::process::id()).as_bytes())[..32].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_say_their_code_and_a_ram_denial_names_the_action() {
+        let e = |code: &str| ErrorBody {
+            request_id: "473469C7".into(),
+            code: code.into(),
+            message: "m".into(),
+        };
+        let denied = classify("StopInstance", 403, e("Forbidden.RAM"));
+        assert_eq!(denied.kind, ErrorKind::AccessDenied);
+        assert!(
+            denied.message.contains("needs ecs:StopInstance"),
+            "{}",
+            denied.message
+        );
+        assert_eq!(denied.request_id.as_deref(), Some("473469C7"));
+        assert_eq!(
+            classify("StopInstance", 400, e("Throttling.User")).kind,
+            ErrorKind::Retryable
+        );
+        assert_eq!(
+            classify("StopInstance", 403, e("IncorrectInstanceStatus")).kind,
+            ErrorKind::Other
+        );
+        assert_eq!(
+            classify("StopInstance", 400, e("SignatureDoesNotMatch")).kind,
+            ErrorKind::AccessDenied
+        );
+        assert_eq!(rfc3339_seconds(1_698_315_752.9), "2023-10-26T10:22:32Z");
+        assert_ne!(nonce(), nonce());
+        assert_eq!(nonce().len(), 32);
+    }
+}
