@@ -22,7 +22,7 @@ use gpuwatch_core::step::order::{
 };
 use gpuwatch_core::step::{crossing_text, step, Inputs, State};
 
-use crate::cloud::plan::{aws::plan, Down, Plan};
+use crate::cloud::plan::Down;
 use crate::config::Config;
 use crate::rules::engine::Event;
 use crate::rules::{Action, GpuReading, Lifecycle, Metric, Observation, Rule};
@@ -324,6 +324,7 @@ pub fn replay_with(config: &Config, rows: &[Row], options: &Options) -> Vec<Repo
             down: &mut down,
             lifecycle,
             spot_stop: config.actions.spot_stop,
+            cloud: &config.cloud,
         };
         drive_at_once(&settings, &mut state, outcome.order, &mut rehearsal);
     }
@@ -344,6 +345,8 @@ struct Rehearsal<'a> {
     down: &'a mut Option<Down>,
     lifecycle: Option<Lifecycle>,
     spot_stop: crate::config::SpotStop,
+    /// The cloud whose plan the daemon would follow.
+    cloud: &'a crate::config::CloudConfig,
 }
 
 impl Rehearsal<'_> {
@@ -432,18 +435,18 @@ impl Edge for Rehearsal<'_> {
         if !action.is_instance_action() || was_down {
             return Executed::Recorded;
         }
-        // What the daemon would call on this instance, as it plans it (without the spot
-        // request, which only EC2 knows).
-        let (kind, detail) = match plan(*action, self.lifecycle, None, self.spot_stop) {
-            Plan::Refuse(why) => (
+        // What the daemon would call on this instance, as its cloud's plan says.
+        let (kind, detail) = match crate::cloud::rehearse(
+            self.cloud,
+            *action,
+            self.lifecycle,
+            self.spot_stop,
+        ) {
+            Err(why) => (
                 "refused",
                 action_result(*action, "refused", &format!("{why}; the node stays up")),
             ),
-            Plan::Steps(steps) => {
-                let last = steps
-                    .last()
-                    .and_then(|s| s.leaves())
-                    .unwrap_or(Down::Stopped);
+            Ok(last) => {
                 *self.down = Some(last);
                 let what = last.as_str();
                 (

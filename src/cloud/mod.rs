@@ -39,6 +39,59 @@ pub type Tags = Vec<(String, String)>;
 /// How long a cloud's operation (a deallocate, a stop) is followed to its end, at most.
 pub const FOLLOW_FOR: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
+/// What `action` leaves the node as on the configured cloud, as its plan says, or why it is
+/// refused: `gpuwatch simulate`'s answer, which calls nothing. What only the cloud's API knows is taken at its most common: no spot request on
+/// EC2, hibernation enabled and no scale set on Azure, no local SSD on Compute Engine, an
+/// economical-mode family on ECS.
+pub fn rehearse(
+    cloud: &crate::config::CloudConfig,
+    action: crate::rules::Action,
+    lifecycle: Option<crate::rules::Lifecycle>,
+    spot_stop: crate::config::SpotStop,
+) -> Result<plan::Down, String> {
+    fn last<S>(
+        plan: plan::Plan<S>,
+        leaves: fn(&S) -> Option<plan::Down>,
+    ) -> Result<plan::Down, String> {
+        match plan {
+            plan::Plan::Refuse(why) => Err(why),
+            plan::Plan::Steps(steps) => {
+                Ok(steps.last().and_then(leaves).unwrap_or(plan::Down::Stopped))
+            }
+        }
+    }
+    let spot = lifecycle == Some(crate::rules::Lifecycle::Spot);
+    match cloud.provider {
+        Provider::None | Provider::Aws => last(
+            plan::aws::plan(action, lifecycle, None, spot_stop),
+            plan::aws::Step::leaves,
+        ),
+        Provider::Azure => {
+            let vm = plan::azure::Vm {
+                spot,
+                hibernation: Some(true),
+                scale_set: None,
+            };
+            last(
+                plan::azure::plan(action, &vm, spot_stop),
+                plan::azure::Step::leaves,
+            )
+        }
+        Provider::Gcp => last(
+            plan::gcp::plan(action, &plan::gcp::Vm::default(), cloud.local_ssd),
+            plan::gcp::Step::leaves,
+        ),
+        Provider::Alibaba => last(
+            plan::alibaba::plan(
+                action,
+                &plan::alibaba::Instance::default(),
+                cloud.keep_charging,
+            ),
+            plan::alibaba::Step::leaves,
+        ),
+    }
+}
+
 /// The one cloud the config names, or none.
 pub fn open(config: &Config) -> Option<Arc<dyn Cloud>> {
     match config.cloud.provider {
@@ -193,4 +246,41 @@ pub enum ErrorKind {
     AccessDenied,
     /// Anything else, such as an instance in the wrong state.
     Other,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SpotStop;
+    use crate::rules::{Action, Lifecycle};
+
+    /// `simulate` follows the configured cloud's plan: a spot stop is refused on EC2 (a
+    /// one-time request cannot stop) and deallocates on Azure; Compute Engine and ECS never
+    /// hibernate.
+    #[test]
+    fn a_rehearsal_follows_the_configured_cloud_s_plan() {
+        let mut cloud = crate::config::Config::default().cloud;
+        let spot = Some(Lifecycle::Spot);
+        let rehearse =
+            |c: &crate::config::CloudConfig, action| rehearse(c, action, spot, SpotStop::Refuse);
+        cloud.provider = Provider::Aws;
+        assert!(rehearse(&cloud, Action::Stop)
+            .unwrap_err()
+            .contains("one-time spot"));
+        cloud.provider = Provider::Azure;
+        assert_eq!(rehearse(&cloud, Action::Stop), Ok(plan::Down::Stopped));
+        assert_eq!(
+            rehearse(&cloud, Action::Terminate),
+            Ok(plan::Down::Terminated)
+        );
+        cloud.provider = Provider::Gcp;
+        assert_eq!(rehearse(&cloud, Action::Stop), Ok(plan::Down::Stopped));
+        assert!(rehearse(&cloud, Action::Hibernate).is_err());
+        cloud.provider = Provider::Alibaba;
+        assert!(rehearse(&cloud, Action::Hibernate).is_err());
+        assert_eq!(
+            rehearse(&cloud, Action::Terminate),
+            Ok(plan::Down::Terminated)
+        );
+    }
 }
