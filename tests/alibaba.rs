@@ -13,54 +13,12 @@ use std::time::Duration;
 
 use common::alibaba::{tags_of, Fake, INSTANCE};
 use common::aws::actions;
-use common::{events, metric, secs, Daemon, Response};
+use common::fake::{api_calls, start, start_in, BUSY, IDLE};
+use common::{events, metric, secs, Response};
 use gpuwatch::cloud::alibaba::sign::{sha256_hex, sign, Request};
 use serde_json::{json, Value};
 
-const IDLE: &str = "[[gpu]]\nutilization = 0\n[[gpu]]\nutilization = 0\n";
-const BUSY: &str = "[[gpu]]\nutilization = 90\n[[gpu]]\nutilization = 90\n";
 const LIMIT: Duration = Duration::from_secs(60);
-
-fn rule(action: &str) -> String {
-    format!(
-        "[[rules]]\nname = \"idle\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\nthreshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 2\naction = \"{action}\"\n"
-    )
-}
-
-/// The daemon on `fake`, in `mode`, with one idle rule doing `action` after a 1 s warning.
-fn start(fake: &Fake, mode: &str, action: &str, extra: &str, scenario: &str) -> Daemon {
-    start_in(
-        tempfile::tempdir().unwrap(),
-        fake,
-        mode,
-        action,
-        extra,
-        scenario,
-    )
-}
-
-fn start_in(
-    dir: tempfile::TempDir,
-    fake: &Fake,
-    mode: &str,
-    action: &str,
-    extra: &str,
-    scenario: &str,
-) -> Daemon {
-    let config = fake.config(
-        dir.path(),
-        &format!("mode = \"{mode}\"\nwarning = \"1s\""),
-        &format!("{extra}\n{}", rule(action)),
-    );
-    Daemon::start_scenario(dir, scenario, &config)
-}
-
-fn api_calls(d: &Daemon) -> Vec<String> {
-    events(&d.audit(), "api_call")
-        .iter()
-        .map(|r| r["operation"].as_str().unwrap().to_string())
-        .collect()
-}
 
 /// The change to the fake's state that makes its instance a spot one.
 fn spot() -> Value {

@@ -9,53 +9,11 @@ use std::time::Duration;
 
 use common::aws::actions;
 use common::azure::{Fake, VM};
+use common::fake::{api_calls, rule, start, start_in, BUSY, IDLE};
 use common::{events, metric, secs, Daemon};
 use serde_json::json;
 
-const IDLE: &str = "[[gpu]]\nutilization = 0\n[[gpu]]\nutilization = 0\n";
-const BUSY: &str = "[[gpu]]\nutilization = 90\n[[gpu]]\nutilization = 90\n";
 const LIMIT: Duration = Duration::from_secs(60);
-
-fn rule(action: &str) -> String {
-    format!(
-        "[[rules]]\nname = \"idle\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\nthreshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 2\naction = \"{action}\"\n"
-    )
-}
-
-/// The daemon on `fake`, in `mode`, with one idle rule doing `action` after a 1 s warning.
-fn start(fake: &Fake, mode: &str, action: &str, extra: &str, scenario: &str) -> Daemon {
-    start_in(
-        tempfile::tempdir().unwrap(),
-        fake,
-        mode,
-        action,
-        extra,
-        scenario,
-    )
-}
-
-fn start_in(
-    dir: tempfile::TempDir,
-    fake: &Fake,
-    mode: &str,
-    action: &str,
-    extra: &str,
-    scenario: &str,
-) -> Daemon {
-    let config = fake.config(
-        dir.path(),
-        &format!("mode = \"{mode}\"\nwarning = \"1s\""),
-        &format!("{extra}\n{}", rule(action)),
-    );
-    Daemon::start_scenario(dir, scenario, &config)
-}
-
-fn api_calls(d: &Daemon) -> Vec<String> {
-    events(&d.audit(), "api_call")
-        .iter()
-        .map(|r| r["operation"].as_str().unwrap().to_string())
-        .collect()
-}
 
 #[test]
 fn an_idle_vm_is_tagged_then_deallocated_once_its_operation_followed_to_the_end() {
@@ -338,7 +296,7 @@ fn an_identity_the_vm_lacks_fails_the_action_and_no_token_is_shown() {
         .config(
             dir.path(),
             "mode = \"enforce\"\nwarning = \"1s\"",
-            &rule("stop"),
+            &rule("idle", "stop"),
         )
         .replace(
             "poll_interval = \"200ms\"",

@@ -104,3 +104,9 @@ pub fn tags_of(call: &Value) -> Vec<(String, String)> {
         })
         .collect()
 }
+
+impl super::fake::Cloud for Fake {
+    fn config(&self, dir: &Path, actions: &str, extra: &str) -> String {
+        Fake::config(self, dir, actions, extra)
+    }
+}

@@ -96,3 +96,9 @@ state_dir = "{state}"
 
 /// The path of this fake's VM.
 pub const VM: &str = "/subscriptions/8d10da13-8125-4ba9-a717-bf7490507b3d/resourceGroups/gpu-rg/providers/Microsoft.Compute/virtualMachines/gpu-vm-1";
+
+impl super::fake::Cloud for Fake {
+    fn config(&self, dir: &Path, actions: &str, extra: &str) -> String {
+        Fake::config(self, dir, actions, extra)
+    }
+}

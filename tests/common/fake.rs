@@ -110,3 +110,67 @@ impl Process {
         }
     }
 }
+
+/// A fake cloud the daemon can be pointed at: its config, and the name of the idle rule its
+/// end-to-end tests give the daemon.
+pub trait Cloud {
+    /// The daemon's config on this fake, with `actions` in `[actions]` and `extra` after.
+    fn config(&self, dir: &Path, actions: &str, extra: &str) -> String;
+    fn rule_name(&self) -> &'static str {
+        "idle"
+    }
+}
+
+/// Two idle GPUs, and two busy ones.
+pub const IDLE: &str = "[[gpu]]\nutilization = 0\n[[gpu]]\nutilization = 0\n";
+pub const BUSY: &str = "[[gpu]]\nutilization = 90\n[[gpu]]\nutilization = 90\n";
+
+/// A rule named `name` on idle GPUs (two periods of 1 s) that does `action`.
+pub fn rule(name: &str, action: &str) -> String {
+    format!(
+        "[[rules]]\nname = \"{name}\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\nthreshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 2\naction = \"{action}\"\n"
+    )
+}
+
+/// The daemon on `fake`, in `mode`, with its idle rule doing `action` after a 1 s warning.
+pub fn start(
+    fake: &impl Cloud,
+    mode: &str,
+    action: &str,
+    extra: &str,
+    scenario: &str,
+) -> super::Daemon {
+    start_in(
+        tempfile::tempdir().unwrap(),
+        fake,
+        mode,
+        action,
+        extra,
+        scenario,
+    )
+}
+
+/// As `start`, in `dir`.
+pub fn start_in(
+    dir: tempfile::TempDir,
+    fake: &impl Cloud,
+    mode: &str,
+    action: &str,
+    extra: &str,
+    scenario: &str,
+) -> super::Daemon {
+    let config = fake.config(
+        dir.path(),
+        &format!("mode = \"{mode}\"\nwarning = \"1s\""),
+        &format!("{extra}\n{}", rule(fake.rule_name(), action)),
+    );
+    super::Daemon::start_scenario(dir, scenario, &config)
+}
+
+/// The cloud calls the daemon's audit log records, by operation.
+pub fn api_calls(d: &super::Daemon) -> Vec<String> {
+    super::events(&d.audit(), "api_call")
+        .iter()
+        .map(|r| r["operation"].as_str().unwrap().to_string())
+        .collect()
+}

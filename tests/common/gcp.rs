@@ -68,3 +68,13 @@ state_dir = "{state}"
 
 /// The path of this fake's VM.
 pub const VM: &str = "/compute/v1/projects/gpu-project/zones/us-central1-a/instances/gpu-vm-1";
+
+impl super::fake::Cloud for Fake {
+    fn config(&self, dir: &Path, actions: &str, extra: &str) -> String {
+        Fake::config(self, dir, actions, extra)
+    }
+
+    fn rule_name(&self) -> &'static str {
+        "Idle 2h"
+    }
+}

@@ -317,21 +317,13 @@ impl Api for AlibabaApi {
                 prepaid: i["InstanceChargeType"] == "PrePaid",
             };
             Ok(
-                match plan::alibaba::plan(action, &instance, self.keep_charging) {
-                    Plan::Refuse(why) => Plan::Refuse(why),
-                    Plan::Steps(steps) => Plan::Steps(
-                        steps
-                            .into_iter()
-                            .map(|step| {
-                                Box::new(AlibabaStep {
-                                    ecs: Arc::clone(&self.ecs),
-                                    id: self.id.clone(),
-                                    step,
-                                }) as Box<dyn super::Step>
-                            })
-                            .collect(),
-                    ),
-                },
+                plan::alibaba::plan(action, &instance, self.keep_charging).map(|step| {
+                    Box::new(AlibabaStep {
+                        ecs: Arc::clone(&self.ecs),
+                        id: self.id.clone(),
+                        step,
+                    }) as Box<dyn super::Step>
+                }),
             )
         })
     }
@@ -362,15 +354,6 @@ impl Api for AlibabaApi {
                 request_id: request_id(&a),
             })
         })
-    }
-
-    fn publish<'a>(
-        &'a self,
-        _: &'a str,
-        _: &'a str,
-        _: &'a str,
-    ) -> Option<Fut<'a, Result<Option<String>, CloudError>>> {
-        None
     }
 
     fn grant_hint(&self) -> &'static str {

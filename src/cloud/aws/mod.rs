@@ -184,20 +184,12 @@ impl Api for AwsApi {
                 _ => None,
             };
             Ok(
-                match plan::aws::plan(action, self.lifecycle, spot.as_ref(), spot_stop) {
-                    Plan::Refuse(why) => Plan::Refuse(why),
-                    Plan::Steps(steps) => Plan::Steps(
-                        steps
-                            .into_iter()
-                            .map(|step| {
-                                Box::new(AwsStep {
-                                    ec2: self.ec2.clone(),
-                                    step,
-                                }) as Box<dyn super::Step>
-                            })
-                            .collect(),
-                    ),
-                },
+                plan::aws::plan(action, self.lifecycle, spot.as_ref(), spot_stop).map(|step| {
+                    Box::new(AwsStep {
+                        ec2: self.ec2.clone(),
+                        step,
+                    }) as Box<dyn super::Step>
+                }),
             )
         })
     }

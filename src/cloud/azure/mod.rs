@@ -380,20 +380,12 @@ impl Api for AzureApi {
         spot_stop: SpotStop,
     ) -> Fut<'_, Result<Plan<Box<dyn super::Step>>, CloudError>> {
         Box::pin(async move {
-            Ok(match plan::azure::plan(action, &self.vm, spot_stop) {
-                Plan::Refuse(why) => Plan::Refuse(why),
-                Plan::Steps(steps) => Plan::Steps(
-                    steps
-                        .into_iter()
-                        .map(|step| {
-                            Box::new(AzureStep {
-                                arm: Arc::clone(&self.arm),
-                                step,
-                            }) as Box<dyn super::Step>
-                        })
-                        .collect(),
-                ),
-            })
+            Ok(plan::azure::plan(action, &self.vm, spot_stop).map(|step| {
+                Box::new(AzureStep {
+                    arm: Arc::clone(&self.arm),
+                    step,
+                }) as Box<dyn super::Step>
+            }))
         })
     }
 
@@ -422,15 +414,6 @@ impl Api for AzureApi {
                 request_id,
             })
         })
-    }
-
-    fn publish<'a>(
-        &'a self,
-        _topic: &'a str,
-        _subject: &'a str,
-        _text: &'a str,
-    ) -> Option<Fut<'a, Result<Option<String>, CloudError>>> {
-        None
     }
 
     fn grant_hint(&self) -> &'static str {

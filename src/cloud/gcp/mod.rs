@@ -349,20 +349,12 @@ impl Api for GcpApi {
                 _ => false,
             };
             let vm = plan::gcp::Vm { local_ssd };
-            Ok(match plan::gcp::plan(action, &vm, self.local_ssd) {
-                Plan::Refuse(why) => Plan::Refuse(why),
-                Plan::Steps(steps) => Plan::Steps(
-                    steps
-                        .into_iter()
-                        .map(|step| {
-                            Box::new(GcpStep {
-                                compute: Arc::clone(&self.compute),
-                                step,
-                            }) as Box<dyn super::Step>
-                        })
-                        .collect(),
-                ),
-            })
+            Ok(plan::gcp::plan(action, &vm, self.local_ssd).map(|step| {
+                Box::new(GcpStep {
+                    compute: Arc::clone(&self.compute),
+                    step,
+                }) as Box<dyn super::Step>
+            }))
         })
     }
 
@@ -377,15 +369,6 @@ impl Api for GcpApi {
                 request_id: self.compute.label(action, rule).await?,
             })
         })
-    }
-
-    fn publish<'a>(
-        &'a self,
-        _topic: &'a str,
-        _subject: &'a str,
-        _text: &'a str,
-    ) -> Option<Fut<'a, Result<Option<String>, CloudError>>> {
-        None
     }
 
     fn grant_hint(&self) -> &'static str {

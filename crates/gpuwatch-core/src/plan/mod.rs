@@ -21,6 +21,16 @@ pub enum Plan<S> {
     Refuse(String),
 }
 
+impl<S> Plan<S> {
+    /// The same plan, each step made into what `f` makes of it (the edge's calls).
+    pub fn map<T>(self, f: impl FnMut(S) -> T) -> Plan<T> {
+        match self {
+            Plan::Steps(steps) => Plan::Steps(steps.into_iter().map(f).collect()),
+            Plan::Refuse(why) => Plan::Refuse(why),
+        }
+    }
+}
+
 /// What a plan leaves the instance as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Down {
