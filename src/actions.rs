@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,8 @@ pub struct Executor {
     cloud: std::sync::OnceLock<Cloud>,
     pub notifier: crate::notify::Notifier,
     denied_reported: AtomicBool,
+    /// `gpuwatch:action` stamps the cloud refused for its own limits, whose actions went on.
+    stamps_refused: AtomicU64,
     /// An audit log that cannot be written is said once, then once a minute with a count.
     audit_failing: std::sync::Mutex<crate::time::Throttle>,
 }
@@ -80,8 +82,15 @@ impl Executor {
                 tasks,
             ),
             denied_reported: AtomicBool::new(false),
+            stamps_refused: AtomicU64::new(0),
             audit_failing: std::sync::Mutex::default(),
         }
+    }
+
+    /// How many `gpuwatch:action` stamps the cloud refused for its own limits (the actions went
+    /// on without them).
+    pub fn stamps_refused(&self) -> u64 {
+        self.stamps_refused.load(Ordering::Relaxed)
     }
 
     /// This instance and its cloud's API, once known.
@@ -281,7 +290,13 @@ impl Executor {
         {
             Ok(Plan::Refuse(why)) => return Outcome::Refused(why),
             Ok(Plan::Steps(s)) => s,
-            Err(Stopped::Cloud(e)) => return Outcome::Failed(e.to_string()),
+            Err(Stopped::Cloud(e)) => {
+                return Outcome::Failed(format!(
+                    "{}: {}",
+                    e.operation,
+                    crate::redact::scrub(&e.message)
+                ))
+            }
             Err(Stopped::CalledOff(why)) => return called_off(why),
         };
         let described: Vec<String> = steps.iter().map(|s| s.describe()).collect();
@@ -293,6 +308,9 @@ impl Executor {
             .await
         {
             Ok(call) => self.api_call(rule, call),
+            // A stamp refused for the cloud's own limits (a VM with all the tags it may have)
+            // says nothing of the action: it goes on, on record, without the stamp.
+            Err(Stopped::Cloud(e)) if e.kind == ErrorKind::Limit => self.unstamped(rule, action, e),
             Err(e) => return self.stopped(rule, e),
         }
         for step in &steps {
@@ -314,23 +332,45 @@ impl Executor {
         });
     }
 
+    /// Records a stamp the cloud refused for its limits: logged, audited and counted.
+    fn unstamped(&self, rule: &Rule, action: Action, e: CloudError) {
+        self.stamps_refused.fetch_add(1, Ordering::Relaxed);
+        let error = crate::redact::scrub(&e.message);
+        tracing::warn!(
+            rule = %rule.name,
+            operation = e.operation,
+            error = %error,
+            "the cloud refused the gpuwatch:action stamp for its own limits; the {action} goes on without it"
+        );
+        let _ = self.audit(AuditRecord::StampRefused {
+            rule: rule.name.clone(),
+            operation: e.operation.to_string(),
+            error,
+            request_id: e.request_id,
+        });
+    }
+
     fn stopped(&self, rule: &Rule, stopped: Stopped) -> Outcome {
         let e = match stopped {
             Stopped::Cloud(e) => e,
             Stopped::CalledOff(why) => return called_off(why),
         };
+        // The cloud's own words may quote what it was sent: no credential the daemon holds
+        // goes on record.
+        let error = crate::redact::scrub(&e.message);
         let _ = self.audit(AuditRecord::ApiError {
             rule: rule.name.clone(),
             operation: e.operation.to_string(),
-            error: e.message.clone(),
+            error: error.clone(),
             request_id: e.request_id.clone(),
         });
-        Outcome::Failed(e.to_string())
+        Outcome::Failed(format!("{}: {error}", e.operation))
     }
 
-    /// Retries throttling, 5xx and unreachable endpoints with backoff for up to `retry_for`,
-    /// unless `recheck` calls the action off before a retry. Access denied is reported once,
-    /// loudly, and not retried.
+    /// Retries throttling, 5xx, unreachable endpoints and the cloud's own operations in the way
+    /// for up to `retry_for`, with backoff, or at the pace the cloud's `Retry-After` asks (within
+    /// a minute), unless `recheck` calls the action off before a retry. Access denied is
+    /// reported once, loudly, and not retried.
     async fn retry<T, F, Fut>(
         &self,
         recheck: Recheck<'_>,
@@ -347,8 +387,9 @@ impl Executor {
             match call().await {
                 Ok(v) => return Ok(v),
                 Err(e) if e.kind == ErrorKind::Retryable && started.elapsed() < self.retry_for => {
-                    tracing::warn!(error = %e, retry_in = ?delay, "cloud call failed; retrying");
-                    tokio::time::sleep(delay).await;
+                    let wait = pace(delay, e.retry_after);
+                    tracing::warn!(operation = e.operation, error = %crate::redact::scrub(&e.message), retry_in = ?wait, "cloud call failed; retrying");
+                    tokio::time::sleep(wait).await;
                     delay = (delay * 2).min(Duration::from_secs(30));
                     // The decision is older now: what came since may call it off.
                     if let Some(why) = recheck().await {
@@ -359,7 +400,7 @@ impl Executor {
                     if e.kind == ErrorKind::AccessDenied
                         && !self.denied_reported.swap(true, Ordering::SeqCst)
                     {
-                        tracing::error!(error = %e, "{}", api.grant_hint());
+                        tracing::error!(operation = e.operation, error = %crate::redact::scrub(&e.message), "{}", api.grant_hint());
                     }
                     return Err(Stopped::Cloud(e));
                 }
@@ -381,6 +422,34 @@ enum Stopped {
     CalledOff(String),
 }
 
+/// The wait before a retry: the cloud's `Retry-After` where it gave one (from half a second to
+/// a minute: a zero never makes a loop spin), else the backoff's `delay`.
+fn pace(delay: Duration, retry_after: Option<Duration>) -> Duration {
+    retry_after.map_or(delay, |r| {
+        r.clamp(Duration::from_millis(500), Duration::from_secs(60))
+    })
+}
+
 fn called_off(why: String) -> Outcome {
     Outcome::Refused(format!("called off while cloud calls were retried: {why}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cloud_s_retry_after_sets_the_pace_within_a_minute() {
+        let backoff = Duration::from_millis(500);
+        assert_eq!(pace(backoff, None), backoff);
+        assert_eq!(
+            pace(backoff, Some(Duration::from_secs(7))),
+            Duration::from_secs(7)
+        );
+        assert_eq!(pace(backoff, Some(Duration::ZERO)), backoff);
+        assert_eq!(
+            pace(backoff, Some(Duration::from_secs(3600))),
+            Duration::from_secs(60)
+        );
+    }
 }

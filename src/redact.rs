@@ -55,6 +55,44 @@ pub fn urls(text: &str) -> String {
     out
 }
 
+/// The credentials the daemon holds (a cloud's tokens, keys and secrets), each registered as it
+/// is fetched, so that [`scrub`] can take them out of text from outside: a cloud's error may
+/// quote what it was sent. The newest `HELD_MAX` are kept.
+static HELD: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+const HELD_MAX: usize = 32;
+
+/// Registers a credential the daemon now holds; one shorter than 8 bytes is no secret worth the
+/// name, and is left alone (it would scrub ordinary words).
+pub fn hold_secret(secret: &str) {
+    if secret.len() < 8 {
+        return;
+    }
+    let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+    if held.iter().any(|s| s == secret) {
+        return;
+    }
+    if held.len() >= HELD_MAX {
+        held.remove(0);
+    }
+    held.push(secret.to_string());
+}
+
+/// `text` with every credential the daemon holds (see [`hold_secret`]) replaced by
+/// `[redacted]`, and every URL's path and query taken out ([`urls`]).
+pub fn scrub(text: &str) -> String {
+    let mut out = urls(text);
+    let held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+    // The longest first: a secret that holds another is taken out whole.
+    let mut secrets: Vec<&String> = held.iter().collect();
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    for secret in secrets {
+        if out.contains(secret.as_str()) {
+            out = out.replace(secret.as_str(), "[redacted]");
+        }
+    }
+    out
+}
+
 fn find_scheme(text: &str) -> Option<usize> {
     let lower = text.to_ascii_lowercase();
     [lower.find("https://"), lower.find("http://")]
@@ -65,7 +103,7 @@ fn find_scheme(text: &str) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::urls;
+    use super::{hold_secret, scrub, urls};
 
     #[test]
     fn secrets_in_urls_are_redacted() {
@@ -88,5 +126,26 @@ mod tests {
         for (raw, want) in cases {
             assert_eq!(urls(raw), want, "{raw}");
         }
+    }
+
+    #[test]
+    fn credentials_held_are_scrubbed_from_any_text() {
+        let secret = "STS.NTestOnlyKey0123456789abcdef";
+        let token = "CAISTestOnlyToken+/0123456789==";
+        hold_secret(secret);
+        hold_secret(token);
+        hold_secret("short");
+        let said = format!(
+            "InvalidParameter: the AccessKeyId {secret} with token {token} at https://ecs.example/?Token={token} is short"
+        );
+        let scrubbed = scrub(&said);
+        assert!(!scrubbed.contains(secret), "{scrubbed}");
+        assert!(!scrubbed.contains(token), "{scrubbed}");
+        assert!(
+            scrubbed.contains("the AccessKeyId [redacted] with token [redacted]"),
+            "{scrubbed}"
+        );
+        assert!(scrubbed.ends_with("is short"), "{scrubbed}");
+        assert_eq!(scrub("nothing held here"), "nothing held here");
     }
 }

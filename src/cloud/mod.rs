@@ -140,8 +140,13 @@ pub struct Link<'a> {
 
 /// Where a cloud's pollers hand what they learn: prices and budget readings, for the cost side.
 pub trait Readings: Send + Sync {
-    /// A price learnt, in USD per hour.
+    /// A price learnt, in USD per hour. One more than twentyfold from the last of its kind is
+    /// implausible, and unknown.
     fn price(&self, kind: PriceKind, usd_per_hour: f64);
+    /// A price the poller found implausible itself (far from every other row the price list
+    /// gives the same size): the price of `kind` is unknown, counted, and said once with both
+    /// figures.
+    fn implausible(&self, kind: PriceKind, usd_per_hour: f64, beside: f64);
     /// A cloud budget's answer (`name` is gpuwatch's name for it): its reading, and when its
     /// period ends.
     fn budget(&self, name: &str, reading: crate::cost::budget::Reading, period_end: f64);
@@ -240,14 +245,22 @@ pub struct CloudError {
     pub kind: ErrorKind,
     pub message: String,
     pub request_id: Option<String>,
+    /// How long the cloud asked to be left alone before the call is tried again (its
+    /// `Retry-After`), where it said: it sets the pace of the retries.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
-    /// Throttling, a 5xx, a timeout or no connection: worth retrying.
+    /// Throttling, a 5xx, a timeout, no connection, or an operation of the cloud's own still
+    /// running on the instance: worth retrying.
     Retryable,
     /// Credentials or permissions: retrying will not help.
     AccessDenied,
+    /// The cloud refuses the call for a limit of its own on the instance (50 tags on Azure,
+    /// 64 labels on Compute Engine, 20 on ECS): the call is refused, not what follows it. A
+    /// refused `gpuwatch:action` stamp is recorded, and the action goes on.
+    Limit,
     /// Anything else, such as an instance in the wrong state.
     Other,
 }

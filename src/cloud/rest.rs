@@ -47,6 +47,26 @@ impl Answer {
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name)?.to_str().ok()
     }
+
+    /// How long the cloud asks to be left alone (`Retry-After`), where it says.
+    pub fn retry_after(&self) -> Option<Duration> {
+        retry_after(&self.headers)
+    }
+}
+
+/// `Retry-After` in seconds (RFC 9110 also allows an HTTP date: that one counts from now), or
+/// `None` where it is absent or neither.
+pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = crate::time::parse_http_date(value)?;
+    Some(Duration::from_secs_f64((at - crate::time::now()).max(0.0)))
 }
 
 pub struct Rest {
@@ -81,6 +101,7 @@ impl Rest {
                 kind: ErrorKind::Other,
                 message: e.to_string(),
                 request_id: None,
+                retry_after: None,
             })?;
         Ok(self.http.get_or_init(|| client))
     }
@@ -94,6 +115,7 @@ impl Rest {
             _ => {}
         }
         let token = (self.tokens)(operation).await?;
+        crate::redact::hold_secret(&token.value);
         let value = token.value.clone();
         *cached = Some(token);
         Ok(value)
@@ -123,6 +145,7 @@ impl Rest {
                     self.base
                 ),
                 request_id: None,
+                retry_after: None,
             });
         }
         let retryable = |message: String| CloudError {
@@ -130,6 +153,7 @@ impl Rest {
             kind: ErrorKind::Retryable,
             message,
             request_id: None,
+            retry_after: None,
         };
         let mut renew = false;
         loop {
@@ -197,6 +221,21 @@ pub fn same_origin(base: &str, url: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_after_is_seconds_or_a_date() {
+        let mut h = HeaderMap::new();
+        assert_eq!(retry_after(&h), None);
+        h.insert(reqwest::header::RETRY_AFTER, "17".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(17)));
+        h.insert(
+            reqwest::header::RETRY_AFTER,
+            "Wed, 21 Oct 2015 07:28:00 GMT".parse().unwrap(),
+        );
+        assert_eq!(retry_after(&h), Some(Duration::ZERO));
+        h.insert(reqwest::header::RETRY_AFTER, "soon".parse().unwrap());
+        assert_eq!(retry_after(&h), None);
+    }
 
     #[test]
     fn a_url_elsewhere_is_not_the_endpoint() {

@@ -26,6 +26,8 @@ pub struct CostView {
     pub alerts: BTreeMap<AlertKey, u64>,
     /// USD spent on idle GPUs (a counter).
     pub idle_dollars: f64,
+    /// Prices taken as unknown for being implausible.
+    pub implausible_prices: u64,
     /// USD spent on unhealthy GPUs (a counter).
     pub unhealthy_dollars: f64,
     /// Each job holding a GPU: its user (where known), and what its idle GPUs cost.
@@ -97,6 +99,17 @@ fn encode_spend(e: &mut DescriptorEncoder, v: &CostView) -> Result<(), fmt::Erro
                 None,
             ),
             f,
+        )?;
+    }
+    if v.implausible_prices > 0 {
+        counters(
+            e,
+            desc(
+                "gpuwatch_price_implausible",
+                "Prices the cloud gave that were taken as unknown for being implausible (more than 20x from the last one, or from every other row of the same size)",
+                None,
+            ),
+            [(NO_LABELS, v.implausible_prices)],
         )?;
     }
     Ok(())

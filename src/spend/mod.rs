@@ -27,6 +27,31 @@ pub struct PollerReadings {
     pub aws_budgets: Mutex<BTreeMap<String, AwsReading>>,
     /// Prometheus budgets' answers, by gpuwatch budget name.
     pub prometheus: Arc<query::QueryReadings>,
+    /// The last plausible price of each kind, what a new one is judged against.
+    plausible: Mutex<BTreeMap<&'static str, f64>>,
+    /// Prices taken as unknown for being implausible (`gpuwatch_price_implausible_total`), and
+    /// whether that has been said since the last plausible one.
+    pub implausible: std::sync::atomic::AtomicU64,
+    implausible_said: std::sync::atomic::AtomicBool,
+}
+
+/// How far apart two prices of one instance may be before the new one is implausible: a price
+/// list's error (a row of $9,999/h for a $3.67 VM) must not exhaust a budget that stops a busy
+/// node. No real price moves twentyfold between two reads.
+pub const IMPLAUSIBLE_RATIO: f64 = 20.0;
+
+/// Whether `price` is more than `IMPLAUSIBLE_RATIO` times `beside`, or less than its
+/// twentieth.
+pub fn implausible(price: f64, beside: f64) -> bool {
+    beside > 0.0 && price > 0.0 && (price / beside).max(beside / price) > IMPLAUSIBLE_RATIO
+}
+
+fn kind_name(kind: crate::cloud::PriceKind) -> &'static str {
+    match kind {
+        crate::cloud::PriceKind::Spot => "spot",
+        crate::cloud::PriceKind::List => "pricing_api",
+        crate::cloud::PriceKind::Table => "table",
+    }
 }
 
 /// One AWS Budget's last answer: its reading, when it came, and when its period ends.
@@ -163,14 +188,41 @@ impl Tracker {
 
 /// What the cloud's pollers learn lands here.
 impl crate::cloud::Readings for PollerReadings {
+    /// A price far from the last plausible one of its kind is implausible: unknown until one
+    /// near it comes.
     fn price(&self, kind: crate::cloud::PriceKind, usd_per_hour: f64) {
-        let slot = match kind {
-            crate::cloud::PriceKind::Spot => &self.spot,
-            crate::cloud::PriceKind::List => &self.pricing_api,
-            crate::cloud::PriceKind::Table => &self.table,
-        };
-        if let Ok(mut s) = slot.lock() {
+        let before = self
+            .plausible
+            .lock()
+            .ok()
+            .and_then(|p| p.get(kind_name(kind)).copied());
+        if let Some(before) = before.filter(|b| implausible(usd_per_hour, *b)) {
+            self.implausible(kind, usd_per_hour, before);
+            return;
+        }
+        if let Ok(mut p) = self.plausible.lock() {
+            p.insert(kind_name(kind), usd_per_hour);
+        }
+        self.implausible_said
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut s) = self.slot(kind).lock() {
             *s = Some(usd_per_hour);
+        }
+    }
+
+    fn implausible(&self, kind: crate::cloud::PriceKind, usd_per_hour: f64, beside: f64) {
+        use std::sync::atomic::Ordering;
+        self.implausible.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut s) = self.slot(kind).lock() {
+            *s = None;
+        }
+        if !self.implausible_said.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                source = kind_name(kind),
+                usd_per_hour,
+                beside_usd_per_hour = beside,
+                "an implausible price (more than {IMPLAUSIBLE_RATIO}x from {beside} USD/h) is taken as unknown: spend is unknown until a plausible one comes, or [cost] hourly_price_usd gives it"
+            );
         }
     }
 
@@ -182,6 +234,16 @@ impl crate::cloud::Readings for PollerReadings {
         };
         if let Ok(mut m) = self.aws_budgets.lock() {
             m.insert(name.to_string(), answer);
+        }
+    }
+}
+
+impl PollerReadings {
+    fn slot(&self, kind: crate::cloud::PriceKind) -> &Mutex<Option<f64>> {
+        match kind {
+            crate::cloud::PriceKind::Spot => &self.spot,
+            crate::cloud::PriceKind::List => &self.pricing_api,
+            crate::cloud::PriceKind::Table => &self.table,
         }
     }
 }
@@ -273,5 +335,28 @@ mod tests {
         // The poller has failed for more than two intervals: no reading.
         let why = answer.fresh(5_000.0 + 7_201.0, hour).unwrap_err();
         assert!(why.contains("more than two poll intervals"), "{why}");
+    }
+
+    /// A price twenty times from the last plausible one of its kind is unknown, counted, and
+    /// stays unknown while prices keep coming that far; a plausible one is taken again.
+    #[test]
+    fn a_price_far_from_the_last_one_is_unknown_and_counted() {
+        use crate::cloud::{PriceKind, Readings};
+        let r = PollerReadings::default();
+        r.price(PriceKind::List, 3.67);
+        assert_eq!(*r.pricing_api.lock().unwrap(), Some(3.67));
+        r.price(PriceKind::List, 9_999.0);
+        assert_eq!(*r.pricing_api.lock().unwrap(), None);
+        r.price(PriceKind::List, 9_999.0);
+        assert_eq!(*r.pricing_api.lock().unwrap(), None);
+        assert_eq!(r.implausible.load(std::sync::atomic::Ordering::Relaxed), 2);
+        // Another kind is judged against its own.
+        r.price(PriceKind::Spot, 0.1);
+        assert_eq!(*r.spot.lock().unwrap(), Some(0.1));
+        r.price(PriceKind::List, 3.9);
+        assert_eq!(*r.pricing_api.lock().unwrap(), Some(3.9));
+        assert!(implausible(0.1, 3.0));
+        assert!(!implausible(0.2, 3.0));
+        assert!(!implausible(59.0, 3.0));
     }
 }

@@ -26,6 +26,8 @@ pub struct WatchView {
     pub rebalance: Option<f64>,
     /// Instance metadata reads that failed.
     pub imds_errors: u64,
+    /// `gpuwatch:action` stamps the cloud refused for its own limits (the actions went on).
+    pub stamps_refused: u64,
     pub node: Option<crate::cloud::Node>,
     /// The cloud the node is on (`aws`, `azure`), once metadata has named it.
     pub provider: Option<&'static str>,
@@ -240,6 +242,15 @@ fn encode_holds_and_notices(e: &mut DescriptorEncoder, v: &WatchView) -> Result<
                 None,
             ),
             [(NO_LABELS, v.imds_errors)],
+        )?;
+        counters(
+            e,
+            desc(
+                "gpuwatch_cloud_stamps_refused",
+                "gpuwatch:action stamps the cloud refused for its own limits (a VM with all the tags or labels it may have); the actions went on without them",
+                None,
+            ),
+            [(NO_LABELS, v.stamps_refused)],
         )?;
     }
     if let Some(t) = v.interruption {

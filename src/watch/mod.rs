@@ -392,6 +392,11 @@ impl Watch {
                 })
             })
             .collect();
+        let implausible_prices = self
+            .tracker
+            .readings
+            .implausible
+            .load(std::sync::atomic::Ordering::Relaxed);
         self.cost.update(|v| {
             for c in crossings {
                 let key = AlertKey {
@@ -405,6 +410,7 @@ impl Watch {
             v.forecast = view.forecast;
             v.budgets = view.budgets;
             v.idle_dollars = view.idle_dollars;
+            v.implausible_prices = implausible_prices;
             v.unhealthy_dollars = view.unhealthy_dollars;
             v.jobs = view
                 .jobs
@@ -418,10 +424,12 @@ impl Watch {
             .lock()
             .map(|mut u| std::mem::take(&mut *u))
             .unwrap_or_default();
+        let stamps_refused = self.executor.stamps_refused();
         self.metrics.update(|v| {
             for key in unpublished.actions {
                 *v.actions.entry(key).or_default() += 1;
             }
+            v.stamps_refused = stamps_refused;
             v.holds = unpublished.holds;
             v.rules = rules;
             v.gpu_idle = gpu_idle;

@@ -72,6 +72,27 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
     humantime::parse_duration(text).ok()
 }
 
+/// Parses an HTTP date, RFC 1123's form (`Mon, 19 Sep 2016 18:29:47 GMT`: `Retry-After`,
+/// Azure's `NotBefore`), into Unix seconds.
+pub fn parse_http_date(text: &str) -> Option<f64> {
+    let rest = text.trim().split_once(", ")?.1;
+    let mut parts = rest.split(' ');
+    let day: u32 = parts.next()?.parse().ok()?;
+    let month = parts.next()?;
+    let month = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ]
+    .iter()
+    .position(|m| *m == month)?
+        + 1;
+    let year: u32 = parts.next()?.parse().ok()?;
+    let time = parts.next()?;
+    if parts.next()? != "GMT" || parts.next().is_some() || time.len() != 8 {
+        return None;
+    }
+    parse_rfc3339(&format!("{year:04}-{month:02}-{day:02}T{time}Z"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,5 +163,23 @@ mod tests {
             parse_rfc3339("2026-11-30T00:53:20+23:59"),
             Some(1_796_000_000.0 - 86_340.0)
         );
+    }
+
+    #[test]
+    fn http_dates_parse_and_others_do_not() {
+        assert_eq!(
+            parse_http_date("Mon, 19 Sep 2016 18:29:47 GMT"),
+            parse_rfc3339("2016-09-19T18:29:47Z")
+        );
+        for bad in [
+            "",
+            "Mon, 19 Sep 2016 18:29:47",
+            "19 Sep 2016 18:29:47 GMT",
+            "Mon, 19 Foo 2016 18:29:47 GMT",
+            "Mon, 32 Sep 2016 18:29:47 GMT",
+            "Mon, 19 Sep 2016 18:29:47 GMT x",
+        ] {
+            assert_eq!(parse_http_date(bad), None, "{bad:?}");
+        }
     }
 }

@@ -100,6 +100,7 @@ impl Ecs {
             kind,
             message,
             request_id: None,
+            retry_after: None,
         }
     }
 
@@ -170,6 +171,9 @@ impl Ecs {
                 ),
             ));
         };
+        for secret in [&c.access_key_id, &c.access_key_secret, &c.security_token] {
+            crate::redact::hold_secret(secret);
+        }
         *cached = Some((c.clone(), expires));
         Ok(c)
     }
@@ -333,6 +337,7 @@ fn classify(action: &'static str, status: u16, e: ErrorBody) -> CloudError {
         kind,
         message,
         request_id: (!e.request_id.is_empty()).then(|| crate::redact::brief(&e.request_id, 64)),
+        retry_after: None,
     }
 }
 

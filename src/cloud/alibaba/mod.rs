@@ -404,6 +404,7 @@ impl AlibabaStep {
                         humantime::format_duration(crate::cloud::FOLLOW_FOR)
                     ),
                     request_id: None,
+                    retry_after: None,
                 });
             }
             tokio::time::sleep(Duration::from_secs(2)).await;
@@ -420,6 +421,7 @@ impl AlibabaStep {
                 kind: crate::cloud::ErrorKind::Other,
                 message: format!("the instance stopped, but not in economical mode: StoppedMode is {:?}, so it is still billed", crate::redact::brief(&mode, 32)),
                 request_id: None,
+                retry_after: None,
             });
         }
         tracing::info!(stopped_mode = %mode, "the instance is stopped");

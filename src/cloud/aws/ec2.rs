@@ -59,6 +59,7 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + 'static>(
         kind,
         message,
         request_id,
+        retry_after: None,
     }
 }
 

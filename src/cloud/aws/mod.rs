@@ -222,6 +222,7 @@ impl Api for AwsApi {
                     kind: super::ErrorKind::Other,
                     message,
                     request_id: None,
+                    retry_after: None,
                 })
         }))
     }

@@ -129,6 +129,7 @@ pub fn classify(operation: &'static str, answer: &Answer) -> CloudError {
         kind,
         message,
         request_id: request_id(answer),
+        retry_after: None,
     }
 }
 
@@ -202,6 +203,7 @@ impl Arm {
             kind,
             message,
             request_id: None,
+            retry_after: None,
         };
         if !same_origin(&self.rest.base, url) {
             return Err(fail(
@@ -315,6 +317,7 @@ async fn token(imds: &Imds, operation: &'static str) -> Result<Token, CloudError
         },
         message: format!("no managed identity token: {e}"),
         request_id: None,
+        retry_after: None,
     })
 }
 

@@ -236,47 +236,9 @@ fn brief(text: &str) -> String {
     crate::redact::brief(text, 128)
 }
 
-/// Parses an RFC 1123 date (`Mon, 19 Sep 2016 18:29:47 GMT`) into Unix seconds.
-pub fn parse_rfc1123(text: &str) -> Option<f64> {
-    let rest = text.trim().split_once(", ")?.1;
-    let mut parts = rest.split(' ');
-    let day: u32 = parts.next()?.parse().ok()?;
-    let month = parts.next()?;
-    let month = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ]
-    .iter()
-    .position(|m| *m == month)?
-        + 1;
-    let year: u32 = parts.next()?.parse().ok()?;
-    let time = parts.next()?;
-    if parts.next()? != "GMT" || parts.next().is_some() || time.len() != 8 {
-        return None;
-    }
-    crate::time::parse_rfc3339(&format!("{year:04}-{month:02}-{day:02}T{time}Z"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rfc1123_dates_parse_and_others_do_not() {
-        assert_eq!(
-            parse_rfc1123("Mon, 19 Sep 2016 18:29:47 GMT"),
-            crate::time::parse_rfc3339("2016-09-19T18:29:47Z")
-        );
-        for bad in [
-            "",
-            "Mon, 19 Sep 2016 18:29:47",
-            "19 Sep 2016 18:29:47 GMT",
-            "Mon, 19 Foo 2016 18:29:47 GMT",
-            "Mon, 32 Sep 2016 18:29:47 GMT",
-            "Mon, 19 Sep 2016 18:29:47 GMT x",
-        ] {
-            assert_eq!(parse_rfc1123(bad), None, "{bad:?}");
-        }
-    }
 
     #[test]
     fn query_values_are_percent_encoded() {

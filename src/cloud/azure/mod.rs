@@ -295,7 +295,9 @@ async fn poll_events(imds: Arc<Imds>, kept: Arc<Mutex<Scheduled>>, name: String,
                             .iter()
                             .find(|(old, _)| old.event_id == e.event_id)
                             .map(|(_, t)| *t);
-                        let time = imds::parse_rfc1123(&e.not_before).or(seen).unwrap_or(now);
+                        let time = crate::time::parse_http_date(&e.not_before)
+                            .or(seen)
+                            .unwrap_or(now);
                         (e, time)
                     })
                     .collect();

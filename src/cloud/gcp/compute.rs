@@ -107,6 +107,7 @@ pub fn classify(method: &'static str, answer: &Answer) -> CloudError {
         kind,
         message: crate::redact::brief(&message, 2048),
         request_id: None,
+        retry_after: None,
     }
 }
 
@@ -196,6 +197,7 @@ impl Compute {
             kind: ErrorKind::Other,
             message: format!("the instance does not parse: {e}"),
             request_id: None,
+            retry_after: None,
         })
     }
 
@@ -226,6 +228,7 @@ impl Compute {
             kind: ErrorKind::Other,
             message,
             request_id: None,
+            retry_after: None,
         };
         // A name is a path segment: nothing that could leave it.
         let name = op.name.clone();
@@ -326,6 +329,7 @@ async fn token(server: &Server, operation: &'static str) -> Result<Token, CloudE
         kind: ErrorKind::Retryable,
         message: format!("no service account token: {e}"),
         request_id: None,
+        retry_after: None,
     })
 }
 

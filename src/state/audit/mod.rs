@@ -170,6 +170,18 @@ pub enum AuditRecord {
         #[serde(default)]
         request_id: Option<String>,
     },
+    /// A `gpuwatch:action` stamp the cloud refused for its own limits (the instance has all
+    /// the tags it may have): the action went on without it.
+    StampRefused {
+        #[serde(default)]
+        rule: String,
+        #[serde(default)]
+        operation: String,
+        #[serde(default)]
+        error: String,
+        #[serde(default)]
+        request_id: Option<String>,
+    },
     /// An action handed out before a restart; it is never repeated.
     InFlightAtRestart {
         #[serde(default)]

@@ -152,6 +152,14 @@ fn words(r: &AuditRecord, mode: &str) -> String {
             error,
             ..
         } => format!("rule {rule}: {operation} failed: {error}"),
+        R::StampRefused {
+            rule,
+            operation,
+            error,
+            ..
+        } => format!(
+            "rule {rule}: {operation} refused for the cloud's limits ({error}); the action went on without its stamp"
+        ),
         // The sentence the alert itself was sent with.
         R::BudgetAlert {
             budget,
