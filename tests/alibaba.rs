@@ -127,6 +127,10 @@ fn an_idle_pay_as_you_go_instance_is_tagged_then_stopped_in_economical_mode_unti
     let price = &fake.calls_of("DescribePrice")[0]["query"];
     assert_eq!(price["RegionId"], "cn-hangzhou", "{price}");
     assert_eq!(price["InstanceType"], "ecs.gn7i-c8g1.2xlarge", "{price}");
+    // The instance's own system disk, which current families need to be priced at all; the
+    // price is the instance type's alone, without the disk's $0.11 that DescribePrice adds.
+    assert_eq!(price["SystemDisk.Category"], "cloud_essd", "{price}");
+    assert_eq!(price["SystemDisk.Size"], "100", "{price}");
     assert!(
         price["PriceUnit"].is_null() || price["PriceUnit"] == "Hour",
         "{price}"
@@ -325,6 +329,161 @@ fn economical_mode_that_does_not_apply_is_audited_as_keep_charging() {
         assert_eq!(stop["query"]["StoppedMode"], "StopCharging", "{stop}");
         assert_eq!(fake.state()["stopped_mode"], "KeepCharging");
     }
+}
+
+/// A `DescribeInstances` that answers 200 without the instance (an eventually consistent read)
+/// says nothing of its tags: a `gpuwatch:hold` tag read before still holds, then the hold is
+/// unknown, and unknown holds. Once ECS names the instance again without the tag, it acts.
+#[test]
+fn an_answer_that_does_not_name_the_instance_is_unread_tags_which_hold() {
+    let fake = Fake::start();
+    let until = gpuwatch::time::rfc3339(gpuwatch::time::now() + 3600.0);
+    fake.set(json!({"tags": {"team": "ml", "gpuwatch:hold": until}}));
+    let d = start(&fake, "enforce", "stop", "", IDLE);
+    d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_hold_until_timestamp_seconds")
+            .label("source", "tag")
+            .get(s)
+            .is_some_and(|t| t < f64::INFINITY)
+    });
+    fake.set(json!({"describe_empty": -1}));
+    let empty = fake.calls_of("DescribeInstances").len();
+    d.await_scrape(LIMIT, |_| {
+        fake.calls_of("DescribeInstances").len() >= empty + 10
+    });
+    d.await_time(gpuwatch::time::now() + 3.0);
+    assert!(
+        events(&d.audit(), "action_attempt").is_empty(),
+        "{:?}",
+        d.audit()
+    );
+    assert_eq!(fake.mutations(), Vec::<String>::new());
+    metric("gpuwatch_hold_until_timestamp_seconds")
+        .label("source", "tag")
+        .label("reason", "unread tag")
+        .value(f64::INFINITY)
+        .assert_in(&d.scrape());
+    // Named again, without the hold: the idle instance is stopped.
+    fake.set(json!({"describe_empty": 0, "tags": {"team": "ml"}}));
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    assert_eq!(fake.mutations(), ["TagResources", "StopInstance"]);
+}
+
+/// ECS accepted the stop; reads that lag it (the instance missing from `DescribeInstances`)
+/// are read again until they name it, and the stop is audited as what it was: done, in
+/// economical mode, never failed with an empty `StoppedMode`.
+#[test]
+fn a_stop_is_read_back_until_ecs_names_the_instance() {
+    let fake = Fake::start();
+    fake.set(json!({"empty_after_stop": -1}));
+    let d = start(&fake, "enforce", "stop", "", IDLE);
+    fake.await_state(LIMIT, |s| s["status"] == "Stopped");
+    let stopped = fake.calls_of("DescribeInstances").len();
+    d.await_scrape(LIMIT, |_| {
+        fake.calls_of("DescribeInstances").len() >= stopped + 5
+    });
+    let s = d.scrape();
+    assert_eq!(actions(&s, "stop", "failed"), 0.0, "{}", d.log());
+    assert!(
+        events(&d.audit(), "action_result").is_empty(),
+        "{:?}",
+        d.audit()
+    );
+    fake.set(json!({"describe_empty": 0, "empty_after_stop": 0}));
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    assert_eq!(fake.state()["stopped_mode"], "StopCharging");
+    assert_eq!(fake.mutations(), ["TagResources", "StopInstance"]);
+    assert_eq!(events(&d.audit(), "action_result")[0]["result"], "done");
+}
+
+/// A throttled `DescribeInstances` at start does not leave the lifecycle, and so the price,
+/// unknown for the process's life: it is read again, with backoff, until it answers.
+#[test]
+fn a_throttled_lifecycle_read_is_read_again_until_the_price_is_known() {
+    let fake = Fake::start();
+    fake.set(json!({"throttle": {"DescribeInstances": 5}}));
+    let d = start(&fake, "dry-run", "stop", "", BUSY);
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_instance_hourly_cost_dollars")
+            .get(s)
+            .is_some()
+    });
+    metric("gpuwatch_instance_hourly_cost_dollars")
+        .label("source", "pricing_api")
+        .value(4.2)
+        .assert_in(&s);
+    metric("gpuwatch_node_info")
+        .label("provider", "alibaba")
+        .label("lifecycle", "on-demand")
+        .value(1.0)
+        .assert_in(&s);
+    let throttled = fake
+        .calls_of("DescribeInstances")
+        .iter()
+        .filter(|c| c["code"] == "Throttling")
+        .count();
+    assert_eq!(throttled, 5);
+}
+
+/// The daemon serves before ECS answers anything: identity comes from metadata alone, and the
+/// lifecycle follows once `DescribeInstances` answers.
+#[test]
+fn the_daemon_serves_while_ecs_has_not_answered() {
+    let fake = Fake::start();
+    fake.set(json!({"stall": ["DescribeInstances"]}));
+    let d = start(&fake, "dry-run", "stop", "", BUSY);
+    let s = d.await_scrape(LIMIT, |s| metric("gpuwatch_node_info").get(s).is_some());
+    metric("gpuwatch_node_info")
+        .label("provider", "alibaba")
+        .label("instance_id", INSTANCE)
+        .label("lifecycle", "unknown")
+        .value(1.0)
+        .assert_in(&s);
+    fake.await_state(LIMIT, |s| s["stalled"].as_u64() >= Some(1));
+    assert!(
+        fake.calls_of("DescribeInstances")
+            .iter()
+            .all(|c| c["status"].is_null()),
+        "ECS answered before the daemon served"
+    );
+    fake.set(json!({"stall": []}));
+    d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_node_info")
+            .label("lifecycle", "on-demand")
+            .get(s)
+            == Some(1.0)
+    });
+}
+
+/// An instance with 19 of ECS's 20 tags refuses the two `gpuwatch:` stamps: the refusal is on
+/// record and counted, and the idle instance is stopped all the same.
+#[test]
+fn a_full_tag_set_refuses_the_stamp_and_the_stop_goes_on() {
+    let fake = Fake::start();
+    let tags: serde_json::Map<String, Value> = (0..19)
+        .map(|i| (format!("k{i}"), json!(format!("v{i}"))))
+        .collect();
+    fake.set(json!({ "tags": tags }));
+    let d = start(&fake, "enforce", "stop", "", IDLE);
+    let s = d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    metric("gpuwatch_cloud_stamps_refused_total")
+        .value(1.0)
+        .assert_in(&s);
+    assert_eq!(fake.state()["status"], "Stopped");
+    assert_eq!(
+        fake.calls_of("TagResources")[0]["code"],
+        "NumberExceed.Tags"
+    );
+    assert_eq!(fake.state()["tags"].as_object().unwrap().len(), 19);
+    let audit = d.audit();
+    let refused = events(&audit, "stamp_refused");
+    assert_eq!(refused.len(), 1, "{audit:?}");
+    assert_eq!(refused[0]["operation"], "TagResources");
+    assert!(refused[0]["error"]
+        .as_str()
+        .unwrap()
+        .contains("NumberExceed.Tags"));
+    assert_eq!(api_calls(&d), ["StopInstance"]);
 }
 
 /// One HTTP/1.1 exchange by hand: `head` holds the request line and headers, without the

@@ -147,6 +147,9 @@ pub trait Readings: Send + Sync {
     /// gives the same size): the price of `kind` is unknown, counted, and said once with both
     /// figures.
     fn implausible(&self, kind: PriceKind, usd_per_hour: f64, beside: f64);
+    /// The instance's lifecycle, where the cloud tells it only through its API, after
+    /// identity (Alibaba Cloud's `SpotStrategy`): read again until it is known.
+    fn lifecycle(&self, lifecycle: crate::rules::Lifecycle);
     /// A cloud budget's answer (`name` is gpuwatch's name for it): its reading, and when its
     /// period ends.
     fn budget(&self, name: &str, reading: crate::cost::budget::Reading, period_end: f64);

@@ -27,6 +27,8 @@ pub struct PollerReadings {
     pub aws_budgets: Mutex<BTreeMap<String, AwsReading>>,
     /// Prometheus budgets' answers, by gpuwatch budget name.
     pub prometheus: Arc<query::QueryReadings>,
+    /// The instance's lifecycle, where the cloud's API told it after identity.
+    pub lifecycle: Mutex<Option<crate::rules::Lifecycle>>,
     /// The last plausible price of each kind, what a new one is judged against.
     plausible: Mutex<BTreeMap<&'static str, f64>>,
     /// Prices taken as unknown for being implausible (`gpuwatch_price_implausible_total`), and
@@ -223,6 +225,12 @@ impl crate::cloud::Readings for PollerReadings {
                 beside_usd_per_hour = beside,
                 "an implausible price (more than {IMPLAUSIBLE_RATIO}x from {beside} USD/h) is taken as unknown: spend is unknown until a plausible one comes, or [cost] hourly_price_usd gives it"
             );
+        }
+    }
+
+    fn lifecycle(&self, lifecycle: crate::rules::Lifecycle) {
+        if let Ok(mut l) = self.lifecycle.lock() {
+            *l = Some(lifecycle);
         }
     }
 

@@ -157,6 +157,7 @@ impl Watch {
             seq = snap.seq;
             let now = snap.timestamp;
             self.take_identity();
+            self.take_lifecycle();
 
             // Read.
             let (obs, mut inputs, interruption) = self.read(&snap, &mut warned_hold).await;
@@ -474,6 +475,24 @@ impl Watch {
             grace_until,
         });
         persisted
+    }
+
+    /// Takes in the instance's lifecycle where its cloud's API told it after identity: its
+    /// price counts from this step on, and `gpuwatch_node_info` says it.
+    fn take_lifecycle(&mut self) {
+        let Some(node) = self.tracker.node.as_mut().filter(|n| n.lifecycle.is_none()) else {
+            return;
+        };
+        let Some(learnt) = self.tracker.readings.lifecycle.lock().ok().and_then(|l| *l) else {
+            return;
+        };
+        node.lifecycle = Some(learnt);
+        let node = node.clone();
+        tracing::info!(
+            lifecycle = node.lifecycle_label(),
+            "the instance's lifecycle is known"
+        );
+        self.metrics.update(|v| v.node = Some(node));
     }
 
     /// Takes in the instance once instance metadata, which did not answer at start, has named

@@ -16,7 +16,11 @@ public documents ("Request syntax and signature method V3", "Instance metadata",
   the request as received. Actions: DescribeInstances, TagResources, StopInstance (economical
   mode silently falling back to KeepCharging where it does not apply, as the API reference
   says), DescribeInstanceStatus (Stopping turns Stopped after a few reads), DeleteInstance,
-  DescribeSpotPriceHistory and DescribePrice. Errors are JSON
+  DescribeSpotPriceHistory, DescribeDisks and DescribePrice (which, for the current GPU
+  families, refuses a request without the system disk's category, and breaks its price into
+  the instance type's and the system disk's). DescribeInstances can answer 200 without the
+  instance, as an eventually consistent read does, and any action can be held back (a slow
+  ECS). Errors are JSON
   `{"RequestId", "HostId", "Code", "Message", "Recommend"}` with the documented statuses
   (403 `Forbidden.RAM` for a denied action, 400 `Throttling`, 403 `IncorrectInstanceStatus`,
   404 `InvalidInstanceId.NotFound`, ...).
@@ -90,6 +94,23 @@ STATE = {
     # How long the role's STS credentials last, in seconds.
     "creds_ttl": 3600,
     "deleted": False,
+    # DescribeInstances answers 200 without the instance this many more times (-1: always), as
+    # an eventually consistent read, a filter that misses it or a page without it does.
+    "describe_empty": 0,
+    # What describe_empty becomes once StopInstance is accepted: reads that lag a change.
+    "empty_after_stop": 0,
+    # Actions whose answer is held back while they are listed here (at most 60 s): a slow ECS.
+    "stall": [],
+    # Calls held back right now.
+    "stalled": 0,
+    # The instance's system disk, as DescribeDisks gives it.
+    "system_disk": {"Category": "cloud_essd", "Size": 100, "PerformanceLevel": "PL0"},
+    # What DescribePrice adds for that system disk, per hour.
+    "disk_price": 0.11,
+    # The families whose price ECS gives only with SystemDisk.Category: for the current ones,
+    # the default category (cloud_efficiency) is not offered, and DescribePrice without a
+    # category answers InvalidSystemDiskCategory.ValueNotSupported.
+    "needs_disk_category": ["gn7i", "gn7e", "gn8is", "ebmgn7e", "gn8v"],
     "calls": [],
     # Metadata tokens issued: token -> expiry (Unix seconds).
     "tokens": {},
@@ -426,6 +447,7 @@ class Ecs(Base):
     # Actions ------------------------------------------------------------------------------
 
     def dispatch(self, action, path, q):
+        self.stall(action)
         handler = ACTIONS.get(action)
         if handler is None:
             raise Refused(404, "InvalidAction.NotFound", "Specified api is not found, please check your url and method.")
@@ -442,6 +464,23 @@ class Ecs(Base):
                 raise Refused(400, "Throttling", "Request was denied due to request throttling.")
         return handler(self, q)
 
+    def stall(self, action):
+        """Holds the answer back while `action` is in `stall` (at most 60 s)."""
+        with LOCK:
+            if action not in STATE["stall"]:
+                return
+            STATE["stalled"] += 1
+        deadline = time.time() + 60
+        try:
+            while time.time() < deadline:
+                with LOCK:
+                    if action not in STATE["stall"]:
+                        return
+                time.sleep(0.05)
+        finally:
+            with LOCK:
+                STATE["stalled"] -= 1
+
     def describe_instances(self, q):
         region = need(q, "RegionId")
         ids = None
@@ -457,6 +496,11 @@ class Ecs(Base):
             s = STATE
             found = []
             ours = not s["deleted"] and region == s["region"] and (ids is None or s["instance_id"] in ids)
+            if ours and s["describe_empty"] != 0:
+                # Answered as a read that missed it: 200, and no instance.
+                ours = False
+                if s["describe_empty"] > 0:
+                    s["describe_empty"] -= 1
             if ours and all(k in s["tags"] and v in (None, s["tags"][k]) for k, v in wanted.items()):
                 found.append(instance(s))
         return {"TotalCount": len(found), "PageNumber": 1, "PageSize": 10,
@@ -529,6 +573,7 @@ class Ecs(Base):
             economical = s["economical"] and s["charge_type"] == "PostPaid"
             s["status"] = "Stopping"
             s["stop_reads"] = 0
+            s["describe_empty"] = s["empty_after_stop"]
             s["stopped_mode"] = "StopCharging" if mode == "StopCharging" and economical else "KeepCharging"
         return {}
 
@@ -599,22 +644,49 @@ class Ecs(Base):
         hours = {"Hour": 1, "Week": 24 * 7, "Month": 24 * 30, "Year": 24 * 365}.get(unit)
         if hours is None:
             raise Refused(400, "InvalidPriceUnit.ValueNotSupported", "The specified PriceUnit is not valid.")
+        category = q.get("SystemDisk.Category", "")
+        if category not in ("", "cloud", "cloud_efficiency", "cloud_ssd", "cloud_essd", "cloud_auto", "cloud_essd_entry"):
+            raise Refused(400, "InvalidSystemDiskCategory.ValueNotSupported", "The specified parameter SystemDisk.Category is not valid.")
         with LOCK:
             s = STATE
             if region != s["region"]:
                 raise Refused(404, "InvalidRegionId.NotFound", "The specified RegionId does not exist.")
             if itype != s["instance_type"]:
                 raise Refused(400, "InvalidInstanceType.ValueNotSupported", "The specified InstanceType does not exist or beyond the permitted range.")
+            family = itype.split(".")[1].split("-")[0] if "." in itype else itype
+            # Left out, the category is cloud_efficiency, which the current families do not
+            # offer.
+            if family in s["needs_disk_category"] and category in ("", "cloud", "cloud_efficiency"):
+                raise Refused(400, "InvalidSystemDiskCategory.ValueNotSupported", "The specified parameter SystemDisk.Category is not valid.")
             spot = q.get("SpotStrategy", "NoSpot") in ("SpotAsPriceGo", "SpotWithPriceLimit") and unit == "Hour"
             price = round((s["spot_price"] if spot else s["price"]) * hours, 6)
+            disk = round(s["disk_price"] * hours, 6)
             currency = s["currency"]
+        total = round(price + disk, 6)
+        def row(resource, value):
+            return {"Resource": resource, "OriginalPrice": value, "DiscountPrice": 0.0,
+                    "TradePrice": value, "SubRules": {"Rule": []}}
         return {"PriceInfo": {
-            "Price": {"OriginalPrice": price, "DiscountPrice": 0.0, "TradePrice": price,
+            "Price": {"OriginalPrice": total, "DiscountPrice": 0.0, "TradePrice": total,
                       "Currency": currency,
-                      "DetailInfos": {"ResourcePriceModel": [
-                          {"Resource": "instance", "OriginalPrice": price, "DiscountPrice": 0.0,
-                           "TradePrice": price, "SubRules": {"Rule": []}}]}},
+                      "DetailInfos": {"DetailInfo": [row("instanceType", price), row("systemDisk", disk)]}},
             "Rules": {"Rule": []}}}
+
+    def describe_disks(self, q):
+        region = need(q, "RegionId")
+        with LOCK:
+            s = STATE
+            disks = []
+            mine = region == s["region"] and not s["deleted"]
+            if mine and q.get("InstanceId", s["instance_id"]) == s["instance_id"] \
+                    and q.get("DiskType", "all") in ("all", "system"):
+                d = dict(s["system_disk"])
+                d.update({"DiskId": "d-bp67acfmxazb4ph0002", "InstanceId": s["instance_id"],
+                          "Type": "system", "RegionId": s["region"], "ZoneId": s["zone"],
+                          "Status": "In_use", "DeleteWithInstance": True})
+                disks.append(d)
+        return {"TotalCount": len(disks), "PageNumber": 1, "PageSize": 10,
+                "Disks": {"Disk": disks}}
 
 
 def need(q, name):
@@ -681,6 +753,7 @@ ACTIONS = {
     "DeleteInstance": Ecs.delete_instance,
     "DescribeSpotPriceHistory": Ecs.describe_spot_price_history,
     "DescribePrice": Ecs.describe_price,
+    "DescribeDisks": Ecs.describe_disks,
 }
 
 

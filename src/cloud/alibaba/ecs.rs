@@ -25,6 +25,7 @@ pub const RAM_ACTIONS: &[(&str, &str)] = &[
     ("TagResources", "ecs:TagResources"),
     ("DescribePrice", "ecs:DescribePrice"),
     ("DescribeSpotPriceHistory", "ecs:DescribeSpotPriceHistory"),
+    ("DescribeDisks", "ecs:DescribeDisks"),
 ];
 
 /// The RAM action an ECS action needs.
@@ -285,8 +286,10 @@ impl Ecs {
         }
     }
 
-    /// This instance, as `DescribeInstances` gives it.
-    pub async fn describe(&self, id: &str) -> Result<Option<Value>, CloudError> {
+    /// This instance, as `DescribeInstances` gives it. An answer that does not name it (ECS is
+    /// eventually consistent; a page or a filter may miss it) says nothing of it: it is an
+    /// error worth retrying, never an instance without tags, lifecycle or state.
+    pub async fn instance(&self, id: &str) -> Result<Value, CloudError> {
         let ids = serde_json::json!([id]).to_string();
         let answer = self
             .call(
@@ -294,11 +297,58 @@ impl Ecs {
                 &[("RegionId", &self.region), ("InstanceIds", &ids)],
             )
             .await?;
-        Ok(answer["Instances"]["Instance"]
-            .as_array()
-            .and_then(|a| a.iter().find(|i| i["InstanceId"] == id))
-            .cloned())
+        named(&answer["Instances"]["Instance"], "InstanceId", id)
+            .cloned()
+            .ok_or_else(|| CloudError {
+                operation: "DescribeInstances",
+                kind: ErrorKind::Retryable,
+                message: format!(
+                    "the answer does not name {id} (an eventually consistent read): what it says of the instance is unknown"
+                ),
+                request_id: request_id(&answer),
+                retry_after: None,
+            })
     }
+
+    /// This instance's system disk, as `DescribeDisks` gives it.
+    pub async fn system_disk(&self, id: &str) -> Result<Value, CloudError> {
+        let answer = self
+            .call(
+                "DescribeDisks",
+                &[
+                    ("RegionId", &self.region),
+                    ("InstanceId", id),
+                    ("DiskType", "system"),
+                ],
+            )
+            .await?;
+        answer["Disks"]["Disk"]
+            .as_array()
+            .and_then(|d| {
+                d.iter()
+                    .find(|d| d["InstanceId"] == id && d["Type"] == "system")
+            })
+            .cloned()
+            .ok_or_else(|| CloudError {
+                operation: "DescribeDisks",
+                kind: ErrorKind::Retryable,
+                message: format!("the answer names no system disk of {id}"),
+                request_id: request_id(&answer),
+                retry_after: None,
+            })
+    }
+}
+
+/// The element of a list (`{"Instance": [...]}`'s array) whose `key` is `value`.
+pub fn named<'a>(list: &'a Value, key: &str, value: &str) -> Option<&'a Value> {
+    list.as_array()?.iter().find(|i| i[key] == value)
+}
+
+/// The answer's `RequestId`, for the audit log.
+pub fn request_id(answer: &Value) -> Option<String> {
+    answer["RequestId"]
+        .as_str()
+        .map(|r| crate::redact::brief(r, 64))
 }
 
 /// What an error answer means: throttling and 5xx are retried; RAM denials, credentials and
@@ -307,6 +357,9 @@ fn classify(action: &'static str, status: u16, e: ErrorBody) -> CloudError {
     let code = crate::redact::brief(&e.code, 128);
     let kind = if code.starts_with("Throttling") || code == "ServiceUnavailable" || status >= 500 {
         ErrorKind::Retryable
+    } else if code == "NumberExceed.Tags" || code == "InvalidTagCount" {
+        // The instance has all the tags ECS allows (20): the tags are refused, not the instance.
+        ErrorKind::Limit
     } else if code.starts_with("Forbidden")
         || code.starts_with("InvalidAccessKeyId")
         || code.starts_with("InvalidSecurityToken")
@@ -385,6 +438,14 @@ mod tests {
         assert_eq!(
             classify("StopInstance", 400, e("SignatureDoesNotMatch")).kind,
             ErrorKind::AccessDenied
+        );
+        assert_eq!(
+            classify("TagResources", 400, e("NumberExceed.Tags")).kind,
+            ErrorKind::Limit
+        );
+        assert_eq!(
+            classify("TagResources", 400, e("InvalidTagKey.Malformed")).kind,
+            ErrorKind::Other
         );
         assert_eq!(rfc3339_seconds(1_698_315_752.9), "2023-10-26T10:22:32Z");
         assert_ne!(nonce(), nonce());

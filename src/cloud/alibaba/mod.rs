@@ -24,6 +24,8 @@ pub struct Alibaba {
     endpoint_url: Option<String>,
     ram_role: String,
     keep_charging: bool,
+    /// The reclaim notice in force (its text), with when it was first seen.
+    notice: Mutex<Option<(String, f64)>>,
 }
 
 impl Alibaba {
@@ -38,6 +40,7 @@ impl Alibaba {
             endpoint_url: config.cloud.endpoint_url.clone(),
             ram_role: config.cloud.ram_role.clone(),
             keep_charging: config.cloud.keep_charging,
+            notice: Mutex::new(None),
         }
     }
 }
@@ -64,8 +67,10 @@ impl Cloud for Alibaba {
         "alibaba"
     }
 
-    /// Identity from metadata; whether the instance is spot from `DescribeInstances`
-    /// (`SpotStrategy`): until that answers, the lifecycle is unknown.
+    /// Identity from metadata alone, so that nothing waits on the ECS API before the daemon
+    /// serves; whether the instance is spot (`SpotStrategy`) comes from `DescribeInstances`
+    /// once connected, read again until it answers (`learn`): until then the lifecycle is
+    /// unknown.
     fn identity(&self) -> Fut<'_, Result<Node, MetadataError>> {
         Box::pin(async {
             let m = &self.metadata;
@@ -86,18 +91,6 @@ impl Cloud for Alibaba {
                 Arc::clone(&self.metadata),
                 &self.ram_role,
             ));
-            let lifecycle = match ecs.describe(&id).await {
-                Ok(Some(i)) => match i["SpotStrategy"].as_str() {
-                    Some("NoSpot") => Some(Lifecycle::OnDemand),
-                    Some("SpotWithPriceLimit" | "SpotAsPriceGo") => Some(Lifecycle::Spot),
-                    _ => None,
-                },
-                Ok(None) => None,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot tell whether the instance is spot (DescribeInstances): its lifecycle is unknown");
-                    None
-                }
-            };
             if let Ok(mut e) = self.ecs.lock() {
                 *e = Some(ecs);
             }
@@ -106,27 +99,27 @@ impl Cloud for Alibaba {
                 instance_type,
                 availability_zone: zone,
                 region,
-                lifecycle,
+                lifecycle: None,
             })
         })
     }
 
-    /// `instance/spot/termination-time`: a time once the spot instance is to be reclaimed.
+    /// `instance/spot/termination-time`: present once the spot instance is to be reclaimed. A
+    /// time that is present is a notice, whether or not it parses (`reclaim`).
     fn interruption(&self) -> Fut<'_, Result<Option<Notice>, MetadataError>> {
         Box::pin(async {
             let at = self.metadata.get("instance/spot/termination-time").await?;
-            Ok(at.and_then(|text| {
-                let time = crate::time::parse_rfc3339(&text)?;
-                Some(Notice {
-                    key: text.clone(),
-                    kind: NoticeKind::Interruption,
-                    time,
-                    text: format!(
-                        "the spot instance is to be reclaimed at {}",
-                        crate::time::rfc3339(time)
-                    ),
-                })
-            }))
+            let mut kept = self.notice.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(text) = at else {
+                *kept = None;
+                return Ok(None);
+            };
+            let seen = match kept.as_ref() {
+                Some((known, seen)) if *known == text => *seen,
+                _ => crate::time::now(),
+            };
+            *kept = Some((text.clone(), seen));
+            Ok(Some(reclaim(&text, seen)))
         })
     }
 
@@ -166,14 +159,16 @@ impl Cloud for Alibaba {
                     &self.ram_role,
                 ))
             });
-        if config.cost.hourly_price_usd.is_none() {
-            tasks.spawn(poll_price(
-                Arc::clone(&ecs),
-                node.clone(),
-                Arc::clone(&link.readings),
-                config.cost.spot_price_refresh,
-            ));
-        }
+        tasks.spawn(learn(
+            Arc::clone(&ecs),
+            node.clone(),
+            Arc::clone(&link.readings),
+            config
+                .cost
+                .hourly_price_usd
+                .is_none()
+                .then_some(config.cost.spot_price_refresh),
+        ));
         Arc::new(AlibabaApi {
             ecs,
             id: node.instance_id.clone(),
@@ -182,9 +177,58 @@ impl Cloud for Alibaba {
     }
 }
 
+/// The longest wait between two reads of what is not known yet (the lifecycle, a price that
+/// failed): one throttled answer never leaves it unknown for long.
+const MOST_WAIT: Duration = Duration::from_secs(60);
+
+/// Reads the instance's lifecycle (`SpotStrategy`) until it is known, with backoff (1 s, then
+/// twice as long each time, at most `MOST_WAIT` apart), and hands it to the cost side; then,
+/// where `price_every` is given, polls the price.
+async fn learn(
+    ecs: Arc<Ecs>,
+    mut node: Node,
+    readings: Arc<dyn super::Readings>,
+    price_every: Option<Duration>,
+) {
+    let mut wait = Duration::from_secs(1);
+    let mut said = false;
+    while node.lifecycle.is_none() {
+        match lifecycle(&ecs, &node.instance_id).await {
+            Ok(l) => {
+                readings.lifecycle(l);
+                node.lifecycle = Some(l);
+            }
+            Err(why) => {
+                if !std::mem::replace(&mut said, true) {
+                    tracing::warn!(reason = %why, "cannot tell yet whether the instance is spot (DescribeInstances): its lifecycle and price stay unknown until it answers; asking again");
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(MOST_WAIT);
+            }
+        }
+    }
+    if let Some(every) = price_every {
+        poll_price(ecs, node, readings, every).await;
+    }
+}
+
+/// The lifecycle `SpotStrategy` says.
+async fn lifecycle(ecs: &Ecs, id: &str) -> Result<Lifecycle, String> {
+    let i = ecs.instance(id).await.map_err(|e| e.to_string())?;
+    match i["SpotStrategy"].as_str() {
+        Some("NoSpot") => Ok(Lifecycle::OnDemand),
+        Some("SpotWithPriceLimit" | "SpotAsPriceGo") => Ok(Lifecycle::Spot),
+        other => Err(format!(
+            "SpotStrategy is {:?}, which names no lifecycle",
+            other.map(|o| crate::redact::brief(o, 32))
+        )),
+    }
+}
+
 /// The price, then again every `every`: `DescribeSpotPriceHistory`'s latest for a spot
-/// instance, `DescribePrice` by the hour otherwise. gpuwatch accounts in USD: a price in
-/// another currency (CNY on Alibaba Cloud's China site) is no price, with the reason.
+/// instance, `DescribePrice` by the hour otherwise. A read that fails is tried again sooner,
+/// with backoff. gpuwatch accounts in USD: a price in another currency (CNY on Alibaba
+/// Cloud's China site) is no price, with the reason.
 async fn poll_price(
     ecs: Arc<Ecs>,
     node: Node,
@@ -192,20 +236,24 @@ async fn poll_price(
     every: Duration,
 ) {
     let mut said = false;
+    let mut wait = Duration::from_secs(1);
     loop {
         match price(&ecs, &node).await {
             Ok((kind, p)) => {
                 tracing::info!(usd_per_hour = p, instance_type = %node.instance_type, "price from the ECS API");
                 readings.price(kind, p);
                 said = false;
+                wait = Duration::from_secs(1);
+                tokio::time::sleep(every).await;
             }
-            Err(why) if !said => {
-                said = true;
-                tracing::warn!(reason = %why, "no price for this instance: spend is unknown unless [cost] hourly_price_usd is set");
+            Err(why) => {
+                if !std::mem::replace(&mut said, true) {
+                    tracing::warn!(reason = %why, "no price for this instance: spend is unknown unless [cost] hourly_price_usd is set");
+                }
+                tokio::time::sleep(wait.min(every)).await;
+                wait = (wait * 2).min(MOST_WAIT);
             }
-            Err(_) => {}
         }
-        tokio::time::sleep(every).await;
     }
 }
 
@@ -250,27 +298,90 @@ async fn price(ecs: &Ecs, node: &Node) -> Result<(super::PriceKind, f64), String
             ))
         }
         Some(Lifecycle::OnDemand) => {
+            // ECS prices an instance with a system disk, of a category new families refuse
+            // unless told (`InvalidSystemDiskCategory.ValueNotSupported`): this instance's own.
+            let disk = ecs
+                .system_disk(&node.instance_id)
+                .await
+                .map_err(|e| e.to_string())?;
+            let text = |v: &serde_json::Value| v.as_str().unwrap_or("").to_string();
+            let size = disk["Size"]
+                .as_u64()
+                .map(|s| s.to_string())
+                .unwrap_or_default();
+            let (category, level) = (text(&disk["Category"]), text(&disk["PerformanceLevel"]));
+            let mut params = vec![
+                ("RegionId", ecs.region()),
+                ("ResourceType", "instance"),
+                ("InstanceType", node.instance_type.as_str()),
+                ("PriceUnit", "Hour"),
+                ("Period", "1"),
+                ("SystemDisk.Category", category.as_str()),
+                ("SystemDisk.Size", size.as_str()),
+                ("SystemDisk.PerformanceLevel", level.as_str()),
+            ];
+            params.retain(|(_, v)| !v.is_empty());
             let a = ecs
-                .call(
-                    "DescribePrice",
-                    &[
-                        ("RegionId", ecs.region()),
-                        ("ResourceType", "instance"),
-                        ("InstanceType", &node.instance_type),
-                        ("PriceUnit", "Hour"),
-                        ("Period", "1"),
-                    ],
-                )
+                .call("DescribePrice", &params)
                 .await
                 .map_err(|e| e.to_string())?;
             let p = &a["PriceInfo"]["Price"];
             Ok((
                 super::PriceKind::List,
-                usd(p["Currency"].as_str().unwrap_or(""), &p["TradePrice"])?,
+                usd(p["Currency"].as_str().unwrap_or(""), instance_alone(p))?,
             ))
         }
         None => Err("whether the instance is spot is unknown, so is its price".into()),
     }
+}
+
+/// The price of the instance type alone, without the system disk `DescribePrice` adds: its
+/// `instanceType` row where the answer breaks the price down, else the whole.
+fn instance_alone(price: &serde_json::Value) -> &serde_json::Value {
+    let details = &price["DetailInfos"];
+    [&details["DetailInfo"], &details["ResourcePriceModel"]]
+        .into_iter()
+        .filter_map(|rows| rows.as_array())
+        .flatten()
+        .find(|r| matches!(r["Resource"].as_str(), Some("instanceType" | "instance")))
+        .map_or(&price["TradePrice"], |r| &r["TradePrice"])
+}
+
+/// The spot reclaim notice that `instance/spot/termination-time` gives, first seen `seen`. ECS
+/// writes UTC (`2026-12-06T10:00:00Z`); a time written otherwise (a space for the `T`, no
+/// `Z`) is read as UTC, and one that does not parse at all is a notice still, in effect since
+/// it was first seen: unknown holds.
+fn reclaim(text: &str, seen: f64) -> Notice {
+    let shown = crate::redact::brief(text.trim(), 64);
+    let time = lenient_utc(text.trim());
+    Notice {
+        key: shown.clone(),
+        kind: NoticeKind::Interruption,
+        time: time.unwrap_or(seen),
+        text: match time {
+            Some(t) => format!(
+                "the spot instance is to be reclaimed at {}",
+                crate::time::rfc3339(t)
+            ),
+            None => format!(
+                "the spot instance is to be reclaimed (its termination time {shown:?} does not parse)"
+            ),
+        },
+    }
+}
+
+/// An RFC 3339 time, or one with a space for the `T` or without a zone (taken as UTC).
+fn lenient_utc(text: &str) -> Option<f64> {
+    if let Some(t) = crate::time::parse_rfc3339(text) {
+        return Some(t);
+    }
+    let mut t = text.replacen(' ', "T", 1);
+    let zoned =
+        t.ends_with(['Z', 'z']) || t.get(19..).is_some_and(|tail| tail.contains(['+', '-']));
+    if !zoned {
+        t.push('Z');
+    }
+    crate::time::parse_rfc3339(&t)
 }
 
 /// ECS, for this instance.
@@ -283,7 +394,7 @@ struct AlibabaApi {
 impl Api for AlibabaApi {
     fn tags(&self) -> Option<Fut<'_, Result<super::Tags, CloudError>>> {
         Some(Box::pin(async {
-            let i = self.ecs.describe(&self.id).await?.unwrap_or_default();
+            let i = self.ecs.instance(&self.id).await?;
             Ok(i["Tags"]["Tag"]
                 .as_array()
                 .into_iter()
@@ -300,8 +411,8 @@ impl Api for AlibabaApi {
 
     fn state(&self) -> Fut<'_, Result<Option<String>, CloudError>> {
         Box::pin(async {
-            let i = self.ecs.describe(&self.id).await?;
-            Ok(i.and_then(|i| Some(crate::redact::brief(i["Status"].as_str()?, 32))))
+            let i = self.ecs.instance(&self.id).await?;
+            Ok(i["Status"].as_str().map(|s| crate::redact::brief(s, 32)))
         })
     }
 
@@ -311,7 +422,7 @@ impl Api for AlibabaApi {
         _spot_stop: SpotStop,
     ) -> Fut<'_, Result<Plan<Box<dyn super::Step>>, CloudError>> {
         Box::pin(async move {
-            let i = self.ecs.describe(&self.id).await?.unwrap_or_default();
+            let i = self.ecs.instance(&self.id).await?;
             let instance = plan::alibaba::Instance {
                 instance_type: i["InstanceType"].as_str().unwrap_or("").to_string(),
                 prepaid: i["InstanceChargeType"] == "PrePaid",
@@ -361,11 +472,7 @@ impl Api for AlibabaApi {
     }
 }
 
-fn request_id(answer: &serde_json::Value) -> Option<String> {
-    answer["RequestId"]
-        .as_str()
-        .map(|r| crate::redact::brief(r, 64))
-}
+use ecs::request_id;
 
 struct AlibabaStep {
     ecs: Arc<Ecs>,
@@ -375,57 +482,73 @@ struct AlibabaStep {
 
 impl AlibabaStep {
     /// Waits until the instance is `Stopped`, then says in which mode: a stop that ECS made
-    /// without economical mode is said as the failure it is for an idle rule.
+    /// without economical mode is said as the failure it is for an idle rule. ECS accepted
+    /// the stop: a read that fails for throttling or an outage, or an answer that does not
+    /// name the instance, is read again (every 2 s, for at most `FOLLOW_FOR`), never taken as
+    /// the stop's outcome.
     async fn stopped(&self, economical: bool) -> Result<(), CloudError> {
         let started = Instant::now();
-        loop {
-            let a = self
-                .ecs
-                .call(
-                    "DescribeInstanceStatus",
-                    &[("RegionId", self.ecs.region()), ("InstanceId.1", &self.id)],
-                )
-                .await?;
-            let status = a["InstanceStatuses"]["InstanceStatus"]
-                .as_array()
-                .and_then(|s| s.iter().find(|s| s["InstanceId"] == self.id.as_str()))
-                .and_then(|s| s["Status"].as_str())
-                .unwrap_or("")
-                .to_string();
-            if status == "Stopped" {
-                break;
-            }
+        let mut last = String::from("unread");
+        let unknown = |last: &str| {
+            CloudError {
+            operation: "StopInstance",
+            kind: crate::cloud::ErrorKind::Other,
+            message: format!(
+                "ECS accepted the stop, but the instance is still {last} after {}: its outcome is unknown",
+                humantime::format_duration(crate::cloud::FOLLOW_FOR)
+            ),
+            request_id: None,
+            retry_after: None,
+        }
+        };
+        let instance = loop {
             if started.elapsed() > crate::cloud::FOLLOW_FOR {
-                return Err(CloudError {
-                    operation: "StopInstance",
-                    kind: crate::cloud::ErrorKind::Other,
-                    message: format!(
-                        "the instance is still {status:?} after {}: its outcome is unknown",
-                        humantime::format_duration(crate::cloud::FOLLOW_FOR)
-                    ),
-                    request_id: None,
-                    retry_after: None,
-                });
+                return Err(unknown(&last));
+            }
+            match self.read_back().await {
+                Ok(Some(i)) => break i,
+                Ok(None) => last = "not Stopped".into(),
+                Err(e) if e.kind == crate::cloud::ErrorKind::Retryable => {
+                    last = format!("unread ({e})");
+                }
+                Err(e) => return Err(e),
             }
             tokio::time::sleep(Duration::from_secs(2)).await;
-        }
-        let mode = self
-            .ecs
-            .describe(&self.id)
-            .await?
-            .and_then(|i| i["StoppedMode"].as_str().map(str::to_string))
-            .unwrap_or_default();
+        };
+        let mode = instance["StoppedMode"].as_str().unwrap_or_default();
         if economical && mode != "StopCharging" {
             return Err(CloudError {
                 operation: "StopInstance",
                 kind: crate::cloud::ErrorKind::Other,
-                message: format!("the instance stopped, but not in economical mode: StoppedMode is {:?}, so it is still billed", crate::redact::brief(&mode, 32)),
+                message: format!("the instance stopped, but not in economical mode: StoppedMode is {:?}, so it is still billed", crate::redact::brief(mode, 32)),
                 request_id: None,
                 retry_after: None,
             });
         }
         tracing::info!(stopped_mode = %mode, "the instance is stopped");
         Ok(())
+    }
+
+    /// The instance once `DescribeInstanceStatus` says it is `Stopped` and `DescribeInstances`
+    /// names it; `None` while it is not stopped yet.
+    async fn read_back(&self) -> Result<Option<serde_json::Value>, CloudError> {
+        let a = self
+            .ecs
+            .call(
+                "DescribeInstanceStatus",
+                &[("RegionId", self.ecs.region()), ("InstanceId.1", &self.id)],
+            )
+            .await?;
+        let status = ecs::named(
+            &a["InstanceStatuses"]["InstanceStatus"],
+            "InstanceId",
+            &self.id,
+        )
+        .and_then(|s| s["Status"].as_str());
+        if status != Some("Stopped") {
+            return Ok(None);
+        }
+        self.ecs.instance(&self.id).await.map(Some)
     }
 }
 
@@ -478,5 +601,52 @@ impl super::Step for AlibabaStep {
                 request_id: request_id(&answer),
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A termination time that is present is a notice, parsed where it can be (UTC where it
+    /// names no zone), and in effect since first seen where it cannot.
+    #[test]
+    fn a_present_termination_time_is_a_notice_whether_or_not_it_parses() {
+        let seen = 1_800_000_000.0;
+        let at = crate::time::parse_rfc3339("2026-12-06T10:05:00Z").unwrap();
+        for text in [
+            "2026-12-06T10:05:00Z",
+            "2026-12-06 10:05:00Z",
+            "2026-12-06T10:05:00",
+            "2026-12-06 10:05:00",
+            " 2026-12-06T10:05:00Z\n",
+        ] {
+            let n = reclaim(text, seen);
+            assert_eq!(n.kind, NoticeKind::Interruption, "{text:?}");
+            assert_eq!(n.time, at, "{text:?}");
+        }
+        assert_eq!(
+            reclaim("2026-12-06T12:05:00+02:00", seen).time,
+            at,
+            "a zone given is kept"
+        );
+        for text in ["soon", "", "2026-13-45T99:00:00Z"] {
+            let n = reclaim(text, seen);
+            assert_eq!(n.kind, NoticeKind::Interruption, "{text:?}");
+            assert_eq!(n.time, seen, "{text:?}");
+            assert!(n.text.contains("does not parse"), "{}", n.text);
+        }
+    }
+
+    /// `DescribePrice` adds a system disk to the instance's price: the instance type's own row
+    /// is the price, where the answer breaks it down.
+    #[test]
+    fn the_instance_type_is_priced_without_its_system_disk() {
+        let answer = serde_json::json!({"TradePrice": 4.31, "DetailInfos": {"DetailInfo": [
+            {"Resource": "systemDisk", "TradePrice": 0.11},
+            {"Resource": "instanceType", "TradePrice": 4.2}]}});
+        assert_eq!(instance_alone(&answer), &serde_json::json!(4.2));
+        let whole = serde_json::json!({"TradePrice": 4.31});
+        assert_eq!(instance_alone(&whole), &serde_json::json!(4.31));
     }
 }

@@ -5,7 +5,9 @@
 //!   subscription instance; the families with local disks or persistent memory: `i`, `d`,
 //!   `gn5`, `re6p`, `ebmre6p`), ECS would stop the instance and keep billing it without a
 //!   word, so the stop is refused, unless `[cloud] keep_charging = true` asks for it anyway.
-//! - `terminate` is `DeleteInstance` with `Force=true`.
+//! - `terminate` is `DeleteInstance` with `Force=true`, refused for a subscription instance:
+//!   ECS releases one only once it has expired (`ChargeTypeViolation` before), and its time is
+//!   paid for whether it runs or not.
 //! - `hibernate` is refused: ECS hibernation is an invitational preview, not a public API.
 
 use super::{Down, Plan};
@@ -65,6 +67,10 @@ pub const NO_HIBERNATE: &str =
 pub fn plan(action: Action, instance: &Instance, keep_charging: bool) -> Plan<Step> {
     match action {
         Action::Alert | Action::Exec => Plan::Steps(Vec::new()),
+        Action::Terminate if instance.prepaid => Plan::Refuse(format!(
+            "{} is a subscription instance: ECS releases one only once it has expired, and its time is paid for whether it runs or not",
+            instance.instance_type
+        )),
         Action::Terminate => Plan::Steps(vec![Step::Delete]),
         Action::Hibernate => Plan::Refuse(NO_HIBERNATE.into()),
         Action::Stop if instance.economical() => Plan::Steps(vec![Step::Stop { economical: true }]),
@@ -123,11 +129,19 @@ mod tests {
             ),
             (
                 Action::Terminate,
-                instance("ecs.gn5-c4g1.xlarge", true),
+                instance("ecs.gn5-c4g1.xlarge", false),
                 false,
                 Plan::Steps(vec![Step::Delete]),
             ),
         ];
+        match plan(
+            Action::Terminate,
+            &instance("ecs.gn7i-c8g1.2xlarge", true),
+            true,
+        ) {
+            Plan::Refuse(m) => assert!(m.contains("subscription instance"), "{m}"),
+            other => panic!("a subscription instance is deleted: {other:?}"),
+        }
         for (action, i, keep, want) in cases {
             assert_eq!(plan(action, &i, keep), want, "{action} {i:?} {keep}");
         }
