@@ -486,6 +486,43 @@ fn a_full_tag_set_refuses_the_stamp_and_the_stop_goes_on() {
     assert_eq!(api_calls(&d), ["StopInstance"]);
 }
 
+/// The interruption hook runs once per notice, not once per process: a restart while the same
+/// notice is in force does not run it again (the state directory keeps the notices whose hook
+/// ran).
+#[test]
+fn a_restart_during_a_notice_does_not_run_its_hook_again() {
+    let fake = Fake::start();
+    let mut change = spot();
+    change["termination_time"] = json!(gpuwatch::time::rfc3339(
+        gpuwatch::time::now().floor() + 300.0
+    ));
+    fake.set(change);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let ran = root.join("hook-ran");
+    let extra = format!(
+        "[spot]\ninterruption_hook = [\"sh\", \"-c\", \"echo ran >> {}\"]\nhook_timeout = \"5s\"",
+        ran.display()
+    );
+    let config = fake.config(
+        &root,
+        "mode = \"enforce\"\nwarning = \"1s\"",
+        &format!("{extra}\n{}", common::fake::rule("idle", "terminate")),
+    );
+    let mut d = common::Daemon::start_scenario(dir, BUSY, &config);
+    d.await_sample(LIMIT, |_| ran.exists());
+    d.await_log(LIMIT, "pre-interruption hook");
+    d.kill();
+    let d2 = common::Daemon::start_with(common::reuse_dir(&root), &config);
+    d2.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_spot_interruption_pending").get(s) == Some(1.0)
+    });
+    let polls = fake.calls("metadata").len();
+    d2.await_scrape(LIMIT, |_| fake.calls("metadata").len() >= polls + 20);
+    assert_eq!(std::fs::read_to_string(&ran).unwrap(), "ran\n");
+    assert!(!d2.log().contains("pre-interruption hook"), "{}", d2.log());
+}
+
 /// One HTTP/1.1 exchange by hand: `head` holds the request line and headers, without the
 /// blank line.
 fn exchange(addr: SocketAddr, head: &str) -> Response {

@@ -26,6 +26,10 @@ use serde::{Deserialize, Serialize};
 /// The decision state's file in the state directory.
 pub const STATE_FILE: &str = "state.json";
 const HOLD_FILE: &str = "hold.json";
+/// The interruption notices whose hook has run, so that a restart does not run it again.
+const HOOKS_FILE: &str = "hooks.json";
+/// The most notices `hooks.json` remembers: the newest.
+pub const MAX_HOOKS_KEPT: usize = 16;
 
 /// The largest `state.json` or `hold.json` read: far beyond any real state, and a bound
 /// against a file that was replaced by something else.
@@ -251,6 +255,33 @@ impl StateDir {
 
     pub fn hold(&self) -> HoldStatus {
         self.hold_at(&self.dir.join(HOLD_FILE))
+    }
+
+    /// The keys of the interruption notices whose hook has run (`hooks.json`), oldest first. A
+    /// file that is missing or unreadable remembers none: a hook that runs twice does less harm
+    /// than one that never runs.
+    pub fn hooks_ran(&self) -> Vec<String> {
+        let path = self.dir.join(HOOKS_FILE);
+        let text = match crate::files::read_text(&path, MAX_HOLD_BYTES, crate::files::Links::Refuse)
+        {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Vec::new(),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot read which interruption hooks ran: a notice still in force runs its hook again");
+                return Vec::new();
+            }
+        };
+        let mut keys: Vec<String> = serde_json::from_str(&text).unwrap_or_default();
+        let excess = keys.len().saturating_sub(MAX_HOOKS_KEPT);
+        keys.drain(..excess);
+        keys
+    }
+
+    /// Remembers `keys` (the newest `MAX_HOOKS_KEPT`) as the notices whose hook has run.
+    pub fn set_hooks_ran(&self, keys: &[String]) -> io::Result<()> {
+        let newest = &keys[keys.len().saturating_sub(MAX_HOOKS_KEPT)..];
+        let body = serde_json::to_vec(newest).map_err(io::Error::other)?;
+        write_atomic(&self.dir.join(HOOKS_FILE), &body, true)
     }
 
     /// The hold a hold file says.

@@ -32,6 +32,8 @@ pub struct CloudPoller {
     pub hook_timeout: Duration,
     /// Instance tags copied onto `gpuwatch_node_info`.
     pub tag_labels: Vec<TagLabel>,
+    /// Where the notices whose hook ran are kept across restarts.
+    pub state_dir: crate::state::StateDir,
     /// How often instance metadata is read.
     pub every: Duration,
     /// How often the API reads tags, when metadata carries none.
@@ -41,8 +43,9 @@ pub struct CloudPoller {
 /// What the poller remembers from one read to the next.
 #[derive(Default)]
 struct Seen {
-    /// The interruption the hook last ran for: it runs once per notice, not once per process.
-    hook_ran_for: Option<String>,
+    /// The interruptions the hook ran for, kept in the state directory: it runs once per
+    /// notice, not once per process.
+    hooks_ran: Vec<String>,
     /// The advice notices in force, by key: each is said once.
     advice: BTreeSet<String>,
     /// When the rebalance recommendation in force was issued.
@@ -61,7 +64,11 @@ struct Seen {
 pub async fn poll_cloud(p: CloudPoller) {
     let mut ticker = tokio::time::interval(p.every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut seen = Seen::default();
+    let dir = p.state_dir.clone();
+    let mut seen = Seen {
+        hooks_ran: crate::state::on_io_thread(move || dir.hooks_ran()).await,
+        ..Seen::default()
+    };
     loop {
         ticker.tick().await;
         p.interruption(&mut seen).await;
@@ -101,9 +108,10 @@ impl CloudPoller {
                         true,
                     );
                 }
-                if seen.hook_ran_for.as_ref() != Some(&notice.key) && !self.hook.is_empty() {
-                    seen.hook_ran_for = Some(notice.key);
+                if !seen.hooks_ran.contains(&notice.key) && !self.hook.is_empty() {
+                    seen.hooks_ran.push(notice.key);
                     Box::pin(run_hook(&self.hook, self.hook_timeout, &self.executor)).await;
+                    self.remember_hooks(&seen.hooks_ran).await;
                 }
             }
             Ok(None) => {
@@ -114,6 +122,15 @@ impl CloudPoller {
             Err(e) => seen
                 .failures
                 .report("interruption notice", &e, &self.metrics),
+        }
+    }
+
+    /// Keeps the notices whose hook ran in the state directory, so that a restart during the
+    /// notice does not run it again.
+    async fn remember_hooks(&self, keys: &[String]) {
+        let (dir, keys) = (self.state_dir.clone(), keys.to_vec());
+        if let Err(e) = crate::state::on_io_thread(move || dir.set_hooks_ran(&keys)).await {
+            tracing::warn!(error = %e, "cannot record that the interruption hook ran: a restart during this notice runs it again");
         }
     }
 

@@ -40,6 +40,7 @@ pub struct Link {
     pub metrics: Arc<SharedWatchView>,
     pub signals: Arc<NodeSignals>,
     pub executor: Arc<Executor>,
+    pub state_dir: crate::state::StateDir,
 }
 
 impl Link {
@@ -80,6 +81,7 @@ impl Link {
             metrics: Arc::clone(&self.metrics),
             hook: config.spot.interruption_hook.clone(),
             tag_labels: config.node.tag_labels.clone(),
+            state_dir: self.state_dir.clone(),
             hook_timeout: config.spot.hook_timeout,
             every: config.cloud.poll_interval,
             tag_every: config.cloud.tag_poll_interval,

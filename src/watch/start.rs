@@ -99,6 +99,7 @@ pub async fn spawn(
                 metrics: Arc::clone(&metrics),
                 signals: Arc::clone(&signals),
                 executor: Arc::clone(&executor),
+                state_dir: state_dir.clone(),
             };
             identify(link, tasks).await
         }
