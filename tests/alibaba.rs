@@ -233,9 +233,20 @@ fn metadata_down_at_start_holds_every_action_and_acts_once_it_answers() {
 #[test]
 fn a_denied_stop_fails_the_action_naming_the_ram_action() {
     let fake = Fake::start();
-    fake.set(json!({"denied": ["ecs:StopInstance"]}));
+    // ECS's message quotes the security token it was sent: it goes no further.
+    fake.set(json!({"denied": ["ecs:StopInstance"], "quote_token": true}));
     let d = start(&fake, "enforce", "stop", "", IDLE);
     d.await_scrape(LIMIT, |s| actions(s, "stop", "failed") == 1.0);
+    let audit_text = std::fs::read_to_string(d.dir.path().join("state/audit.jsonl")).unwrap();
+    for key in fake.state()["keys"].as_object().unwrap().values() {
+        let token = key["token"].as_str().unwrap();
+        assert!(!audit_text.contains(token), "the audit log shows a token");
+        assert!(!d.log().contains(token), "the log shows a token");
+    }
+    assert!(
+        audit_text.contains("SecurityToken [redacted]"),
+        "{audit_text}"
+    );
     let audit = d.audit();
     let error = events(&audit, "api_error")[0];
     assert_eq!(error["operation"], "StopInstance", "{error}");

@@ -94,6 +94,9 @@ STATE = {
     # How long the role's STS credentials last, in seconds.
     "creds_ttl": 3600,
     "deleted": False,
+    # Error messages quote the request's security token, as an API that echoes what it was
+    # sent does.
+    "quote_token": False,
     # DescribeInstances answers 200 without the instance this many more times (-1: always), as
     # an eventually consistent read, a filter that misses it or a page without it does.
     "describe_empty": 0,
@@ -364,8 +367,13 @@ class Ecs(Base):
             with LOCK:
                 call.update(note)
                 host = "ecs.%s.aliyuncs.com" % STATE["region"]
+                quote = STATE["quote_token"]
+            message = e.message
+            if quote:
+                message += " (SecurityToken %s, AccessKeyId %s)" % (
+                    self.headers.get("x-acs-security-token"), note.get("key_id"))
             return self.send(e.status, {
-                "RequestId": rid, "HostId": host, "Code": e.code, "Message": e.message,
+                "RequestId": rid, "HostId": host, "Code": e.code, "Message": message,
                 "Recommend": "https://api.aliyun.com/troubleshoot?q=%s&product=Ecs&requestId=%s" % (e.code, rid)})
         note.update(status=200, code=None)
         with LOCK:

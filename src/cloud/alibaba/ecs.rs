@@ -376,7 +376,8 @@ fn classify(action: &'static str, status: u16, e: ErrorBody) -> CloudError {
         if e.message.is_empty() {
             "no message".to_string()
         } else {
-            crate::redact::brief(&e.message, 1024)
+            // ECS may quote what it was sent: no credential the daemon holds goes further.
+            crate::redact::scrub(&crate::redact::brief(&e.message, 1024))
         }
     );
     if code.starts_with("Forbidden") {
