@@ -534,6 +534,35 @@ fn a_restart_during_a_notice_does_not_run_its_hook_again() {
     assert!(!d2.log().contains("pre-interruption hook"), "{}", d2.log());
 }
 
+/// A RAM policy from before `DescribeDisks` was granted: the system disk is not known, and the
+/// categories the current families take are tried in turn; the instance type's own row is the
+/// price whatever the disk.
+#[test]
+fn without_the_system_disk_the_price_is_asked_with_the_current_categories() {
+    let fake = Fake::start();
+    fake.set(json!({"denied": ["ecs:DescribeDisks"]}));
+    let d = start(&fake, "dry-run", "stop", "", BUSY);
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_instance_hourly_cost_dollars")
+            .get(s)
+            .is_some()
+    });
+    metric("gpuwatch_instance_hourly_cost_dollars")
+        .label("source", "pricing_api")
+        .value(4.2)
+        .assert_in(&s);
+    let asked: Vec<Value> = fake
+        .calls_of("DescribePrice")
+        .iter()
+        .map(|c| c["query"]["SystemDisk.Category"].clone())
+        .collect();
+    assert_eq!(asked[..2], [Value::Null, json!("cloud_essd")], "{asked:?}");
+    assert_eq!(
+        fake.calls_of("DescribePrice")[0]["code"],
+        "InvalidSystemDiskCategory.ValueNotSupported"
+    );
+}
+
 /// One HTTP/1.1 exchange by hand: `head` holds the request line and headers, without the
 /// blank line.
 fn exchange(addr: SocketAddr, head: &str) -> Response {

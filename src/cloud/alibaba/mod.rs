@@ -298,34 +298,8 @@ async fn price(ecs: &Ecs, node: &Node) -> Result<(super::PriceKind, f64), String
             ))
         }
         Some(Lifecycle::OnDemand) => {
-            // ECS prices an instance with a system disk, of a category new families refuse
-            // unless told (`InvalidSystemDiskCategory.ValueNotSupported`): this instance's own.
-            let disk = ecs
-                .system_disk(&node.instance_id)
-                .await
-                .map_err(|e| e.to_string())?;
-            let text = |v: &serde_json::Value| v.as_str().unwrap_or("").to_string();
-            let size = disk["Size"]
-                .as_u64()
-                .map(|s| s.to_string())
-                .unwrap_or_default();
-            let (category, level) = (text(&disk["Category"]), text(&disk["PerformanceLevel"]));
-            let mut params = vec![
-                ("RegionId", ecs.region()),
-                ("ResourceType", "instance"),
-                ("InstanceType", node.instance_type.as_str()),
-                ("PriceUnit", "Hour"),
-                ("Period", "1"),
-                ("SystemDisk.Category", category.as_str()),
-                ("SystemDisk.Size", size.as_str()),
-                ("SystemDisk.PerformanceLevel", level.as_str()),
-            ];
-            params.retain(|(_, v)| !v.is_empty());
-            let a = ecs
-                .call("DescribePrice", &params)
-                .await
-                .map_err(|e| e.to_string())?;
-            let p = &a["PriceInfo"]["Price"];
+            let p = list_price(ecs, node).await?;
+            let p = &p["PriceInfo"]["Price"];
             Ok((
                 super::PriceKind::List,
                 usd(p["Currency"].as_str().unwrap_or(""), instance_alone(p))?,
@@ -333,6 +307,54 @@ async fn price(ecs: &Ecs, node: &Node) -> Result<(super::PriceKind, f64), String
         }
         None => Err("whether the instance is spot is unknown, so is its price".into()),
     }
+}
+
+/// `DescribePrice`'s answer for this pay-as-you-go instance by the hour. ECS prices an instance
+/// with a system disk, of a category the current families refuse unless told
+/// (`InvalidSystemDiskCategory.ValueNotSupported`): this instance's own, from `DescribeDisks`.
+/// Where that cannot be read, the categories the current families take are tried in turn:
+/// only the instance type's own row of the answer is the price, whatever the disk.
+async fn list_price(ecs: &Ecs, node: &Node) -> Result<serde_json::Value, String> {
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or("").to_string();
+    let disks: Vec<(String, String, String)> = match ecs.system_disk(&node.instance_id).await {
+        Ok(d) => vec![(
+            text(&d["Category"]),
+            d["Size"]
+                .as_u64()
+                .map(|s| s.to_string())
+                .unwrap_or_default(),
+            text(&d["PerformanceLevel"]),
+        )],
+        Err(e) => {
+            tracing::debug!(error = %e, "the system disk is not known: DescribePrice is asked with the categories current families take");
+            ["", "cloud_essd", "cloud_auto"]
+                .iter()
+                .map(|c| (c.to_string(), String::new(), String::new()))
+                .collect()
+        }
+    };
+    let mut refused = String::new();
+    for (category, size, level) in &disks {
+        let mut params = vec![
+            ("RegionId", ecs.region()),
+            ("ResourceType", "instance"),
+            ("InstanceType", node.instance_type.as_str()),
+            ("PriceUnit", "Hour"),
+            ("Period", "1"),
+            ("SystemDisk.Category", category.as_str()),
+            ("SystemDisk.Size", size.as_str()),
+            ("SystemDisk.PerformanceLevel", level.as_str()),
+        ];
+        params.retain(|(_, v)| !v.is_empty());
+        match ecs.call("DescribePrice", &params).await {
+            Ok(answer) => return Ok(answer),
+            Err(e) if e.message.starts_with("InvalidSystemDiskCategory") => {
+                refused = e.to_string();
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Err(refused)
 }
 
 /// The price of the instance type alone, without the system disk `DescribePrice` adds: its
