@@ -110,6 +110,35 @@ fn an_on_demand_instance_is_stopped_after_a_warning() {
     assert_eq!(events(&audit, "action_result")[0]["result"], "done");
 }
 
+/// An instance with 49 of EC2's 50 tags refuses the two `gpuwatch:` stamps
+/// (`TagLimitExceeded`): the refusal is on record and counted, and the idle instance is
+/// stopped all the same.
+#[test]
+fn a_full_tag_set_refuses_the_stamp_and_the_stop_goes_on() {
+    let inst = aws::launch(Kind::OnDemand);
+    for i in 0..49 - aws::instance_tags(&inst.id).len() {
+        aws::tag_instance(&inst.id, &format!("k{i}"), "v");
+    }
+    assert_eq!(aws::instance_tags(&inst.id).len(), 49);
+    let imds = aws::imds(&inst.id, "on-demand");
+    let d = Setup::new(&imds, "stop").start(IDLE4);
+    let s = d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    metric("gpuwatch_cloud_stamps_refused_total")
+        .value(1.0)
+        .assert_in(&s);
+    assert!(["stopping", "stopped"].contains(&aws::instance_state(&inst.id).as_str()));
+    assert!(!aws::instance_tags(&inst.id).contains_key("gpuwatch:action"));
+    let audit = d.audit();
+    let refused = events(&audit, "stamp_refused");
+    assert_eq!(refused.len(), 1, "{audit:?}");
+    assert_eq!(refused[0]["operation"], "CreateTags");
+    assert!(refused[0]["error"]
+        .as_str()
+        .unwrap()
+        .starts_with("TagLimitExceeded"));
+    assert_eq!(api_calls(&audit), ["StopInstances"]);
+}
+
 #[test]
 fn a_one_time_spot_instance_is_terminated_when_stop_is_asked() {
     let inst = aws::launch(Kind::OneTimeSpot);

@@ -31,6 +31,9 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + 'static>(
                 || code == "InternalError"
             {
                 ErrorKind::Retryable
+            } else if code == "TagLimitExceeded" {
+                // The instance has EC2's 50 tags: the tags are refused, not the instance.
+                ErrorKind::Limit
             } else if code == "UnauthorizedOperation"
                 || code == "AuthFailure"
                 || code.starts_with("AccessDenied")
@@ -64,6 +67,17 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + 'static>(
 }
 
 pub use gpuwatch_core::plan::aws::SpotRequest;
+
+/// The instance `id` among an answer's reservations.
+fn named<'a>(
+    reservations: &'a [aws_sdk_ec2::types::Reservation],
+    id: &str,
+) -> Option<&'a aws_sdk_ec2::types::Instance> {
+    reservations
+        .iter()
+        .flat_map(|r| r.instances())
+        .find(|i| i.instance_id() == Some(id))
+}
 
 /// The EC2 API, for this one instance.
 /// The client is made on the first call (see [`Shared`]).
@@ -105,7 +119,7 @@ impl Ec2 {
             .build()
     }
 
-    /// This instance, as DescribeInstances tells it.
+    /// This instance, as DescribeInstances tells it: `None` when the answer does not name it.
     async fn describe(&self) -> Result<Option<aws_sdk_ec2::types::Instance>, CloudError> {
         let out = self
             .client()
@@ -115,21 +129,25 @@ impl Ec2 {
             .send()
             .await
             .map_err(|e| classify("DescribeInstances", e))?;
-        Ok(out
-            .reservations()
-            .iter()
-            .flat_map(|r| r.instances())
-            .next()
-            .cloned())
+        Ok(named(out.reservations(), &self.instance_id).cloned())
     }
 
-    /// The instance's tags, read from the API (IMDS tags may be off).
+    /// The instance's tags, read from the API (IMDS tags may be off). An answer that does not
+    /// name the instance says nothing of its tags: an error worth retrying, never "no tags".
     pub async fn tags(&self) -> Result<Vec<(String, String)>, CloudError> {
-        Ok(self
-            .describe()
-            .await?
+        let instance = self.describe().await?.ok_or_else(|| CloudError {
+            operation: "DescribeInstances",
+            kind: ErrorKind::Retryable,
+            message: format!(
+                "the answer does not name {} (an eventually consistent read): its tags are unknown",
+                self.instance_id
+            ),
+            request_id: None,
+            retry_after: None,
+        })?;
+        Ok(instance
+            .tags()
             .iter()
-            .flat_map(|i| i.tags())
             .filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or("").to_string())))
             .collect())
     }
@@ -255,5 +273,28 @@ impl Ec2 {
             .await
             .map_err(|e| classify("CancelSpotInstanceRequests", e))?;
         Ok(out.request_id().map(str::to_string))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_sdk_ec2::types::{Instance, Reservation};
+
+    /// Only the instance the answer names is this one: another's, or none, says nothing of it.
+    #[test]
+    fn only_the_instance_named_is_this_one() {
+        let of = |id: &str| Instance::builder().instance_id(id).build();
+        let answer = [Reservation::builder()
+            .instances(of("i-other"))
+            .instances(of("i-mine"))
+            .build()];
+        assert_eq!(
+            named(&answer, "i-mine").and_then(|i| i.instance_id()),
+            Some("i-mine")
+        );
+        assert!(named(&answer[..0], "i-mine").is_none());
+        let others = [Reservation::builder().instances(of("i-other")).build()];
+        assert!(named(&others, "i-mine").is_none());
     }
 }
