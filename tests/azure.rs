@@ -67,9 +67,22 @@ fn an_idle_vm_is_tagged_then_deallocated_once_its_operation_followed_to_the_end(
     let audit = d.audit();
     let call = events(&audit, "api_call")[1];
     assert_eq!(call["request_id"], op);
+    // Done once the VM said it was deallocated: its instance view was read after the operation.
+    let last_get = arm
+        .iter()
+        .rposition(|c| c["query"]["$expand"] == "instanceView");
+    let post = arm.iter().position(|c| c["method"] == "POST");
+    assert!(last_get > post, "{arm:?}");
     // Every metadata request said `Metadata: true` (the fake refuses any that does not), and
-    // every ARM call carried a token the fake's IMDS issued (it refuses any other).
+    // every ARM call carried a token the fake's IMDS issued for the ARM's own origin, the
+    // audience the endpoint says (the fake refuses any other).
     assert!(fake.calls("imds").iter().all(|c| c["metadata"] == "true"));
+    let token = fake
+        .calls("imds")
+        .into_iter()
+        .find(|c| c["path"] == "/metadata/identity/oauth2/token")
+        .unwrap();
+    assert_eq!(token["query"]["resource"], format!("http://{}/", fake.arm));
     assert!(!d.log().contains("eyJ0eXAiOiJKV1Qi"), "a token was logged");
     // The Retail price of the VM's size in its region, the Linux pay-as-you-go meter.
     let s = d.await_scrape(LIMIT, |s| {
@@ -231,9 +244,9 @@ fn a_denied_call_fails_the_action_naming_the_permission() {
         .as_str()
         .unwrap()
         .contains("Microsoft.Compute/virtualMachines/deallocate/action"));
-    assert!(d
-        .log()
-        .contains("assign the role in config/azure-role.json"));
+    assert!(d.log().contains(
+        "assign the role in config/azure-role.json to the VM's managed identity at the VM's scope"
+    ));
     assert_eq!(fake.state()["power"], "running");
 }
 
@@ -332,10 +345,12 @@ fn an_identity_the_vm_lacks_fails_the_action_and_no_token_is_shown() {
     );
 }
 
-/// `AZURE_ACTIONS` names every Resource Manager operation the code calls, and
-/// `config/azure-role.json` grants exactly their permissions: no more, no fewer.
+/// `AZURE_ACTIONS` names every Resource Manager operation the code calls, and the roles in
+/// `config/` grant exactly their permissions, each at the scope where it works
+/// (`azure-role.json` at the VM's, `azure-operations-role.json` at the subscription's,
+/// `azure-budgets-role.json` at a budget's): no more, no fewer.
 #[test]
-fn the_shipped_role_grants_exactly_the_calls_the_code_makes() {
+fn the_shipped_roles_grant_exactly_the_calls_the_code_makes_where_they_work() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut called = Vec::new();
     for entry in std::fs::read_dir(root.join("src/cloud/azure")).unwrap() {
@@ -353,34 +368,61 @@ fn the_shipped_role_grants_exactly_the_calls_the_code_makes() {
     }
     called.sort();
     called.dedup();
-    let table = gpuwatch::cloud::azure::arm::AZURE_ACTIONS;
-    let mut listed: Vec<String> = table.iter().map(|(op, _)| op.to_string()).collect();
+    use gpuwatch::cloud::azure::arm::{Scope, AZURE_ACTIONS};
+    let mut listed: Vec<String> = AZURE_ACTIONS
+        .iter()
+        .map(|(op, _, _)| op.to_string())
+        .collect();
     listed.sort();
     assert_eq!(
         called, listed,
         "AZURE_ACTIONS drifted from the calls in src/cloud/azure"
     );
-    let role: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(root.join("config/azure-role.json")).unwrap(),
-    )
-    .unwrap();
-    let mut granted: Vec<&str> = role["Actions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
-    granted.sort();
-    let mut needed: Vec<&str> = table.iter().map(|(_, p)| *p).collect();
-    needed.sort();
-    assert_eq!(
-        granted, needed,
-        "config/azure-role.json drifted from AZURE_ACTIONS"
-    );
-    assert_eq!(role["IsCustom"], true);
-    for key in ["NotActions", "DataActions", "NotDataActions"] {
-        assert_eq!(role[key], serde_json::json!([]), "{key}");
+    let mut files = Vec::new();
+    for scope in [Scope::Vm, Scope::Subscription, Scope::Budget] {
+        let file = scope.role_file();
+        files.push(file.trim_start_matches("config/").to_string());
+        let role: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(root.join(file)).unwrap()).unwrap();
+        let mut granted: Vec<&str> = role["Actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        granted.sort();
+        let mut needed: Vec<&str> = AZURE_ACTIONS
+            .iter()
+            .filter(|(_, _, s)| *s == scope)
+            .map(|(_, p, _)| *p)
+            .collect();
+        needed.sort();
+        assert!(!needed.is_empty(), "{scope:?}");
+        assert_eq!(granted, needed, "{file} drifted from AZURE_ACTIONS");
+        assert_eq!(role["IsCustom"], true, "{file}");
+        for key in ["NotActions", "DataActions", "NotDataActions"] {
+            assert_eq!(role[key], serde_json::json!([]), "{file}: {key}");
+        }
     }
+    // No other Azure role is shipped.
+    let mut shipped: Vec<String> = std::fs::read_dir(root.join("config"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("azure") && n.ends_with(".json"))
+        .collect();
+    shipped.sort();
+    files.sort();
+    assert_eq!(shipped, files);
+}
+
+/// The twentyfold the Retail price is held to beside its size's other rows is the one `spend`
+/// holds every price to.
+#[test]
+fn a_price_is_implausible_at_the_same_ratio_as_spend_says() {
+    assert_eq!(
+        gpuwatch::cloud::azure::prices::IMPLAUSIBLE_RATIO,
+        gpuwatch::spend::IMPLAUSIBLE_RATIO
+    );
 }
 
 #[test]
@@ -504,4 +546,199 @@ fn scheduled_events_that_never_answer_hold_every_action() {
         .assert_in(&d.scrape());
     fake.set(json!({"events_down": false}));
     d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+}
+
+/// A Scheduled Events read that hangs leaves no answer in force: once one "no events" answer
+/// has come, reads that hang hold every action (a Spot eviction may be posted meanwhile), as
+/// unknown, until the events answer again.
+#[test]
+fn scheduled_events_that_hang_after_an_answer_hold_every_action_until_they_answer() {
+    let fake = Fake::start();
+    fake.set(json!({"events_hang_after": 1}));
+    let dir = tempfile::tempdir().unwrap();
+    // Four idle periods and a warning: the action would run some five seconds in.
+    let slow = rule("idle", "stop").replace("evaluation_periods = 2", "evaluation_periods = 4");
+    let config = fake.config(dir.path(), "mode = \"enforce\"\nwarning = \"1s\"", &slow);
+    let d = Daemon::start_scenario(dir, IDLE, &config);
+    let first = d.await_sample(LIMIT, |s| s["nvml"]["up"] == true);
+    d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_hold_until_timestamp_seconds")
+            .label("source", "tag")
+            .get(s)
+            == Some(f64::INFINITY)
+    });
+    // Past when the action would have run: nothing was called.
+    d.await_time(first["timestamp"].as_f64().unwrap() + 9.0);
+    assert!(events(&d.audit(), "action_attempt").is_empty());
+    assert_eq!(fake.mutations(), Vec::<String>::new());
+    let state = fake.state();
+    assert_eq!(state["power"], "running");
+    assert_eq!(state["events_reads"], 1, "one answer, then none");
+    // They answer again, with no event: the action runs.
+    fake.set(json!({"events_hang_after": null}));
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    assert_eq!(fake.state()["power"], "deallocated");
+}
+
+/// From api-version 2021-01-01 the instance document carries the VM's user data (up to 64 KiB,
+/// base64) and its tags twice: more than a metadata answer may be. `compute` alone is read,
+/// with room for all of it.
+#[test]
+fn a_vm_with_64_kib_of_user_data_is_identified_and_acts() {
+    let fake = Fake::start();
+    fake.set(json!({"user_data_kib": 64}));
+    let d = start(&fake, "enforce", "stop", "", IDLE);
+    let s = d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    metric("gpuwatch_node_info")
+        .label("provider", "azure")
+        .label("instance_id", "02aab8a4-74ef-476e-8182-f6d2ba4166a6")
+        .value(1.0)
+        .assert_in(&s);
+    assert_eq!(fake.state()["power"], "deallocated");
+    let read: Vec<String> = fake
+        .calls("imds")
+        .iter()
+        .map(|c| c["path"].as_str().unwrap().to_string())
+        .filter(|p| p.starts_with("/metadata/instance"))
+        .collect();
+    assert!(!read.is_empty());
+    assert!(
+        read.iter().all(|p| p == "/metadata/instance/compute"),
+        "{read:?}"
+    );
+}
+
+/// A deallocate sent while another operation runs on the VM is refused with 409
+/// `OperationNotAllowed`; that operation ends, so the deallocate is tried again at the pace
+/// Azure asks (its `Retry-After`), and goes through.
+#[test]
+fn a_deallocate_refused_while_another_operation_runs_is_retried_until_accepted() {
+    let fake = Fake::start();
+    fake.set(json!({"conflict": {"deallocate": 2}}));
+    let d = start(&fake, "enforce", "stop", "", IDLE);
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    let posts = fake
+        .calls("arm")
+        .iter()
+        .filter(|c| c["method"] == "POST")
+        .count();
+    assert_eq!(posts, 3, "two refused, one accepted");
+    assert_eq!(fake.state()["power"], "deallocated");
+    let audit = d.audit();
+    assert!(events(&audit, "api_error").is_empty(), "{audit:?}");
+    assert_eq!(
+        api_calls(&d),
+        ["Tags_UpdateAtScope", "VirtualMachines_Deallocate"]
+    );
+    assert!(d.log().contains("since another operation is in progress"));
+}
+
+/// A Retail Prices row of $9,999/h beside the size's other rows (Windows $4.41, Dev/Test
+/// $3.67, Spot $0.73) is no price: a small budget that stops at its end is not exhausted by it,
+/// and the busy VM runs on.
+#[test]
+fn an_absurd_catalogue_price_is_unknown_and_exhausts_no_budget() {
+    let fake = Fake::start();
+    fake.set(json!({"absurd_price": 9999.0}));
+    let budget =
+        "[[budgets]]\nname = \"tiny\"\nlimit_usd = 1\nthresholds = [1.0]\non_exhausted = \"stop\"\n";
+    let d = start(&fake, "enforce", "stop", budget, BUSY);
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_price_implausible_total")
+            .get(s)
+            .is_some_and(|n| n >= 1.0)
+    });
+    assert!(metric("gpuwatch_instance_hourly_cost_dollars")
+        .get(&s)
+        .is_none());
+    let log = d.await_log(LIMIT, "implausible price");
+    assert!(log.contains("9999") && log.contains("4.409"), "{log}");
+    let first = d.await_sample(LIMIT, |s| s["nvml"]["up"] == true);
+    d.await_time(first["timestamp"].as_f64().unwrap() + 4.0);
+    assert!(events(&d.audit(), "action_attempt").is_empty());
+    assert_eq!(fake.mutations(), Vec::<String>::new());
+    assert!(metric("gpuwatch_instance_hourly_cost_dollars")
+        .get(&d.scrape())
+        .is_none());
+}
+
+/// Azure allows 50 tags on a VM, and the Tags API refuses a merge past them: the stamp is
+/// refused, on record, and the VM is deallocated all the same.
+#[test]
+fn a_vm_with_a_full_tag_set_is_deallocated_without_the_stamp() {
+    let fake = Fake::start();
+    let names: Vec<String> = (0..49).map(|i| format!("cost-tag-{i:02}")).collect();
+    let mut c = Fake::start_state_compute();
+    c["tagsList"] = names
+        .iter()
+        .map(|n| json!({"name": n, "value": "x"}))
+        .collect();
+    let vm_tags: serde_json::Map<String, serde_json::Value> =
+        names.iter().map(|n| (n.clone(), json!("x"))).collect();
+    fake.set(json!({"compute": c, "vm_tags": vm_tags}));
+    let d = start(&fake, "enforce", "stop", "", IDLE);
+    let s = d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    metric("gpuwatch_cloud_stamps_refused_total")
+        .value(1.0)
+        .assert_in(&s);
+    let audit = d.audit();
+    let refused = events(&audit, "stamp_refused");
+    assert_eq!(refused.len(), 1, "{audit:?}");
+    assert_eq!(refused[0]["operation"], "Tags_UpdateAtScope");
+    let error = refused[0]["error"].as_str().unwrap();
+    assert!(error.contains("maximum of 50 tags"), "{error}");
+    assert_eq!(api_calls(&d), ["VirtualMachines_Deallocate"]);
+    let state = fake.state();
+    assert_eq!(state["power"], "deallocated");
+    assert_eq!(state["vm_tags"].as_object().unwrap().len(), 49);
+}
+
+/// A deallocate is done once the VM says it is deallocated: an operation that succeeded but
+/// left it stopped (still billed) is a failed action that says so.
+#[test]
+fn a_deallocate_that_leaves_the_vm_stopped_is_a_failed_action() {
+    let fake = Fake::start();
+    fake.set(json!({"op_leaves": "stopped"}));
+    let d = start(&fake, "enforce", "stop", "", IDLE);
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "failed") == 1.0);
+    let audit = d.audit();
+    let error = events(&audit, "api_error")[0];
+    assert_eq!(error["operation"], "VirtualMachines_Deallocate");
+    let said = error["error"].as_str().unwrap();
+    assert!(
+        said.contains("power state is \"stopped\", not deallocated"),
+        "{said}"
+    );
+    assert_eq!(fake.state()["power"], "stopped");
+}
+
+/// From api-version 2023-01-01-preview the Retail Prices API's filter values are
+/// case-sensitive: a size that instance metadata spells otherwise than the catalogue lists
+/// nothing, and is asked again without regard to case.
+#[test]
+fn a_size_spelt_otherwise_than_the_catalogue_is_priced() {
+    let fake = Fake::start();
+    let mut c = Fake::start_state_compute();
+    c["vmSize"] = json!("standard_nc24ads_a100_v4");
+    fake.set(json!({"compute": c}));
+    let d = start(&fake, "dry-run", "stop", "", BUSY);
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_instance_hourly_cost_dollars")
+            .label("source", "pricing_api")
+            .get(s)
+            .is_some()
+    });
+    metric("gpuwatch_instance_hourly_cost_dollars")
+        .label("source", "pricing_api")
+        .value(3.673)
+        .assert_in(&s);
+    let asked: Vec<serde_json::Value> = fake
+        .calls("prices")
+        .iter()
+        .map(|c| c["query"].clone())
+        .collect();
+    assert_eq!(asked.len(), 2, "{asked:?}");
+    assert_eq!(asked[0]["api-version"], "2023-01-01-preview");
+    assert_eq!(asked[1]["api-version"], "2021-10-01-preview");
+    assert_eq!(asked[1]["meterRegion"], "'primary'");
 }

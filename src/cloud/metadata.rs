@@ -30,7 +30,8 @@ pub enum MetadataError {
     Invalid { path: String, message: String },
 }
 
-/// An answer: its status, its headers and its body (at most `MAX_BODY` bytes).
+/// An answer: its status, its headers and its body (at most `MAX_BODY` bytes, or the cap the
+/// request gave).
 pub struct Answer {
     pub status: u16,
     pub headers: hyper::HeaderMap,
@@ -88,6 +89,20 @@ impl Endpoint {
         headers: &[(&'static str, &str)],
         timeout: Duration,
     ) -> Result<Answer, MetadataError> {
+        self.request_up_to(method, path, headers, timeout, MAX_BODY)
+            .await
+    }
+
+    /// As `request`, reading at most `max_body` bytes of the answer's body: for a document
+    /// whose documented maximum is larger than `MAX_BODY`.
+    pub async fn request_up_to(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&'static str, &str)],
+        timeout: Duration,
+        max_body: usize,
+    ) -> Result<Answer, MetadataError> {
         let unreachable = |source| MetadataError::Unreachable {
             endpoint: self.base.clone(),
             source,
@@ -122,7 +137,7 @@ impl Endpoint {
             let answer = sender.send_request(request).await.map_err(io)?;
             let status = answer.status().as_u16();
             let headers = answer.headers().clone();
-            match Limited::new(answer.into_body(), MAX_BODY).collect().await {
+            match Limited::new(answer.into_body(), max_body).collect().await {
                 Ok(body) => Ok(Answer {
                     status,
                     headers,
@@ -137,7 +152,7 @@ impl Endpoint {
                 Err(e) if e.is::<http_body_util::LengthLimitError>() => {
                     Err(MetadataError::Invalid {
                         path: path.into(),
-                        message: format!("the answer is larger than {MAX_BODY} bytes"),
+                        message: format!("the answer is larger than {max_body} bytes"),
                     })
                 }
                 Err(e) => Err(unreachable(std::io::Error::other(e))),

@@ -56,7 +56,8 @@ fn kind_name(kind: crate::cloud::PriceKind) -> &'static str {
     }
 }
 
-/// One AWS Budget's last answer: its reading, when it came, and when its period ends.
+/// One cloud budget's last answer (AWS Budgets, Azure Consumption budgets): its reading, when it
+/// came, and when its period ends.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AwsReading {
     pub reading: Reading,
@@ -69,12 +70,17 @@ impl AwsReading {
     /// else why it is no reading. An old answer must not keep a budget exhausted, nor a new
     /// period's thresholds from crossing.
     pub fn fresh(&self, now: f64, poll_interval: Duration) -> Result<Reading, String> {
+        // At least a minute, so that a short interval does not flicker on a busy node.
+        self.within(now, (2.0 * poll_interval.as_secs_f64()).max(60.0))
+    }
+
+    /// The reading, while it is of the current period and no older than `most` seconds.
+    fn within(&self, now: f64, most: f64) -> Result<Reading, String> {
         if now >= self.period_end {
             return Err("the cloud budget's last answer is of the previous budget period".into());
         }
         let age = now - self.at;
-        // At least a minute, so that a short interval does not flicker on a busy node.
-        if age > (2.0 * poll_interval.as_secs_f64()).max(60.0) {
+        if age > most {
             return Err(format!(
                 "the cloud budget's last answer is {age:.0}s old, more than two poll intervals"
             ));
@@ -164,7 +170,14 @@ impl Tracker {
             let Some(b) = self.config.budgets.iter().find(|b| b.name == name) else {
                 continue;
             };
-            match answer.fresh(inputs.now, b.poll_interval) {
+            let fresh = match b.source {
+                // Two poll intervals, as Azure's budgets are documented: no minute's floor.
+                BudgetSource::AzureBudgets { .. } => {
+                    answer.within(inputs.now, 2.0 * b.poll_interval.as_secs_f64())
+                }
+                _ => answer.fresh(inputs.now, b.poll_interval),
+            };
+            match fresh {
                 Ok(r) => {
                     inputs.external.insert(name, r);
                 }
@@ -366,5 +379,52 @@ mod tests {
         assert!(implausible(0.1, 3.0));
         assert!(!implausible(0.2, 3.0));
         assert!(!implausible(59.0, 3.0));
+    }
+
+    /// An Azure budget's answer is unknown once it is two poll intervals old, as the README
+    /// says; an AWS Budget's keeps its minute's floor.
+    #[test]
+    fn an_azure_budget_s_answer_is_unknown_after_two_poll_intervals() {
+        let text = "[cloud]\nprovider = \"azure\"\n\
+            [[budgets]]\nname = \"azure\"\nsource = \"azure_budgets\"\nscope = \"/subscriptions/8d10da13-8125-4ba9-a717-bf7490507b3d\"\npoll_interval = \"5s\"\n\
+            [[budgets]]\nname = \"aws\"\nsource = \"aws_budgets\"\naccount_id = \"123456789012\"\npoll_interval = \"5s\"\n";
+        let config = crate::config::Config::parse(text, std::path::Path::new("gpuwatch.toml"))
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let readings = Arc::new(PollerReadings::default());
+        let reading = Reading {
+            spent: 120.0,
+            forecast: None,
+            limit: 100.0,
+            period_start: 1_000.0,
+        };
+        for name in ["azure", "aws"] {
+            readings.aws_budgets.lock().unwrap().insert(
+                name.into(),
+                AwsReading {
+                    reading: reading.clone(),
+                    at: 5_000.0,
+                    period_end: 100_000.0,
+                },
+            );
+        }
+        let mut tracker = Tracker::new(config, None, readings);
+        let fill = |tracker: &mut Tracker, now: f64| {
+            let mut inputs = Inputs {
+                now,
+                ..Inputs::default()
+            };
+            tracker.fill(&Persisted::default(), &mut inputs);
+            inputs
+        };
+        let at = fill(&mut tracker, 5_009.0);
+        assert_eq!(at.external["azure"].spent, 120.0);
+        let later = fill(&mut tracker, 5_011.0);
+        assert!(
+            later.unknown["azure"].contains("more than two poll intervals"),
+            "{:?}",
+            later.unknown
+        );
+        assert_eq!(later.external["aws"].spent, 120.0);
+        assert!(fill(&mut tracker, 5_061.0).unknown.contains_key("aws"));
     }
 }

@@ -2,14 +2,17 @@
 """A fake of the Azure services gpuwatch calls, on loopback, written from Microsoft's public
 documents and REST API specifications:
 
-- the Instance Metadata Service (the instance document, managed identity tokens, Scheduled
-  Events), which refuses a request without `Metadata: true` or with `X-Forwarded-For`;
-- Azure Resource Manager (virtual machines: get, deallocate, delete; the async operation
-  resources; the Tags API; Consumption budgets), which takes only bearer tokens that the fake
-  IMDS issued and that have not expired, and answers errors as `{"error": {"code", "message"}}`
-  (401 with `WWW-Authenticate`, 403 `AuthorizationFailed` naming the action and scope, 404,
-  409, 429 with `Retry-After`);
-- the Retail Prices API.
+- the Instance Metadata Service (the instance document, or its `compute` alone, with the VM's
+  user data; managed identity tokens, for the audience asked; Scheduled Events), which refuses
+  a request without `Metadata: true` or with `X-Forwarded-For`;
+- Azure Resource Manager (virtual machines: get with their instance view, deallocate, delete;
+  the async operation resources; the Tags API, which refuses a 51st tag; Consumption budgets),
+  which takes only bearer tokens that the fake IMDS issued for its own origin and that have not
+  expired, and answers errors as `{"error": {"code", "message"}}` (401 with `WWW-Authenticate`,
+  403 `AuthorizationFailed` naming the action and scope, 404, 409 `OperationNotAllowed` while
+  another operation runs, 429 with `Retry-After`);
+- the Retail Prices API, whose filter values are case-sensitive from api-version
+  2023-01-01-preview and not before.
 
 Each service listens on a port of its own. The fake prints `ready <imds> <arm> <prices>` (the
 three ports) once it listens. Tests read and change its state through `/_fake/state` on the ARM
@@ -18,6 +21,7 @@ port (GET: the state and every call made; POST: a JSON object merged into the st
 Standard library only.
 """
 
+import base64
 import json
 import sys
 import threading
@@ -38,8 +42,14 @@ EVENTS_VERSIONS = {"2017-08-01", "2017-11-01", "2019-01-01", "2019-04-01", "2019
 COMPUTE_VERSIONS = {"2024-03-01", "2024-07-01", "2024-11-01", "2025-04-01", "2025-11-01"}
 TAGS_VERSIONS = {"2019-10-01", "2020-06-01", "2021-04-01", "2022-09-01", "2024-03-01", "2024-07-01", "2025-04-01"}
 BUDGETS_VERSIONS = {"2021-10-01", "2023-03-01", "2023-05-01", "2023-11-01", "2024-08-01"}
-RESOURCE = "https://management.azure.com/"
+# Resource Manager's audiences in the public cloud, Azure Government and Azure China; the fake
+# ARM's own origin is added at start (`ARM_ORIGIN`).
+AUDIENCES = {"https://management.azure.com/", "https://management.usgovcloudapi.net/",
+             "https://management.chinacloudapi.cn/"}
+ARM_ORIGIN = ""
 FORBIDDEN_TAG_CHARS = set('<>%&\\?/')
+MAX_TAGS = 50
+PRICES_VERSIONS = {"2021-10-01-preview", "2023-01-01-preview"}
 
 LOCK = threading.Lock()
 STATE = {
@@ -73,17 +83,30 @@ STATE = {
     "events": [],
     # Scheduled Events answer 500 while this is true.
     "events_down": False,
+    # Once this many reads have been answered, the next ones hang (until it is null again, or
+    # for 60 s at most), as a wedged host agent's would.
+    "events_hang_after": None,
+    "events_reads": 0,
+    # KiB of user data (before base64) in the instance document's `compute`.
+    "user_data_kib": 0,
     "incarnation": 1,
     # Permissions the VM's identity lacks: ARM answers 403 AuthorizationFailed.
     "denied": [],
     # Operations answered 429 (with Retry-After) this many more times.
     "throttle": {},
+    # Operations answered 409 OperationNotAllowed, another operation being in progress, this
+    # many more times.
+    "conflict": {},
     # Status reads before an operation ends, and how it ends.
     "op_polls": 2,
     # Answer an operation with a Location header alone (as the Delete example does), which
     # answers 202 while it runs, then 200 (or 204 for a delete).
     "location_only": False,
     "op_outcome": "Succeeded",
+    # The power state a deallocate that succeeded leaves (a platform fault may leave another).
+    "op_leaves": "deallocated",
+    # The Linux pay-as-you-go row's price, when the catalogue has it wrong.
+    "absurd_price": None,
     "budgets": {},
     "calls": [],
     "tokens": {},
@@ -107,7 +130,12 @@ def stringify(compute):
         else:
             out[k] = v
     out["tags"] = ";".join("%s:%s" % (t["name"], t["value"]) for t in compute.get("tagsList", []))
+    if "tags" in compute:
+        out["tags"] = compute["tags"]
     out["resourceId"] = scope_of(compute)
+    # From api-version 2021-01-01, `userData` (base64, at most 64 KiB before it).
+    kib = STATE["user_data_kib"]
+    out["userData"] = base64.b64encode((b"#!/bin/sh\n" * 103)[:1024] * kib).decode() if kib else ""
     return out
 
 
@@ -153,23 +181,41 @@ class Imds(Base):
         if down:
             return self.send(503, {"error": "Service unavailable"})
         version = q.get("api-version", [""])[0]
-        if path == "/metadata/instance":
+        if path in ("/metadata/instance", "/metadata/instance/compute"):
             if version not in IMDS_VERSIONS:
                 return self.bad_version()
             with LOCK:
-                doc = {"compute": stringify(STATE["compute"]), "network": {"interface": []}}
-            return self.send(200, doc)
+                compute = stringify(STATE["compute"])
+            if path.endswith("/compute"):
+                return self.send(200, compute)
+            return self.send(200, {"compute": compute, "network": {"interface": [{
+                "ipv4": {"ipAddress": [{"privateIpAddress": "10.0.0.4", "publicIpAddress": ""}],
+                         "subnet": [{"address": "10.0.0.0", "prefix": "24"}]},
+                "ipv6": {"ipAddress": []}, "macAddress": "000D3A4F1C2B"}]}})
         if path == "/metadata/identity/oauth2/token":
             return self.token(q, version)
         if path == "/metadata/scheduledevents":
             if version not in EVENTS_VERSIONS:
                 return self.bad_version()
+            self.hang()
             with LOCK:
                 if STATE["events_down"]:
                     return self.send(500, {"error": "Internal server error"})
+                STATE["events_reads"] += 1
                 doc = {"DocumentIncarnation": STATE["incarnation"], "Events": STATE["events"]}
             return self.send(200, doc)
         return self.send(404, {"error": "Not found"})
+
+    def hang(self):
+        """Waits, once `events_hang_after` reads were answered, until it is null, for 60 s at
+        most."""
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            with LOCK:
+                after = STATE["events_hang_after"]
+                if after is None or STATE["events_reads"] < after:
+                    return
+            time.sleep(0.05)
 
     def bad_version(self):
         return self.send(400, {
@@ -180,9 +226,9 @@ class Imds(Base):
         if version < "2018-02-01":
             return self.send(400, {"error": "invalid_request", "error_description": "Invalid api-version"})
         resource = q.get("resource", [""])[0]
-        if resource.rstrip("/") != RESOURCE.rstrip("/"):
+        if resource not in AUDIENCES | {ARM_ORIGIN}:
             return self.send(400, {"error": "invalid_resource",
-                                   "error_description": "AADSTS50001: The application named %s was not found in the tenant" % resource})
+                                   "error_description": "AADSTS500011: The resource principal named %s was not found in the tenant" % resource})
         picks = [k for k in ("client_id", "object_id", "msi_res_id") if k in q]
         if len(picks) > 1:
             return self.send(400, {"error": "invalid_request", "error_description": "Only one of client_id, object_id, msi_res_id may be given"})
@@ -195,11 +241,11 @@ class Imds(Base):
             ttl = STATE["token_ttl"]
             token = "eyJ0eXAiOiJKV1Qi.fake.%s" % uuid.uuid4().hex
             now = int(time.time())
-            STATE["tokens"][token] = now + ttl
+            STATE["tokens"][token] = {"expires": now + ttl, "audience": resource}
         return self.send(200, {
             "access_token": token, "refresh_token": "", "expires_in": str(ttl),
             "expires_on": str(now + ttl), "not_before": str(now - 5),
-            "resource": RESOURCE, "token_type": "Bearer",
+            "resource": resource, "token_type": "Bearer",
             **({"client_id": client_id} if client_id else {})})
 
 
@@ -275,10 +321,15 @@ class Arm(Base):
                     challenge % "The authentication failed because of missing 'Authorization' header.")
         token = header[len("Bearer "):]
         with LOCK:
-            expires = STATE["tokens"].get(token)
-        if expires is None:
+            issued = STATE["tokens"].get(token)
+        if issued is None:
             return (arm_error("InvalidAuthenticationToken", "The access token is invalid."),
                     challenge % "The access token is invalid.")
+        if issued["audience"].rstrip("/") != ARM_ORIGIN.rstrip("/"):
+            return (arm_error("InvalidAuthenticationTokenAudience",
+                              "The access token has been obtained for wrong audience or resource '%s'. It should exactly match with one of the allowed audiences '%s','%s'." % (issued["audience"], ARM_ORIGIN, ARM_ORIGIN.rstrip("/"))),
+                    challenge % "The access token has been obtained for wrong audience or resource.")
+        expires = issued["expires"]
         if expires <= time.time():
             return (arm_error("ExpiredAuthenticationToken", "The access token expiry UTC time is earlier than current UTC time."),
                     challenge % "The access token has expired.")
@@ -304,6 +355,17 @@ class Arm(Base):
                   {"Retry-After": "1"})
         return True
 
+    def conflicting(self, op, name):
+        with LOCK:
+            n = STATE["conflict"].get(op, 0)
+            if n <= 0:
+                return False
+            STATE["conflict"][op] = n - 1
+        self.send(409, arm_error("OperationNotAllowed",
+                                 "Operation '%s' is not allowed on VM '%s' since another operation is in progress." % (op, name)),
+                  {"Retry-After": "1", "x-ms-request-id": str(uuid.uuid4())})
+        return True
+
     def get_vm(self, q, version):
         if version not in COMPUTE_VERSIONS:
             return self.send(400, arm_error("InvalidApiVersionParameter", "The api-version '%s' is invalid." % version))
@@ -317,8 +379,15 @@ class Arm(Base):
                     "properties": {"vmId": c["vmId"], "hardwareProfile": {"vmSize": c["vmSize"]},
                                    "priority": c["priority"], "provisioningState": "Succeeded"}}
             if q.get("$expand", [""])[0] == "instanceView":
-                body["properties"]["instanceView"] = {"statuses": [
-                    {"code": "ProvisioningState/succeeded"}, {"code": "PowerState/" + STATE["power"]}]}
+                shown = {"running": "VM running", "deallocated": "VM deallocated", "stopped": "VM stopped",
+                         "deallocating": "VM deallocating", "stopping": "VM stopping"}
+                body["properties"]["instanceView"] = {
+                    "computerName": c["name"], "osName": "ubuntu", "osVersion": "22.04",
+                    "statuses": [
+                        {"code": "ProvisioningState/succeeded", "level": "Info",
+                         "displayStatus": "Provisioning succeeded", "time": "2026-12-06T08:00:00.0000000+00:00"},
+                        {"code": "PowerState/" + STATE["power"], "level": "Info",
+                         "displayStatus": shown.get(STATE["power"], STATE["power"])}]}
         if self.denied("Microsoft.Compute/virtualMachines/read", scope):
             return
         return self.send(200, body, {"x-ms-request-id": str(uuid.uuid4())})
@@ -337,6 +406,8 @@ class Arm(Base):
         if self.denied(action, scope):
             return
         if self.throttled(what):
+            return
+        if self.conflicting(what, c["name"]):
             return
         if what != "delete" and self.headers.get("Content-Length") is None:
             return self.send(411, None)
@@ -380,7 +451,7 @@ class Arm(Base):
                         STATE["deleted"] = True
                         STATE["power"] = "deleted"
                     elif o["what"] == "deallocate":
-                        STATE["power"] = "deallocated"
+                        STATE["power"] = STATE["op_leaves"]
                     else:
                         STATE["power"] = "stopped"
                 else:
@@ -423,18 +494,29 @@ class Arm(Base):
             if not isinstance(value, str) or len(value) > 256:
                 return self.send(400, arm_error("InvalidTagValueLength", "The tag value must be a string of at most 256 characters."))
         with LOCK:
+            # Tag names are matched without regard to case; a refused update changes nothing.
+            after = dict(STATE["vm_tags"])
+            same = lambda k: [n for n in after if n.lower() == k.lower()]
             if op == "Merge":
-                STATE["vm_tags"].update(tags)
+                for k, v in tags.items():
+                    for n in same(k):
+                        del after[n]
+                    after[k] = v
             elif op == "Replace":
-                STATE["vm_tags"] = dict(tags)
+                after = dict(tags)
             elif op == "Delete":
                 for k in tags:
-                    STATE["vm_tags"].pop(k, None)
+                    for n in same(k):
+                        del after[n]
             else:
                 return self.send(400, arm_error("InvalidRequestContent", "operation must be Merge, Replace or Delete"))
-            if len(STATE["vm_tags"]) > 50:
-                return self.send(400, arm_error("InvalidTemplate", "The number of tags exceeds the limit of 50."))
-            current = dict(STATE["vm_tags"])
+            if len(after) > MAX_TAGS:
+                # The Tags API's own words for its limit: "The specified entity can have a
+                # maximum of 50 tags at the end of the operation."
+                return self.send(400, arm_error("BadRequest", "The specified entity can have a maximum of %d tags at the end of the operation; it would have %d." % (MAX_TAGS, len(after))),
+                                 {"x-ms-request-id": str(uuid.uuid4())})
+            STATE["vm_tags"] = after
+            current = dict(after)
         return self.send(200, {"id": vm + "/providers/Microsoft.Resources/tags/default", "name": "default",
                                "type": "Microsoft.Resources/tags", "properties": {"tags": current}},
                          {"x-ms-request-id": str(uuid.uuid4())})
@@ -476,6 +558,11 @@ class Prices(Base):
                                    "query": {k: v[0] for k, v in q.items()}})
         if path != "/api/retail/prices":
             return self.send(404, {"Error": "not found"})
+        version = q.get("api-version", [None])[0]
+        if version is not None and version not in PRICES_VERSIONS:
+            return self.send(400, {"Error": {"Code": "InvalidApiVersion", "Message": "Invalid api-version"}})
+        # Filter values are case-sensitive from 2023-01-01-preview; before, they were not.
+        fold = (lambda v: v) if version == "2023-01-01-preview" else (lambda v: v.lower())
         conds = {}
         for clause in q.get("$filter", [""])[0].split(" and "):
             clause = clause.strip()
@@ -490,8 +577,12 @@ class Prices(Base):
         for sku, region, meter, product, kind, price in PRICES:
             row = {"serviceName": "Virtual Machines", "armSkuName": sku, "armRegionName": region,
                    "meterName": meter, "productName": product, "priceType": kind}
-            if any(row.get(k) != v for k, v in conds.items()):
+            if any(fold(row.get(k) or "") != fold(v) for k, v in conds.items()):
                 continue
+            with LOCK:
+                if kind == "Consumption" and meter == "NC24ads A100 v4" and not product.endswith(" Windows") \
+                        and STATE["absurd_price"] is not None and sku == "Standard_NC24ads_A100_v4" and region == "eastus":
+                    price = STATE["absurd_price"]
             items.append({
                 "currencyCode": currency, "tierMinimumUnits": 0.0,
                 "retailPrice": round(price * rate, 4), "unitPrice": round(price * rate, 4),
@@ -516,7 +607,9 @@ class Server(ThreadingHTTPServer):
 
 
 def main():
+    global ARM_ORIGIN
     servers = [Server(("127.0.0.1", 0), h) for h in (Imds, Arm, Prices)]
+    ARM_ORIGIN = "http://127.0.0.1:%d/" % servers[1].server_address[1]
     for s in servers:
         s.daemon_threads = True
         threading.Thread(target=s.serve_forever, daemon=True).start()

@@ -1,7 +1,9 @@
 //! Azure Resource Manager, for this one VM: the calls gpuwatch makes, and nothing else.
-//! `AZURE_ACTIONS` and `config/azure-role.json` list the same permissions; a test keeps them in
-//! step. Each call carries a token of the VM's managed identity, fetched from instance metadata
-//! and renewed before it expires; no token is ever logged or put in an error.
+//! `AZURE_ACTIONS` and the roles in `config/` (`azure-role.json` at the VM's scope,
+//! `azure-operations-role.json` at the subscription's, `azure-budgets-role.json` at a budget's)
+//! list the same permissions; a test keeps them in step. Each call carries a token of the VM's
+//! managed identity, fetched from instance metadata and renewed before it expires; no token is
+//! ever logged or put in an error.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,36 +21,79 @@ pub const COMPUTE_API_VERSION: &str = "2024-11-01";
 pub const TAGS_API_VERSION: &str = "2021-04-01";
 pub const BUDGETS_API_VERSION: &str = "2024-08-01";
 
+/// Where a permission takes effect: the scope its role is assigned at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// The VM itself: reading, deallocating, deleting and tagging it.
+    Vm,
+    /// The subscription: an operation's status is read under it
+    /// (`/subscriptions/{id}/providers/Microsoft.Compute/locations/{region}/operations/{id}`).
+    Subscription,
+    /// A Consumption budget's own scope (a subscription or a resource group).
+    Budget,
+}
+
+impl Scope {
+    /// The role in `config/` that grants this scope's permissions.
+    pub fn role_file(self) -> &'static str {
+        match self {
+            Scope::Vm => "config/azure-role.json",
+            Scope::Subscription => "config/azure-operations-role.json",
+            Scope::Budget => "config/azure-budgets-role.json",
+        }
+    }
+
+    fn words(self) -> &'static str {
+        match self {
+            Scope::Vm => "the VM's scope",
+            Scope::Subscription => "the subscription's scope",
+            Scope::Budget => "the budget's scope",
+        }
+    }
+}
+
 /// Every Resource Manager operation gpuwatch calls (by the specification's operation id), with
-/// the permission that allows it. `config/azure-role.json` grants exactly these; a test keeps
-/// them in step with the code.
-pub const AZURE_ACTIONS: &[(&str, &str)] = &[
+/// the permission that allows it and the scope where granting it works. The roles in `config/`
+/// grant exactly these, each at its scope; a test keeps them in step with the code.
+pub const AZURE_ACTIONS: &[(&str, &str, Scope)] = &[
     (
         "VirtualMachines_Get",
         "Microsoft.Compute/virtualMachines/read",
+        Scope::Vm,
     ),
     (
         "VirtualMachines_Deallocate",
         "Microsoft.Compute/virtualMachines/deallocate/action",
+        Scope::Vm,
     ),
     (
         "VirtualMachines_Delete",
         "Microsoft.Compute/virtualMachines/delete",
+        Scope::Vm,
     ),
     (
         "Operations_Get",
         "Microsoft.Compute/locations/operations/read",
+        Scope::Subscription,
     ),
-    ("Tags_UpdateAtScope", "Microsoft.Resources/tags/write"),
-    ("Budgets_Get", "Microsoft.Consumption/budgets/read"),
+    (
+        "Tags_UpdateAtScope",
+        "Microsoft.Resources/tags/write",
+        Scope::Vm,
+    ),
+    (
+        "Budgets_Get",
+        "Microsoft.Consumption/budgets/read",
+        Scope::Budget,
+    ),
 ];
 
-/// The permission an operation needs.
-pub fn permission(operation: &str) -> &'static str {
+/// The permission an operation needs, and where it is granted.
+pub fn permission(operation: &str) -> (&'static str, Scope) {
     AZURE_ACTIONS
         .iter()
-        .find(|(op, _)| *op == operation)
-        .map_or("", |(_, p)| p)
+        .find(|(op, _, _)| *op == operation)
+        .map_or(("", Scope::Vm), |(_, p, scope)| (p, *scope))
 }
 
 /// How long an operation is followed to its end. Deallocating a large GPU VM takes minutes.
@@ -99,14 +144,49 @@ fn error_text(body: &[u8]) -> (String, String) {
     )
 }
 
-/// What a failed answer means: throttling and 5xx are retried; 401 and 403 are permissions;
-/// the rest (404, 409) is the VM's state or the request.
+/// A 409 for another operation on the VM still running (Compute's `OperationNotAllowed`:
+/// "Operation 'deallocate' is not allowed on VM 'x' since another operation is in progress.",
+/// or "An ongoing operation is changing power state of Virtual Machine x to y. Please perform
+/// operation z after some time."; Resource Manager's `AnotherOperationInProgress`): it ends, and
+/// the call may then succeed. Any other 409 (hibernation not enabled, a VM marked for
+/// deletion) is the VM's state.
+fn another_operation_runs(code: &str, message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    code == "AnotherOperationInProgress"
+        || (code == "OperationNotAllowed"
+            && (message.contains("since another operation is in progress")
+                || message.starts_with("an ongoing operation is changing power state")))
+}
+
+/// A refusal for the resource's limit of 50 tags (the Tags API: "The specified entity can have
+/// a maximum of 50 tags at the end of the operation"): a message about tags that names the
+/// limit of 50, whatever its code. A tag's name or value too long, or with characters Azure
+/// reserves, is not one.
+fn too_many_tags(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    let fifty = message
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .any(|w| w == "50");
+    message.contains("tags")
+        && fifty
+        && ["maximum", "limit", "exceed", "more than"]
+            .iter()
+            .any(|w| message.contains(w))
+}
+
+/// What a failed answer means: throttling, 5xx and another operation on the VM in the way are
+/// retried; 401 and 403 are permissions; a tag set full is the VM's limit; the rest (404, 409)
+/// is the VM's state or the request.
 pub fn classify(operation: &'static str, answer: &Answer) -> CloudError {
     let status = answer.status.as_u16();
     let (code, message) = error_text(&answer.body);
     let kind = match status {
         429 | 500..=599 => ErrorKind::Retryable,
         401 | 403 => ErrorKind::AccessDenied,
+        409 if another_operation_runs(&code, &message) => ErrorKind::Retryable,
+        400 | 409 if operation == "Tags_UpdateAtScope" && too_many_tags(&message) => {
+            ErrorKind::Limit
+        }
         _ => ErrorKind::Other,
     };
     let mut message = format!(
@@ -119,9 +199,11 @@ pub fn classify(operation: &'static str, answer: &Answer) -> CloudError {
         }
     );
     if status == 403 {
+        let (permission, scope) = permission(operation);
         message.push_str(&format!(
-            " (the VM's identity needs {} at the VM's scope: see config/azure-role.json)",
-            permission(operation)
+            " (the VM's identity needs {permission} at {}: see {})",
+            scope.words(),
+            scope.role_file()
         ));
     }
     CloudError {
@@ -129,7 +211,7 @@ pub fn classify(operation: &'static str, answer: &Answer) -> CloudError {
         kind,
         message,
         request_id: request_id(answer),
-        retry_after: None,
+        retry_after: answer.retry_after(),
     }
 }
 
@@ -161,6 +243,21 @@ impl Arm {
         body: Option<&serde_json::Value>,
     ) -> Result<Answer, CloudError> {
         self.rest.send(operation, method, url, body).await
+    }
+
+    /// The VM's power state, from its instance view: `deallocated` for `PowerState/deallocated`.
+    pub async fn power_state(&self) -> Result<Option<String>, CloudError> {
+        let url = format!(
+            "{}?api-version={COMPUTE_API_VERSION}&$expand=instanceView",
+            self.vm
+        );
+        let answer = self
+            .send("VirtualMachines_Get", Method::GET, &url, None)
+            .await?;
+        if !answer.status.is_success() {
+            return Err(classify("VirtualMachines_Get", &answer));
+        }
+        Ok(power_state(&answer.body))
     }
 
     /// Sends one request and follows the operation it starts to its end.
@@ -292,6 +389,18 @@ impl Arm {
     }
 }
 
+/// The power state a VM's answer with its instance view gives (its `PowerState/` status), if
+/// any.
+pub fn power_state(body: &[u8]) -> Option<String> {
+    let vm: serde_json::Value = serde_json::from_slice(body).ok()?;
+    vm["properties"]["instanceView"]["statuses"]
+        .as_array()?
+        .iter()
+        .filter_map(|s| s["code"].as_str()?.strip_prefix("PowerState/"))
+        .map(|s| crate::redact::brief(s, 32))
+        .next()
+}
+
 /// How long to wait before the next status read: `Retry-After` in seconds, within 1 s and a
 /// minute, or `DEFAULT_POLL`.
 fn retry_after(headers: &HeaderMap) -> Duration {
@@ -393,5 +502,161 @@ mod tests {
             "Wed, 21 Oct 2015 07:28:00 GMT".parse().unwrap(),
         );
         assert_eq!(retry_after(&h), DEFAULT_POLL);
+    }
+
+    fn answer(status: u16, body: &str, retry_after: Option<&str>) -> Answer {
+        let mut headers = HeaderMap::new();
+        if let Some(r) = retry_after {
+            headers.insert(RETRY_AFTER, r.parse().unwrap());
+        }
+        Answer {
+            status: StatusCode::from_u16(status).unwrap(),
+            headers,
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    fn arm_error(code: &str, message: &str) -> String {
+        serde_json::json!({"error": {"code": code, "message": message}}).to_string()
+    }
+
+    /// Another operation in the way ends, and the call may then succeed: retried, at the pace
+    /// Azure asks. A 409 for the VM's state is not.
+    #[test]
+    fn a_409_for_another_operation_in_progress_is_retried_and_any_other_is_not() {
+        let deallocate = "VirtualMachines_Deallocate";
+        let cases = [
+            (
+                "OperationNotAllowed",
+                "Operation 'deallocate' is not allowed on VM 'gpu-vm-1' since another operation is in progress.",
+                ErrorKind::Retryable,
+            ),
+            (
+                "OperationNotAllowed",
+                "An ongoing operation is changing power state of Virtual Machine gpu-vm-1 to VM deallocated. Please perform operation deallocate after some time.",
+                ErrorKind::Retryable,
+            ),
+            (
+                "AnotherOperationInProgress",
+                "Another operation on this or dependent resource is in progress.",
+                ErrorKind::Retryable,
+            ),
+            (
+                "OperationNotAllowed",
+                "Hibernation is not enabled on the virtual machine 'gpu-vm-1'.",
+                ErrorKind::Other,
+            ),
+            (
+                "OperationNotAllowed",
+                "Operation 'deallocate' is not allowed on VM 'gpu-vm-1' since the VM is marked for deletion. You can only retry the Delete operation (or wait for an ongoing one to complete).",
+                ErrorKind::Other,
+            ),
+            (
+                "Conflict",
+                "since another operation is in progress",
+                ErrorKind::Other,
+            ),
+        ];
+        for (code, message, kind) in cases {
+            let e = classify(
+                deallocate,
+                &answer(409, &arm_error(code, message), Some("7")),
+            );
+            assert_eq!(e.kind, kind, "{message}");
+            assert_eq!(e.retry_after, Some(Duration::from_secs(7)), "{message}");
+        }
+        let e = classify(deallocate, &answer(429, "", None));
+        assert_eq!((e.kind, e.retry_after), (ErrorKind::Retryable, None));
+    }
+
+    /// A tag set full is the VM's limit, and only that: a tag refused for its name or value,
+    /// or a call other than the stamp, is not.
+    #[test]
+    fn a_tag_set_full_is_the_vm_s_limit_and_nothing_else_is() {
+        let tags = "Tags_UpdateAtScope";
+        let full = arm_error(
+            "BadRequest",
+            "The specified entity can have a maximum of 50 tags at the end of the operation.",
+        );
+        assert_eq!(
+            classify(tags, &answer(400, &full, None)).kind,
+            ErrorKind::Limit
+        );
+        let others = [
+            arm_error(
+                "InvalidTagValueLength",
+                "The tag value must be a string of at most 256 characters.",
+            ),
+            arm_error(
+                "InvalidTagNameCharacters",
+                "The tag names 'a/b' have reserved characters '<,>,%,&,\\,?,/' or control characters.",
+            ),
+            arm_error("InvalidRequestContent", "The request content was invalid and could not be deserialized."),
+            arm_error("BadRequest", "500 tags are more than the maximum of 1500."),
+        ];
+        for body in &others {
+            assert_eq!(
+                classify(tags, &answer(400, body, None)).kind,
+                ErrorKind::Other,
+                "{body}"
+            );
+        }
+        assert_eq!(
+            classify("VirtualMachines_Deallocate", &answer(400, &full, None)).kind,
+            ErrorKind::Other
+        );
+    }
+
+    #[test]
+    fn the_power_state_is_read_from_the_instance_view() {
+        let vm = |statuses: &str| {
+            format!(
+                r#"{{"name": "gpu-vm-1", "properties": {{"instanceView": {{"statuses": {statuses}}}}}}}"#
+            )
+        };
+        let deallocated = vm(
+            r#"[{"code": "ProvisioningState/succeeded", "level": "Info", "displayStatus": "Provisioning succeeded"},
+            {"code": "PowerState/deallocated", "level": "Info", "displayStatus": "VM deallocated"}]"#,
+        );
+        assert_eq!(
+            power_state(deallocated.as_bytes()).as_deref(),
+            Some("deallocated")
+        );
+        let hibernated = vm(
+            r#"[{"code": "ProvisioningState/succeeded"}, {"code": "HibernationState/Hibernated"},
+            {"code": "PowerState/deallocated"}]"#,
+        );
+        assert_eq!(
+            power_state(hibernated.as_bytes()).as_deref(),
+            Some("deallocated")
+        );
+        assert_eq!(
+            power_state(vm(r#"[{"code": "ProvisioningState/updating"}]"#).as_bytes()),
+            None
+        );
+        assert_eq!(power_state(b"{}"), None);
+        assert_eq!(power_state(b"not json"), None);
+    }
+
+    /// Each permission names the role file and scope that grant it, as a 403 says.
+    #[test]
+    fn a_denied_call_names_the_role_and_scope_that_grant_it() {
+        let denied = arm_error(
+            "AuthorizationFailed",
+            "The client 'x' does not have authorization.",
+        );
+        let e = classify("Operations_Get", &answer(403, &denied, None));
+        assert!(
+            e.message.ends_with("(the VM's identity needs Microsoft.Compute/locations/operations/read at the subscription's scope: see config/azure-operations-role.json)"),
+            "{}",
+            e.message
+        );
+        let e = classify("Budgets_Get", &answer(403, &denied, None));
+        assert!(
+            e.message
+                .contains("at the budget's scope: see config/azure-budgets-role.json"),
+            "{}",
+            e.message
+        );
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use hyper::Method;
 use serde::Deserialize;
 
-use crate::cloud::metadata::{Endpoint, MetadataError, TIMEOUT};
+use crate::cloud::metadata::{Endpoint, MetadataError, MAX_BODY, TIMEOUT};
 use crate::cloud::rest::Token;
 
 /// The instance document's version: the first with every field read here
@@ -15,12 +15,39 @@ use crate::cloud::rest::Token;
 pub const INSTANCE_API_VERSION: &str = "2021-12-13";
 pub const TOKEN_API_VERSION: &str = "2018-02-01";
 pub const EVENTS_API_VERSION: &str = "2020-07-01";
-/// The audience of the tokens asked for: Azure Resource Manager.
+/// The audience of the tokens asked for, by default: the public cloud's Resource Manager.
 pub const RESOURCE: &str = "https://management.azure.com/";
 
-/// How long a Scheduled Events request may take: Azure enables the service on the first one,
-/// which "can take up to two minutes".
+/// How long the first Scheduled Events request may take: Azure enables the service on it, and
+/// it "can take up to two minutes".
 pub const EVENTS_TIMEOUT: Duration = Duration::from_secs(150);
+
+/// How long a Scheduled Events read may take once the service has answered: a poll interval,
+/// within 1 s and 10 s. The service is on the host; a read that takes longer is no answer.
+pub fn events_read_timeout(every: Duration) -> Duration {
+    every.clamp(Duration::from_secs(1), Duration::from_secs(10))
+}
+
+/// The most bytes of `compute` read. From api-version 2021-01-01 it carries the VM's user
+/// data (at most 64 KiB, base64: 87,384 bytes) and its tags twice (`tags` and `tagsList`: 50
+/// tags of a 512-character name and a 256-character value, 460,800 bytes at JSON's worst of
+/// six bytes a character), besides its disks, keys and names (tens of KiB): some 650 KB in
+/// all, held to 1 MiB.
+pub const COMPUTE_MAX_BODY: usize = 1024 * 1024;
+
+/// The audience of the managed identity's tokens: the Resource Manager endpoint's origin with
+/// a `/` (`https://management.usgovcloudapi.net/` in Azure Government,
+/// `https://management.chinacloudapi.cn/` in Azure China), or the public cloud's.
+pub fn resource_for(endpoint_url: Option<&str>) -> String {
+    endpoint_url
+        .and_then(|u| reqwest::Url::parse(u).ok())
+        .map(|u| u.origin())
+        .filter(|o| o.is_tuple())
+        .map_or_else(
+            || RESOURCE.to_string(),
+            |o| format!("{}/", o.ascii_serialization()),
+        )
+}
 
 /// `compute` of the instance document. Every value is a string; one that does not apply is
 /// an empty string.
@@ -36,6 +63,8 @@ pub struct Compute {
     pub zone: String,
     pub priority: String,
     pub eviction_policy: String,
+    /// The tags as one string, `name:value` pairs joined by `;`.
+    pub tags: String,
     pub tags_list: Vec<Tag>,
     pub vm_scale_set_name: String,
     /// A Flexible scale set's id (absent for Uniform ones, whose `resourceId` says it).
@@ -63,9 +92,43 @@ pub struct Tag {
     pub value: String,
 }
 
-#[derive(Deserialize)]
-struct Instance {
-    compute: Compute,
+impl Compute {
+    /// The VM's tags: `tagsList`, or, where the document has none, the `tags` string.
+    pub fn tag_pairs(&self) -> Vec<(String, String)> {
+        if !self.tags_list.is_empty() {
+            return self
+                .tags_list
+                .iter()
+                .map(|t| (t.name.clone(), t.value.clone()))
+                .collect();
+        }
+        split_tags(&self.tags)
+    }
+}
+
+/// The `tags` string's pairs. A pair is split at its first `:`, but gpuwatch's own names hold
+/// one (`gpuwatch:hold`): a pair that starts `gpuwatch:` is split at its second.
+pub fn split_tags(tags: &str) -> Vec<(String, String)> {
+    tags.split(';')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let skip = if pair
+                .get(..9)
+                .is_some_and(|p| p.eq_ignore_ascii_case("gpuwatch:"))
+            {
+                9
+            } else {
+                0
+            };
+            match pair[skip..].find(':') {
+                Some(at) => (
+                    pair[..skip + at].to_string(),
+                    pair[skip + at + 1..].to_string(),
+                ),
+                None => (pair.to_string(), String::new()),
+            }
+        })
+        .collect()
 }
 
 /// The token answer. Its times are strings on IMDS (numbers on other Azure hosts).
@@ -115,38 +178,50 @@ pub struct Imds {
     endpoint: Endpoint,
     /// `client_id` of a user-assigned identity; empty: the VM's system-assigned one.
     client_id: String,
+    /// The audience of the tokens: Resource Manager's (`resource_for`).
+    resource: String,
 }
 
 impl Imds {
-    pub fn new(endpoint: &str, client_id: &str) -> Imds {
+    pub fn new(endpoint: &str, client_id: &str, resource: &str) -> Imds {
         Imds {
             endpoint: Endpoint::new(endpoint),
             client_id: client_id.to_string(),
+            resource: resource.to_string(),
         }
     }
 
-    async fn get(&self, path: &str, timeout: Duration) -> Result<(u16, String), MetadataError> {
+    async fn get(
+        &self,
+        path: &str,
+        timeout: Duration,
+        max_body: usize,
+    ) -> Result<(u16, String), MetadataError> {
         let answer = self
             .endpoint
-            .request(Method::GET, path, &[("Metadata", "true")], timeout)
+            .request_up_to(
+                Method::GET,
+                path,
+                &[("Metadata", "true")],
+                timeout,
+                max_body,
+            )
             .await?;
         let status = answer.status;
         Ok((status, answer.text(path)?))
     }
 
-    /// `compute` of the instance document.
+    /// `compute` of the instance document, read alone: the rest (the network) is not needed.
     pub async fn compute(&self) -> Result<Compute, MetadataError> {
-        let path = format!("/metadata/instance?api-version={INSTANCE_API_VERSION}");
-        let (status, body) = self.get(&path, TIMEOUT).await?;
+        let path = format!("/metadata/instance/compute?api-version={INSTANCE_API_VERSION}");
+        let (status, body) = self.get(&path, TIMEOUT, COMPUTE_MAX_BODY).await?;
         if status != 200 {
             return Err(MetadataError::Status { path, status });
         }
-        let instance: Instance =
-            serde_json::from_str(&body).map_err(|e| MetadataError::Invalid {
-                path: path.clone(),
-                message: format!("the instance document does not parse: {e}"),
-            })?;
-        let c = instance.compute;
+        let c: Compute = serde_json::from_str(&body).map_err(|e| MetadataError::Invalid {
+            path: path.clone(),
+            message: format!("the instance document does not parse: {e}"),
+        })?;
         for (key, value) in [
             ("subscriptionId", &c.subscription_id),
             ("resourceGroupName", &c.resource_group_name),
@@ -169,7 +244,7 @@ impl Imds {
     pub async fn token(&self) -> Result<Token, MetadataError> {
         let mut path = format!(
             "/metadata/identity/oauth2/token?api-version={TOKEN_API_VERSION}&resource={}",
-            crate::cloud::rest::encode(RESOURCE)
+            crate::cloud::rest::encode(&self.resource)
         );
         if !self.client_id.is_empty() {
             path.push_str("&client_id=");
@@ -177,7 +252,7 @@ impl Imds {
         }
         // The path names no secret; the answer is one, and is never put in an error.
         let shown = "/metadata/identity/oauth2/token";
-        let (status, body) = self.get(&path, TIMEOUT).await?;
+        let (status, body) = self.get(&path, TIMEOUT, MAX_BODY).await?;
         if status != 200 {
             let why = serde_json::from_str::<IdentityError>(&body)
                 .map(|e| format!("{}: {}", brief(&e.error), brief(&e.error_description)))
@@ -217,10 +292,10 @@ impl Imds {
         })
     }
 
-    /// The scheduled events of this VM's host.
-    pub async fn events(&self) -> Result<Events, MetadataError> {
+    /// The scheduled events of this VM's host, read within `timeout`.
+    pub async fn events(&self, timeout: Duration) -> Result<Events, MetadataError> {
         let path = format!("/metadata/scheduledevents?api-version={EVENTS_API_VERSION}");
-        let (status, body) = self.get(&path, EVENTS_TIMEOUT).await?;
+        let (status, body) = self.get(&path, timeout, MAX_BODY).await?;
         if status != 200 {
             return Err(MetadataError::Status { path, status });
         }
@@ -260,7 +335,8 @@ mod tests {
             "vmId": "02aab8a4-74ef-476e-8182-f6d2ba4166a6", "vmScaleSetName": "crpteste9vflji9",
             "vmSize": "Standard_A3", "zone": "", "additionalCapabilities": {"hibernationEnabled": "true"}},
             "network": {"interface": []}}"#;
-        let c = serde_json::from_str::<Instance>(doc).unwrap().compute;
+        let doc: serde_json::Value = serde_json::from_str(doc).unwrap();
+        let c: Compute = serde_json::from_value(doc["compute"].clone()).unwrap();
         assert_eq!(c.priority, "Spot");
         assert_eq!(c.vm_scale_set_name, "crpteste9vflji9");
         assert_eq!(c.additional_capabilities.hibernation_enabled, "true");
@@ -271,5 +347,66 @@ mod tests {
                 value: "bar".into()
             }
         );
+    }
+
+    /// A hold set in `tags` is read where the document has no `tagsList`; `tagsList` comes
+    /// first where it has one.
+    #[test]
+    fn tags_are_read_from_tags_list_or_else_the_tags_string() {
+        let mut c = Compute {
+            tags: "team:ml;gpuwatch:hold:2026-12-24T00:00:00Z;GPUWatch:Rule:idle;bare;note:a:b"
+                .into(),
+            ..Compute::default()
+        };
+        let pairs = |c: &Compute| -> Vec<(String, String)> { c.tag_pairs() };
+        let own = |n: &str, v: &str| (n.to_string(), v.to_string());
+        assert_eq!(
+            pairs(&c),
+            [
+                own("team", "ml"),
+                own("gpuwatch:hold", "2026-12-24T00:00:00Z"),
+                own("GPUWatch:Rule", "idle"),
+                own("bare", ""),
+                own("note", "a:b"),
+            ]
+        );
+        c.tags_list = vec![Tag {
+            name: "team".into(),
+            value: "ml".into(),
+        }];
+        assert_eq!(pairs(&c), [own("team", "ml")]);
+        assert!(split_tags("").is_empty());
+    }
+
+    #[test]
+    fn the_token_s_audience_is_the_resource_manager_endpoint_s_origin() {
+        for (endpoint, resource) in [
+            (None, "https://management.azure.com/"),
+            (
+                Some("https://management.usgovcloudapi.net"),
+                "https://management.usgovcloudapi.net/",
+            ),
+            (
+                Some("https://management.chinacloudapi.cn/"),
+                "https://management.chinacloudapi.cn/",
+            ),
+            (
+                Some("https://management.azure.com:443/x/y"),
+                "https://management.azure.com/",
+            ),
+            (Some("http://127.0.0.1:8080/arm"), "http://127.0.0.1:8080/"),
+            (Some("not a url"), "https://management.azure.com/"),
+        ] {
+            assert_eq!(resource_for(endpoint), resource, "{endpoint:?}");
+        }
+    }
+
+    #[test]
+    fn later_scheduled_events_reads_have_a_short_timeout() {
+        let s = Duration::from_secs;
+        assert_eq!(events_read_timeout(Duration::from_millis(200)), s(1));
+        assert_eq!(events_read_timeout(s(5)), s(5));
+        assert_eq!(events_read_timeout(s(60)), s(10));
+        assert!(events_read_timeout(s(3600)) < EVENTS_TIMEOUT);
     }
 }

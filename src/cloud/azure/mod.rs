@@ -65,6 +65,7 @@ impl Azure {
             imds: Arc::new(Imds::new(
                 &config.cloud.imds_endpoint,
                 &config.cloud.client_id,
+                &imds::resource_for(config.cloud.endpoint_url.as_deref()),
             )),
             compute: Mutex::new(None),
             events: Arc::default(),
@@ -72,8 +73,8 @@ impl Azure {
         }
     }
 
-    /// The events of this VM that `keep` picks, as notices. An answer older than three reads
-    /// (each of which may take `EVENTS_TIMEOUT`) is no answer.
+    /// The events of this VM that `keep` picks, as notices. An answer older than `stale_after`
+    /// is no answer: a read that hangs must not leave the last one in force.
     fn notices(&self, keep: impl Fn(&str) -> bool) -> Result<Vec<Notice>, MetadataError> {
         let scheduled = self.events.lock().map_err(|_| poisoned())?;
         let failing = |message: String| MetadataError::Invalid {
@@ -83,7 +84,7 @@ impl Azure {
         if let Some(why) = &scheduled.failing {
             return Err(failing(why.clone()));
         }
-        let most = (self.every + imds::EVENTS_TIMEOUT) * 3;
+        let most = stale_after(self.every);
         if scheduled.answered.is_none_or(|t| t.elapsed() > most) {
             return Err(failing(format!(
                 "Scheduled Events have not answered for {}",
@@ -112,6 +113,12 @@ impl Azure {
             })
             .collect())
     }
+}
+
+/// How old the last Scheduled Events answer may be: three poll intervals and a read's timeout.
+/// Past it, the events are unknown, and unknown holds.
+fn stale_after(every: Duration) -> Duration {
+    every * 3 + imds::events_read_timeout(every)
 }
 
 /// A lock that a panic poisoned is unknown, and unknown holds: its read fails.
@@ -173,14 +180,11 @@ impl Cloud for Azure {
     }
 
     fn tags(&self) -> Fut<'_, Result<super::Tags, MetadataError>> {
-        Box::pin(async {
-            let c = self.imds.compute().await?;
-            Ok(c.tags_list.into_iter().map(|t| (t.name, t.value)).collect())
-        })
+        Box::pin(async { Ok(self.imds.compute().await?.tag_pairs()) })
     }
 
     fn tag_sources(&self) -> &'static str {
-        "the instance metadata's tagsList"
+        "the instance metadata's tagsList (or its tags string)"
     }
 
     fn connect(&self, node: &Node, link: Link<'_>, tasks: &mut JoinSet<()>) -> Arc<dyn Api> {
@@ -270,8 +274,9 @@ impl Cloud for Azure {
     }
 }
 
-/// Reads Scheduled Events every `every`, each read with its own long timeout (the first can
-/// take minutes), on a task of its own: sampling, serving and deciding never wait for it. Only
+/// Reads Scheduled Events every `every`, on a task of its own: sampling, serving and deciding
+/// never wait for it. Until the first answer each read may take `EVENTS_TIMEOUT` (Azure enables
+/// the service on the first request, which can take minutes); after it, a short timeout. Only
 /// the events whose `Resources` name this VM (`name`) are kept: an availability set's events
 /// list every VM of the set.
 async fn poll_events(imds: Arc<Imds>, kept: Arc<Mutex<Scheduled>>, name: String, every: Duration) {
@@ -279,7 +284,15 @@ async fn poll_events(imds: Arc<Imds>, kept: Arc<Mutex<Scheduled>>, name: String,
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         ticker.tick().await;
-        let answer = imds.events().await;
+        let Ok(answered) = kept.lock().map(|s| s.answered.is_some()) else {
+            return;
+        };
+        let timeout = if answered {
+            imds::events_read_timeout(every)
+        } else {
+            imds::EVENTS_TIMEOUT
+        };
+        let answer = imds.events(timeout).await;
         let Ok(mut s) = kept.lock() else { return };
         match answer {
             Ok(doc) => {
@@ -312,22 +325,26 @@ async fn poll_events(imds: Arc<Imds>, kept: Arc<Mutex<Scheduled>>, name: String,
 
 /// Reads the Retail price of this VM's size, then again every `every`, and keeps the last one
 /// known: a Spot VM's as the spot price (kept across restarts), a regular VM's as the pricing
-/// API's.
+/// API's. A price far from every other row of its size is handed over as implausible.
 async fn poll_price(base: String, node: Node, readings: Arc<dyn super::Readings>, every: Duration) {
     let spot = node.lifecycle == Some(Lifecycle::Spot);
+    let kind = if spot {
+        super::PriceKind::Spot
+    } else {
+        super::PriceKind::List
+    };
     let mut said = false;
     loop {
         match prices::price(&base, &node.region, &node.instance_type, spot).await {
-            Ok(p) => {
+            Ok(prices::Listed::Price(p)) => {
                 tracing::info!(usd_per_hour = p, size = %node.instance_type, region = %node.region, spot, "price from the Azure Retail Prices API");
-                let kind = if spot {
-                    super::PriceKind::Spot
-                } else {
-                    super::PriceKind::List
-                };
                 readings.price(kind, p);
                 said = false;
             }
+            Ok(prices::Listed::Implausible {
+                usd_per_hour,
+                beside,
+            }) => readings.implausible(kind, usd_per_hour, beside),
             Err(why) => {
                 if !said {
                     said = true;
@@ -352,28 +369,7 @@ impl Api for AzureApi {
     }
 
     fn state(&self) -> Fut<'_, Result<Option<String>, CloudError>> {
-        Box::pin(async {
-            let url = format!(
-                "{}?api-version={}&$expand=instanceView",
-                self.arm.vm,
-                arm::COMPUTE_API_VERSION
-            );
-            let answer = self
-                .arm
-                .send("VirtualMachines_Get", Method::GET, &url, None)
-                .await?;
-            if !answer.status.is_success() {
-                return Err(arm::classify("VirtualMachines_Get", &answer));
-            }
-            let vm: serde_json::Value = serde_json::from_slice(&answer.body).unwrap_or_default();
-            Ok(vm["properties"]["instanceView"]["statuses"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|s| s["code"].as_str()?.strip_prefix("PowerState/"))
-                .map(|s| crate::redact::brief(s, 32))
-                .next())
-        })
+        Box::pin(self.arm.power_state())
     }
 
     fn plan(
@@ -419,8 +415,26 @@ impl Api for AzureApi {
     }
 
     fn grant_hint(&self) -> &'static str {
-        "Azure denied access: assign the role in config/azure-role.json to the VM's managed identity at the VM's scope"
+        "Azure denied access: assign the role in config/azure-role.json to the VM's managed identity at the VM's scope, config/azure-operations-role.json at the subscription's and config/azure-budgets-role.json at each budget's (the error names the permission missing)"
     }
+}
+
+/// A deallocate is done once the VM says it is deallocated, not on its operation's word alone:
+/// a VM that is only stopped keeps its compute reserved and billed.
+fn deallocated(power: Option<String>) -> Result<(), CloudError> {
+    if power.as_deref() == Some("deallocated") {
+        return Ok(());
+    }
+    Err(CloudError {
+        operation: "VirtualMachines_Deallocate",
+        kind: super::ErrorKind::Other,
+        message: format!(
+            "the deallocate operation succeeded, but the VM's power state is {}, not deallocated, so it may still be billed: check it with az vm get-instance-view",
+            power.map_or("unknown".to_string(), |p| format!("{p:?}"))
+        ),
+        request_id: None,
+        retry_after: None,
+    })
 }
 
 struct AzureStep {
@@ -455,9 +469,12 @@ impl super::Step for AzureStep {
                         self.arm.vm,
                         if hibernate { "&hibernate=true" } else { "" }
                     );
-                    self.arm
+                    let id = self
+                        .arm
                         .act("VirtualMachines_Deallocate", Method::POST, &url, None)
-                        .await?
+                        .await?;
+                    deallocated(self.arm.power_state().await?)?;
+                    id
                 }
                 // `forceDeletion=false` said outright: left out, Azure may force the delete.
                 plan::azure::Step::Delete => {
@@ -472,5 +489,41 @@ impl super::Step for AzureStep {
                 request_id,
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Scheduled Events answer counts for three poll intervals and a read's timeout, whatever
+    /// the first read's long timeout: a read that hangs leaves no answer in force for minutes.
+    #[test]
+    fn an_answer_counts_for_three_polls_and_a_short_read() {
+        let s = Duration::from_secs;
+        assert_eq!(stale_after(s(5)), s(20));
+        assert_eq!(
+            stale_after(Duration::from_millis(200)),
+            Duration::from_millis(1600)
+        );
+        assert!(stale_after(s(5)) < imds::EVENTS_TIMEOUT);
+    }
+
+    /// A deallocate whose operation succeeded is done only once the VM says it is deallocated.
+    #[test]
+    fn a_deallocate_is_done_once_the_vm_is_deallocated() {
+        assert!(deallocated(Some("deallocated".into())).is_ok());
+        for (power, said) in [
+            (
+                Some("stopped".to_string()),
+                "power state is \"stopped\", not deallocated",
+            ),
+            (Some("deallocating".into()), "\"deallocating\""),
+            (None, "power state is unknown"),
+        ] {
+            let e = deallocated(power).unwrap_err();
+            assert_eq!(e.kind, super::super::ErrorKind::Other);
+            assert!(e.message.contains(said), "{}", e.message);
+        }
     }
 }
