@@ -633,6 +633,25 @@ fn a_deallocate_refused_while_another_operation_runs_is_retried_until_accepted()
     assert!(d.log().contains("since another operation is in progress"));
 }
 
+/// The deallocate was accepted and succeeded; reading the VM's power state back is throttled
+/// twice: it is read again, and the deallocate is never sent twice.
+#[test]
+fn a_throttled_power_state_read_is_read_again_not_deallocated_again() {
+    let fake = Fake::start();
+    fake.set(json!({"throttle": {"get": 2}}));
+    let d = start(&fake, "enforce", "stop", "", IDLE);
+    d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
+    let arm = fake.calls("arm");
+    let posts = arm.iter().filter(|c| c["method"] == "POST").count();
+    assert_eq!(posts, 1, "{arm:?}");
+    let gets = arm
+        .iter()
+        .filter(|c| c["method"] == "GET" && c["path"].as_str().is_some_and(|p| p.ends_with(VM)))
+        .count();
+    assert!(gets >= 3, "{arm:?}");
+    assert!(events(&d.audit(), "api_error").is_empty());
+}
+
 /// A Retail Prices row of $9,999/h beside the size's other rows (Windows $4.41, Dev/Test
 /// $3.67, Spot $0.73) is no price: a small budget that stops at its end is not exhausted by it,
 /// and the busy VM runs on.

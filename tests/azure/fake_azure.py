@@ -369,6 +369,8 @@ class Arm(Base):
     def get_vm(self, q, version):
         if version not in COMPUTE_VERSIONS:
             return self.send(400, arm_error("InvalidApiVersionParameter", "The api-version '%s' is invalid." % version))
+        if self.throttled("get"):
+            return
         with LOCK:
             c = STATE["compute"]
             scope = scope_of(c)

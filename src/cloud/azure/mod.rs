@@ -419,6 +419,31 @@ impl Api for AzureApi {
     }
 }
 
+/// The VM's power state once the deallocate it accepted has settled: read again (every 2 s,
+/// at most 15 times) while it is still `deallocating` or the read fails for throttling or an
+/// outage. A read that fails is never a reason to send the deallocate again: the operation has
+/// succeeded, and only its result is unknown.
+async fn settled_power(arm: &Arm) -> Option<String> {
+    let mut power = None;
+    for read in 0..15 {
+        if read > 0 {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        match arm.power_state().await {
+            Ok(Some(p)) if p == "deallocating" => power = Some(p),
+            Ok(p) => return p,
+            Err(e) if e.kind == super::ErrorKind::Retryable => {
+                tracing::warn!(error = %e, "cannot read the VM's power state after its deallocate; reading it again");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the VM's power state after its deallocate");
+                return None;
+            }
+        }
+    }
+    power
+}
+
 /// A deallocate is done once the VM says it is deallocated, not on its operation's word alone:
 /// a VM that is only stopped keeps its compute reserved and billed.
 fn deallocated(power: Option<String>) -> Result<(), CloudError> {
@@ -473,7 +498,7 @@ impl super::Step for AzureStep {
                         .arm
                         .act("VirtualMachines_Deallocate", Method::POST, &url, None)
                         .await?;
-                    deallocated(self.arm.power_state().await?)?;
+                    deallocated(settled_power(&self.arm).await)?;
                     id
                 }
                 // `forceDeletion=false` said outright: left out, Azure may force the delete.
