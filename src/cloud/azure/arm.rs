@@ -162,7 +162,16 @@ fn another_operation_runs(code: &str, message: &str) -> bool {
 /// a maximum of 50 tags at the end of the operation"): a message about tags that names the
 /// limit of 50, whatever its code. A tag's name or value too long, or with characters Azure
 /// reserves, is not one.
-fn too_many_tags(message: &str) -> bool {
+fn too_many_tags(code: &str, message: &str) -> bool {
+    // A code that says it outright (`TagLimitExceeded`, `TooManyTags`), whatever the words.
+    let code = code.to_ascii_lowercase();
+    if code.contains("tag")
+        && ["limit", "toomany", "exceed"]
+            .iter()
+            .any(|w| code.contains(w))
+    {
+        return true;
+    }
     let message = message.to_ascii_lowercase();
     let fifty = message
         .split(|c: char| !c.is_ascii_alphanumeric())
@@ -184,7 +193,7 @@ pub fn classify(operation: &'static str, answer: &Answer) -> CloudError {
         429 | 500..=599 => ErrorKind::Retryable,
         401 | 403 => ErrorKind::AccessDenied,
         409 if another_operation_runs(&code, &message) => ErrorKind::Retryable,
-        400 | 409 if operation == "Tags_UpdateAtScope" && too_many_tags(&message) => {
+        400 | 409 if operation == "Tags_UpdateAtScope" && too_many_tags(&code, &message) => {
             ErrorKind::Limit
         }
         _ => ErrorKind::Other,
@@ -582,6 +591,15 @@ mod tests {
             classify(tags, &answer(400, &full, None)).kind,
             ErrorKind::Limit
         );
+        // A code that says it outright, whatever its words.
+        for code in ["TagLimitExceeded", "TooManyTags"] {
+            let said = arm_error(code, "Too many tags.");
+            assert_eq!(
+                classify(tags, &answer(400, &said, None)).kind,
+                ErrorKind::Limit,
+                "{code}"
+            );
+        }
         let others = [
             arm_error(
                 "InvalidTagValueLength",
