@@ -357,7 +357,7 @@ fn classify(action: &'static str, status: u16, e: ErrorBody) -> CloudError {
     let code = crate::redact::brief(&e.code, 128);
     let kind = if code.starts_with("Throttling") || code == "ServiceUnavailable" || status >= 500 {
         ErrorKind::Retryable
-    } else if code == "NumberExceed.Tags" || code == "InvalidTagCount" {
+    } else if action == "TagResources" && tag_limit(&code) {
         // The instance has all the tags ECS allows (20): the tags are refused, not the instance.
         ErrorKind::Limit
     } else if code.starts_with("Forbidden")
@@ -393,6 +393,16 @@ fn classify(action: &'static str, status: u16, e: ErrorBody) -> CloudError {
         request_id: (!e.request_id.is_empty()).then(|| crate::redact::brief(&e.request_id, 64)),
         retry_after: None,
     }
+}
+
+/// A code that says the resource has all the tags it may have (`NumberExceed.Tags`, and the
+/// like: a tag quota or limit exceeded).
+fn tag_limit(code: &str) -> bool {
+    let code = code.to_ascii_lowercase();
+    code.contains("tag")
+        && ["exceed", "limit", "quota"]
+            .iter()
+            .any(|w| code.contains(w))
 }
 
 /// `yyyy-MM-ddTHH:mm:ssZ`, as `x-acs-date` takes it.
@@ -447,6 +457,15 @@ mod tests {
         assert_eq!(
             classify("TagResources", 400, e("InvalidTagKey.Malformed")).kind,
             ErrorKind::Other
+        );
+        assert_eq!(
+            classify("TagResources", 400, e("QuotaExceed.Tags")).kind,
+            ErrorKind::Limit
+        );
+        assert_eq!(
+            classify("StopInstance", 400, e("NumberExceed.Tags")).kind,
+            ErrorKind::Other,
+            "only the stamp is refused for the tags' limit"
         );
         assert_eq!(rfc3339_seconds(1_698_315_752.9), "2023-10-26T10:22:32Z");
         assert_ne!(nonce(), nonce());
