@@ -27,6 +27,13 @@ use serde_json::Value;
 pub const BIN: &str = env!("CARGO_BIN_EXE_gpuwatch");
 
 /// The fake library cargo builds beside the binary.
+/// The binary the end-to-end tests run as the daemon: `GPUWATCH_BIN` where it names one (the
+/// release binary, `GPUWATCH_BIN=target/release/gpuwatch cargo test --test alibaba`), else the
+/// one cargo built for these tests.
+pub fn daemon_binary() -> PathBuf {
+    std::env::var_os("GPUWATCH_BIN").map_or_else(|| PathBuf::from(BIN), PathBuf::from)
+}
+
 pub fn fake_library() -> PathBuf {
     let dir = Path::new(BIN).parent().unwrap();
     // In deps/, where cargo rebuilds it with gpuwatch (the copy beside the binary is refreshed
@@ -89,7 +96,7 @@ impl Daemon {
     pub fn start_with_env(dir: tempfile::TempDir, config: &str, env: &[(&str, &str)]) -> Daemon {
         let path = dir.path().join("gpuwatch.toml");
         std::fs::write(&path, config).unwrap();
-        let mut command = Command::new(BIN);
+        let mut command = Command::new(daemon_binary());
         command.args(["run", "--config"]).arg(&path);
         if !config.contains("listen =") {
             command.args(["--listen", "127.0.0.1:0"]);
