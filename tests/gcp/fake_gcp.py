@@ -6,12 +6,17 @@ documents and the Compute Engine API's discovery document:
   `Metadata-Flavor: Google` (403) or with `X-Forwarded-For`, and answers with that header;
   the VM's service account token;
 - the Compute Engine API v1 (instances get, stop, delete, setLabels with the label
-  fingerprint, zone operations that finish after a few reads), which takes only bearer tokens
-  the fake metadata server issued and that have not expired, and answers errors as the API does
-  (`{"error": {"code", "message", "errors": [{"message", "domain", "reason"}], "status",
-  "details"}}`: 401 with `WWW-Authenticate`, a 403 for missing scopes with
-  `ACCESS_TOKEN_SCOPE_INSUFFICIENT`, a 403 for a missing permission, 404, 412 for a stale
-  fingerprint, 429).
+  fingerprint and the limit of 64 labels, zone operations that finish after a few reads of
+  their own or, when `op_seconds` is set, once that long has passed, as a real one does while
+  nobody reads it), which takes only bearer tokens the fake metadata server issued and that
+  have not expired, and answers errors as the API does (`{"error": {"code", "message",
+  "errors": [{"message", "domain", "reason"}], "status", "details"}}`: 401 with
+  `WWW-Authenticate`, a 403 for missing scopes with `ACCESS_TOKEN_SCOPE_INSUFFICIENT`, a 403
+  for a missing permission, which for `compute.zoneOperations.get` names the operation, 404,
+  412 for a stale fingerprint, a 400 on the `labels` field for a label set over the limit).
+  A spent rate quota is a 403 with the reason `rateLimitExceeded`, as the Compute Engine API's
+  rate quota document says, and an ErrorInfo saying `RATE_LIMIT_EXCEEDED`; `throttle_status:
+  429` answers 429 RESOURCE_EXHAUSTED instead, and `retry_after` adds a `Retry-After`.
 
 The fake prints `ready <metadata> <compute>` (the two ports) once it listens. Tests read and
 change its state through `/_fake/state` on the compute port (GET: the state and every call;
@@ -44,7 +49,11 @@ STATE = {
     "scopes_ok": True,
     # Permissions the service account lacks: the API answers 403 naming one.
     "denied": [],
+    # Calls answered "rate quota spent" before one goes through, by kind: stop, delete,
+    # setLabels, get, operation.
     "throttle": {},
+    "throttle_status": 403,
+    "retry_after": None,
     "token_ttl": 3599,
     "status": "RUNNING",
     "deleted": False,
@@ -53,6 +62,7 @@ STATE = {
     "local_ssd": False,
     "accelerators": [],
     "op_polls": 2,
+    "op_seconds": None,
     "op_error": None,
     "calls": [],
     "tokens": {},
@@ -136,12 +146,38 @@ class Metadata(Base):
         return self.send(404, headers={"Metadata-Flavor": "Google"}, text="Not Found")
 
 
-def gerror(code, message, reason, status, details=None):
+def gerror(code, message, reason, status, details=None, domain="global"):
     e = {"code": code, "message": message,
-         "errors": [{"message": message, "domain": "global", "reason": reason}], "status": status}
+         "errors": [{"message": message, "domain": domain, "reason": reason}], "status": status}
     if details:
         e["details"] = details
     return {"error": e}
+
+
+MAX_LABELS = 64
+
+
+def finish(o):
+    """Ends an operation, and does what it did to the VM (with STATE locked)."""
+    o["status"] = "DONE"
+    if STATE["op_error"] and o["kind"] != "setLabels":
+        o["error"] = STATE["op_error"]
+        STATE["status"] = "RUNNING"
+    elif o["kind"] == "stop":
+        STATE["status"] = "TERMINATED"
+    elif o["kind"] == "delete":
+        STATE["deleted"] = True
+
+
+def settle():
+    """Ends the operations whose time has come (with STATE locked): a real operation runs
+    whether or not anybody reads it."""
+    after = STATE["op_seconds"]
+    if after is None:
+        return
+    for o in STATE["ops"].values():
+        if o["status"] != "DONE" and time.time() - o["created"] >= after:
+            finish(o)
 
 
 class Compute(Base):
@@ -165,6 +201,7 @@ class Compute(Base):
                     return self.send(200, {})
                 return self.send(200, STATE)
         with LOCK:
+            settle()
             call = {"service": "compute", "method": method, "path": path,
                     "query": {k: v[0] for k, v in q.items()}, "body": raw.decode(errors="replace")}
             STATE["calls"].append(call)
@@ -187,14 +224,15 @@ class Compute(Base):
         if path == instance + "/setLabels" and method == "POST":
             return self.set_labels(raw, call)
         if path.startswith(base + "/operations/") and method == "GET":
-            return self.operation(path.rsplit("/", 1)[1])
+            return self.operation(path.rsplit("/", 1)[1], path)
         return self.send(404, gerror(404, "The resource '%s' was not found" % path, "notFound", "NOT_FOUND"))
 
-    def refused(self, permission, write):
+    def refused(self, permission, write, resource=None):
         with LOCK:
             scopes_ok = STATE["scopes_ok"]
             denied = permission in STATE["denied"]
             project, zone, name = STATE["project"], STATE["zone"], STATE["name"]
+        resource = resource or "projects/%s/zones/%s/instances/%s" % (project, zone, name)
         if write and not scopes_ok:
             self.send(403, gerror(403, "Request had insufficient authentication scopes.", "insufficientPermissions", "PERMISSION_DENIED", [
                 {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "ACCESS_TOKEN_SCOPE_INSUFFICIENT",
@@ -202,12 +240,12 @@ class Compute(Base):
                 {"WWW-Authenticate": 'Bearer realm="https://accounts.google.com/", error="insufficient_scope", scope="https://www.googleapis.com/auth/compute"'})
             return True
         if denied:
-            self.send(403, gerror(403, "Required '%s' permission for 'projects/%s/zones/%s/instances/%s'" % (permission, project, zone, name), "forbidden", "PERMISSION_DENIED"))
+            self.send(403, gerror(403, "Required '%s' permission for '%s'" % (permission, resource), "forbidden", "PERMISSION_DENIED"))
             return True
         return False
 
     def get_instance(self, permission):
-        if self.refused(permission, False):
+        if self.refused(permission, False) or self.throttled("get"):
             return
         with LOCK:
             s = STATE
@@ -229,7 +267,7 @@ class Compute(Base):
 
     def new_op(self, kind, call):
         op = "operation-%d-%s" % (int(time.time() * 1000), uuid.uuid4().hex[:8])
-        STATE["ops"][op] = {"kind": kind, "reads": 0, "status": "RUNNING"}
+        STATE["ops"][op] = {"kind": kind, "reads": 0, "status": "RUNNING", "created": time.time()}
         call["operation"] = op
         s = STATE
         link = "https://www.googleapis.com/compute/v1/projects/%s/zones/%s" % (s["project"], s["zone"])
@@ -239,12 +277,34 @@ class Compute(Base):
                 "insertTime": time.strftime("%Y-%m-%dT%H:%M:%S.000-07:00")}
 
     def throttled(self, kind):
+        """A spent rate quota, as Compute Engine answers it: 403 with the reason
+        rateLimitExceeded in the usageLimits domain, and an ErrorInfo naming the quota."""
         with LOCK:
             n = STATE["throttle"].get(kind, 0)
             if n <= 0:
                 return False
             STATE["throttle"][kind] = n - 1
-        self.send(429, gerror(429, "Rate Limit Exceeded", "rateLimitExceeded", "RESOURCE_EXHAUSTED"))
+            code, after = STATE["throttle_status"], STATE["retry_after"]
+            numeric = STATE["numeric_project"]
+        metric, limit, what = {
+            "get": ("read_requests", "ReadRequestsPerMinutePerProject", "Read requests"),
+            "operation": ("operation_read_requests", "OperationReadRequestsPerMinutePerProject", "Operation read requests"),
+        }.get(kind, ("default", "defaultPerMinutePerProject", "Queries"))
+        message = ("Quota exceeded for quota metric '%s' and limit '%s per minute' of service "
+                   "'compute.googleapis.com' for consumer 'project_number:%s'." % (what, what, numeric))
+        details = [
+            {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "RATE_LIMIT_EXCEEDED",
+             "domain": "googleapis.com",
+             "metadata": {"service": "compute.googleapis.com", "consumer": "projects/" + numeric,
+                          "quota_metric": "compute.googleapis.com/" + metric, "quota_limit": limit,
+                          "quota_limit_value": "1500", "quota_location": "global"}},
+            {"@type": "type.googleapis.com/google.rpc.Help",
+             "links": [{"description": "Request a higher quota limit.",
+                        "url": "https://cloud.google.com/docs/quotas/help/request_increase"}]},
+        ]
+        status = "RESOURCE_EXHAUSTED" if code == 429 else "PERMISSION_DENIED"
+        headers = {"Retry-After": str(after)} if after is not None else None
+        self.send(code, gerror(code, message, "rateLimitExceeded", status, details, "usageLimits"), headers)
         return True
 
     def act(self, kind, q, call):
@@ -261,7 +321,7 @@ class Compute(Base):
         return self.send(200, body)
 
     def set_labels(self, raw, call):
-        if self.refused("compute.instances.setLabels", True):
+        if self.refused("compute.instances.setLabels", True) or self.throttled("setLabels"):
             return
         try:
             body = json.loads(raw)
@@ -279,14 +339,28 @@ class Compute(Base):
                 ok_key = 0 < len(k) <= 63 and k[0].islower() and all(c.islower() or c.isdigit() or c in "-_" for c in k)
                 ok_value = len(v) <= 63 and all(c.islower() or c.isdigit() or c in "-_" for c in v)
                 if not (ok_key and ok_value):
-                    return self.send(400, gerror(400, "Invalid value for field 'labels': '%s'" % k, "invalid", "INVALID_ARGUMENT"))
+                    why = "Label value '%s' violates format constraints. The value can only contain lowercase letters, numeric characters, underscores and dashes. The value can be at most 63 characters long. International characters are allowed." % v
+                    return self.send(400, self.labels_refused(why))
+            if len(labels) > MAX_LABELS:
+                why = "Resource cannot have more than %d labels." % MAX_LABELS
+                return self.send(400, self.labels_refused(why))
             STATE["labels"] = dict(labels)
             STATE["fingerprint_generation"] += 1
             out = self.new_op("setLabels", call)
         return self.send(200, out)
 
-    def operation(self, op):
-        if self.refused("compute.zoneOperations.get", False):
+    @staticmethod
+    def labels_refused(why):
+        """A refusal of the labels field, as the API words one (its message, and an ErrorInfo
+        naming the field)."""
+        message = "Invalid value for field 'labels': ''. " + why
+        return gerror(400, message, "invalid", "INVALID_ARGUMENT", [
+            {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "INVALID_FIELD_VALUE",
+             "domain": "compute.googleapis.com",
+             "metadata": {"field": "labels", "reason": why, "value": ""}}])
+
+    def operation(self, op, path):
+        if self.refused("compute.zoneOperations.get", False, path.split("/compute/v1/", 1)[1]) or self.throttled("operation"):
             return
         with LOCK:
             o = STATE["ops"].get(op)
@@ -294,14 +368,7 @@ class Compute(Base):
                 return self.send(404, gerror(404, "The resource 'operations/%s' was not found" % op, "notFound", "NOT_FOUND"))
             o["reads"] += 1
             if o["status"] != "DONE" and (o["reads"] >= STATE["op_polls"] or o["kind"] == "setLabels"):
-                o["status"] = "DONE"
-                if STATE["op_error"] and o["kind"] != "setLabels":
-                    o["error"] = STATE["op_error"]
-                    STATE["status"] = "RUNNING"
-                elif o["kind"] == "stop":
-                    STATE["status"] = "TERMINATED"
-                elif o["kind"] == "delete":
-                    STATE["deleted"] = True
+                finish(o)
             s = STATE
             link = "https://www.googleapis.com/compute/v1/projects/%s/zones/%s" % (s["project"], s["zone"])
             body = {"kind": "compute#operation", "name": op, "operationType": o["kind"], "status": o["status"],

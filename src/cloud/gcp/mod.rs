@@ -14,10 +14,12 @@ use crate::rules::{Action, Lifecycle};
 
 pub mod compute;
 pub mod metadata;
+pub mod operation;
 mod prices;
 
 use compute::Compute;
 use metadata::Server;
+use operation::Outcome;
 
 /// The Compute Engine API's public endpoint.
 pub const DEFAULT_ENDPOINT: &str = "https://compute.googleapis.com";
@@ -372,7 +374,7 @@ impl Api for GcpApi {
     }
 
     fn grant_hint(&self) -> &'static str {
-        "Compute Engine denied access: grant the role in config/gcp-role.yaml to the VM's service account, and give the VM an access scope that allows Compute Engine writes"
+        "Compute Engine denied access: grant the role in config/gcp-role.yaml to the VM's service account on the VM (and config/gcp-operations-role.yaml on the project, to follow operations), and give the VM an access scope that allows Compute Engine writes"
     }
 }
 
@@ -406,11 +408,17 @@ impl super::Step for GcpStep {
                 // does not say what becomes of their data.
                 plan::gcp::Step::Stop { discard_local_ssd } => {
                     let url = format!("{}/stop?discardLocalSsd={discard_local_ssd}", c.instance);
-                    c.act("instances.stop", Method::POST, &url, None).await?
+                    c.act("instances.stop", Method::POST, &url, Outcome::Stopped)
+                        .await?
                 }
                 plan::gcp::Step::Delete => {
-                    c.act("instances.delete", Method::DELETE, &c.instance, None)
-                        .await?
+                    c.act(
+                        "instances.delete",
+                        Method::DELETE,
+                        &c.instance,
+                        Outcome::Deleted,
+                    )
+                    .await?
                 }
             };
             Ok(Call {
