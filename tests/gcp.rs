@@ -344,6 +344,29 @@ fn a_denied_operation_read_is_followed_on_the_instance() {
     }
 }
 
+/// A Spot VM's price comes from the table's Spot column, and the log says the date that column
+/// is as of: Compute Engine changes Spot prices up to monthly.
+#[test]
+fn a_spot_vm_is_priced_from_the_table_and_the_log_says_as_of_when() {
+    let fake = Fake::start();
+    fake.set(json!({"provisioning_model": "SPOT"}));
+    let d = start(&fake, "dry-run", "stop", "", BUSY);
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_instance_hourly_cost_dollars")
+            .get(s)
+            .is_some()
+    });
+    metric("gpuwatch_instance_hourly_cost_dollars")
+        .label("source", "spot")
+        .value(1.80385)
+        .assert_in(&s);
+    let date = gpuwatch::cloud::gcp::prices::as_of("spot");
+    d.await_log(
+        LIMIT,
+        &format!("Spot price from the built-in Compute Engine table, as of {date}"),
+    );
+}
+
 /// A VM may have 64 labels: with 63, the stamp's two are refused, and the action goes on.
 #[test]
 fn a_vm_with_a_full_label_set_is_stopped_without_the_stamp() {

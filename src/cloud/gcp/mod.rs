@@ -15,7 +15,7 @@ use crate::rules::{Action, Lifecycle};
 pub mod compute;
 pub mod metadata;
 pub mod operation;
-mod prices;
+pub mod prices;
 
 use compute::Compute;
 use metadata::Server;
@@ -300,7 +300,12 @@ async fn price(compute: Arc<Compute>, node: Node, readings: Arc<dyn super::Readi
     };
     match prices::price(&node.instance_type, &node.region, spot, &gpus) {
         Ok(p) => {
-            tracing::info!(usd_per_hour = p, machine_type = %node.instance_type, region = %node.region, spot, as_of = prices::AS_OF, "price from the built-in Compute Engine table");
+            let as_of = prices::as_of(if spot { "spot" } else { "on-demand" });
+            if spot {
+                tracing::info!(usd_per_hour = p, machine_type = %node.instance_type, region = %node.region, as_of, "Spot price from the built-in Compute Engine table, as of {as_of}: Compute Engine changes Spot prices up to monthly, so set [cost] hourly_price_usd where it must be current");
+            } else {
+                tracing::info!(usd_per_hour = p, machine_type = %node.instance_type, region = %node.region, as_of, "price from the built-in Compute Engine table");
+            }
             let kind = if spot {
                 super::PriceKind::Spot
             } else {

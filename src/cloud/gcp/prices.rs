@@ -47,12 +47,34 @@ pub fn price(
     Ok(total)
 }
 
-/// The table's date, for the log.
-pub const AS_OF: &str = "2025";
+/// The date a column of the table is as of (`on-demand` or `spot`), from its
+/// `# <column> as of: <date>` line: Spot prices change up to monthly, so each column says its
+/// own. `unknown` where the table does not say.
+pub fn as_of(column: &str) -> &'static str {
+    let key = format!("# {column} as of:");
+    TABLE
+        .lines()
+        .find_map(|l| l.strip_prefix(key.as_str()))
+        .map_or("unknown", str::trim)
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each column says its own date: Spot prices change up to monthly.
+    #[test]
+    fn each_column_says_its_date() {
+        for column in ["on-demand", "spot"] {
+            let date = as_of(column);
+            assert_eq!(date.len(), 7, "{column}: {date:?}");
+            assert!(
+                date.starts_with("20") && date.as_bytes()[4] == b'-',
+                "{column}: {date:?}"
+            );
+        }
+        assert_eq!(as_of("reserved"), "unknown");
+    }
 
     #[test]
     fn prices_are_the_table_s_and_a_missing_one_says_why() {
