@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::aws::actions;
 use common::azure::{Fake, VM};
-use common::fake::{api_calls, rule, start, start_in, BUSY, IDLE};
+use common::fake::{api_calls, assert_done_without_the_stamp, rule, start, start_in, BUSY, IDLE};
 use common::{events, metric, secs, Daemon};
 use serde_json::json;
 
@@ -696,16 +696,7 @@ fn a_vm_with_a_full_tag_set_is_deallocated_without_the_stamp() {
         names.iter().map(|n| (n.clone(), json!("x"))).collect();
     fake.set(json!({"compute": c, "vm_tags": vm_tags}));
     let d = start(&fake, "enforce", "stop", "", IDLE);
-    let s = d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
-    metric("gpuwatch_cloud_stamps_refused_total")
-        .value(1.0)
-        .assert_in(&s);
-    let audit = d.audit();
-    let refused = events(&audit, "stamp_refused");
-    assert_eq!(refused.len(), 1, "{audit:?}");
-    assert_eq!(refused[0]["operation"], "Tags_UpdateAtScope");
-    let error = refused[0]["error"].as_str().unwrap();
-    assert!(error.contains("maximum of 50 tags"), "{error}");
+    assert_done_without_the_stamp(&d, "stop", "Tags_UpdateAtScope", "maximum of 50 tags");
     assert_eq!(api_calls(&d), ["VirtualMachines_Deallocate"]);
     let state = fake.state();
     assert_eq!(state["power"], "deallocated");

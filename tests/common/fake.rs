@@ -174,3 +174,28 @@ pub fn api_calls(d: &super::Daemon) -> Vec<String> {
         .map(|r| r["operation"].as_str().unwrap().to_string())
         .collect()
 }
+
+/// Waits until the daemon's `action` is done, then says that the cloud refused its stamp
+/// (`operation`) for its own limits, once, in words that hold `said`: the refusal is counted
+/// and audited, and the action went on without it. Returns the audit log.
+pub fn assert_done_without_the_stamp(
+    d: &super::Daemon,
+    action: &str,
+    operation: &str,
+    said: &str,
+) -> Vec<Value> {
+    let s = d.await_scrape(std::time::Duration::from_secs(60), |s| {
+        super::aws::actions(s, action, "done") == 1.0
+    });
+    super::metric("gpuwatch_cloud_stamps_refused_total")
+        .value(1.0)
+        .assert_in(&s);
+    let audit = d.audit();
+    let refused = super::events(&audit, "stamp_refused");
+    assert_eq!(refused.len(), 1, "{audit:?}");
+    assert_eq!(refused[0]["operation"], operation, "{audit:?}");
+    let error = refused[0]["error"].as_str().unwrap();
+    assert!(error.contains(said), "{error}");
+    assert!(super::events(&audit, "api_error").is_empty(), "{audit:?}");
+    audit
+}
