@@ -278,15 +278,7 @@ fn a_spot_instance_is_priced_from_the_spot_market_in_dollars_only() {
     let fake = Fake::start();
     fake.set(spot());
     let d = start(&fake, "dry-run", "stop", "", BUSY);
-    let s = d.await_scrape(LIMIT, |s| {
-        metric("gpuwatch_instance_hourly_cost_dollars")
-            .get(s)
-            .is_some()
-    });
-    metric("gpuwatch_instance_hourly_cost_dollars")
-        .label("source", "spot")
-        .value(0.85)
-        .assert_in(&s);
+    let s = common::assert_price(&d, "spot", 0.85);
     metric("gpuwatch_node_info")
         .label("provider", "alibaba")
         .label("lifecycle", "spot")
@@ -414,15 +406,7 @@ fn a_throttled_lifecycle_read_is_read_again_until_the_price_is_known() {
     let fake = Fake::start();
     fake.set(json!({"throttle": {"DescribeInstances": 5}}));
     let d = start(&fake, "dry-run", "stop", "", BUSY);
-    let s = d.await_scrape(LIMIT, |s| {
-        metric("gpuwatch_instance_hourly_cost_dollars")
-            .get(s)
-            .is_some()
-    });
-    metric("gpuwatch_instance_hourly_cost_dollars")
-        .label("source", "pricing_api")
-        .value(4.2)
-        .assert_in(&s);
+    let s = common::assert_price(&d, "pricing_api", 4.2);
     metric("gpuwatch_node_info")
         .label("provider", "alibaba")
         .label("lifecycle", "on-demand")
@@ -531,15 +515,7 @@ fn without_the_system_disk_the_price_is_asked_with_the_current_categories() {
     let fake = Fake::start();
     fake.set(json!({"denied": ["ecs:DescribeDisks"]}));
     let d = start(&fake, "dry-run", "stop", "", BUSY);
-    let s = d.await_scrape(LIMIT, |s| {
-        metric("gpuwatch_instance_hourly_cost_dollars")
-            .get(s)
-            .is_some()
-    });
-    metric("gpuwatch_instance_hourly_cost_dollars")
-        .label("source", "pricing_api")
-        .value(4.2)
-        .assert_in(&s);
+    common::assert_price(&d, "pricing_api", 4.2);
     let asked: Vec<Value> = fake
         .calls_of("DescribePrice")
         .iter()

@@ -58,15 +58,7 @@ fn an_idle_vm_is_labelled_then_stopped_once_its_operation_followed_to_done() {
         .all(|c| c["flavor"] == "Google"));
     assert!(!d.log().contains("ya29."), "a token was logged");
     // The table's price of the machine type in its region.
-    let s = d.await_scrape(LIMIT, |s| {
-        metric("gpuwatch_instance_hourly_cost_dollars")
-            .get(s)
-            .is_some()
-    });
-    metric("gpuwatch_instance_hourly_cost_dollars")
-        .label("source", "table")
-        .value(3.67339)
-        .assert_in(&s);
+    common::assert_price(&d, "table", 3.67339);
 }
 
 #[test]
@@ -351,15 +343,7 @@ fn a_spot_vm_is_priced_from_the_table_and_the_log_says_as_of_when() {
     let fake = Fake::start();
     fake.set(json!({"provisioning_model": "SPOT"}));
     let d = start(&fake, "dry-run", "stop", "", BUSY);
-    let s = d.await_scrape(LIMIT, |s| {
-        metric("gpuwatch_instance_hourly_cost_dollars")
-            .get(s)
-            .is_some()
-    });
-    metric("gpuwatch_instance_hourly_cost_dollars")
-        .label("source", "spot")
-        .value(1.80385)
-        .assert_in(&s);
+    common::assert_price(&d, "spot", 1.80385);
     let date = gpuwatch::cloud::gcp::prices::as_of("spot");
     d.await_log(
         LIMIT,

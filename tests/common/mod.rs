@@ -47,6 +47,21 @@ pub fn fake_library() -> PathBuf {
     lib
 }
 
+/// Waits (a minute at most) until the daemon knows the instance's price, and asserts it is
+/// `usd` an hour from `source`. Returns that scrape.
+pub fn assert_price(d: &Daemon, source: &str, usd: f64) -> Scrape {
+    let s = d.await_scrape(std::time::Duration::from_secs(60), |s| {
+        metric("gpuwatch_instance_hourly_cost_dollars")
+            .get(s)
+            .is_some()
+    });
+    metric("gpuwatch_instance_hourly_cost_dollars")
+        .label("source", source)
+        .value(usd)
+        .assert_in(&s);
+    s
+}
+
 /// A running `gpuwatch run`, stopped (by its PID) when dropped.
 pub struct Daemon {
     child: Child,
