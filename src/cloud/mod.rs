@@ -241,8 +241,10 @@ pub struct Call {
 }
 
 /// A cloud call that failed, with what a person needs to act on it.
+/// Shown, it is scrubbed of every credential the daemon holds (`redact::scrub`): a cloud's
+/// words may quote what it was sent, and a poller's log line shows it as it is.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{operation}: {message}")]
+#[error("{operation}: {}", crate::redact::scrub(.message))]
 pub struct CloudError {
     pub operation: &'static str,
     pub kind: ErrorKind,

@@ -148,13 +148,8 @@ impl Rest {
                 retry_after: None,
             });
         }
-        let retryable = |message: String| CloudError {
-            operation,
-            kind: ErrorKind::Retryable,
-            message,
-            request_id: None,
-            retry_after: None,
-        };
+        // A read may be sent again; a call that changes something, only if it never left.
+        let mutating = method != Method::GET;
         let mut renew = false;
         loop {
             let token = self.bearer(operation, renew).await?;
@@ -173,12 +168,15 @@ impl Rest {
             let response = request
                 .send()
                 .await
-                .map_err(|e| retryable(crate::redact::urls(&e.to_string())))?;
+                .map_err(|e| exchange_error(operation, mutating, e.is_connect(), &e.to_string()))?;
             let (status, headers) = (response.status(), response.headers().clone());
             let body = crate::client::read_body(response, MAX_BODY)
                 .await
-                .map_err(|e| retryable(crate::redact::urls(&e.to_string())))?
-                .ok_or_else(|| retryable(format!("the answer is larger than {MAX_BODY} bytes")))?;
+                .map_err(|e| exchange_error(operation, mutating, false, &e.to_string()))?
+                .ok_or_else(|| {
+                    let why = format!("the answer is larger than {MAX_BODY} bytes");
+                    exchange_error(operation, mutating, false, &why)
+                })?;
             if status == StatusCode::UNAUTHORIZED && !renew {
                 renew = true;
                 continue;
@@ -189,6 +187,35 @@ impl Rest {
                 body,
             });
         }
+    }
+}
+
+/// An error of a call's own exchange (no answer, an answer cut short or too large). A read, or a
+/// call that never left (no connection was made), is worth sending again. A call that changes
+/// something and was sent may have been carried out: its outcome is unknown, and it is never
+/// sent again (a second stop, deallocate or delete would be refused, or repeated, and the
+/// audit log would call an action that ran a failure).
+pub fn exchange_error(
+    operation: &'static str,
+    mutating: bool,
+    never_sent: bool,
+    what: &str,
+) -> CloudError {
+    let what = crate::redact::urls(what);
+    let (kind, message) = if !mutating || never_sent {
+        (ErrorKind::Retryable, what)
+    } else {
+        (
+            ErrorKind::Other,
+            format!("the call was sent, but its answer was lost ({what}): its outcome is unknown, and it is not sent again"),
+        )
+    };
+    CloudError {
+        operation,
+        kind,
+        message,
+        request_id: None,
+        retry_after: None,
     }
 }
 
@@ -221,6 +248,19 @@ pub fn same_origin(base: &str, url: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A read, or a call that never left, is sent again; a call that changes something and was
+    /// sent is not: its outcome is unknown.
+    #[test]
+    fn a_mutating_call_whose_answer_was_lost_is_never_sent_again() {
+        let kind = |mutating, never_sent| exchange_error("Op", mutating, never_sent, "reset").kind;
+        assert_eq!(kind(false, false), ErrorKind::Retryable);
+        assert_eq!(kind(true, true), ErrorKind::Retryable);
+        assert_eq!(kind(true, false), ErrorKind::Other);
+        let e = exchange_error("Op", true, false, "reset by https://h.example/x?sig=1");
+        assert!(e.message.contains("outcome is unknown"), "{}", e.message);
+        assert!(!e.message.contains("sig=1"), "{}", e.message);
+    }
 
     #[test]
     fn retry_after_is_seconds_or_a_date() {

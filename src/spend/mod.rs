@@ -107,6 +107,22 @@ impl Tracker {
         }
     }
 
+    /// Gives the price sanity check (`implausible`) what it knows before the cloud answers:
+    /// the spot price kept across restarts, and the built-in table's price of this instance
+    /// type, so that even a first price far from them is unknown, never believed.
+    pub fn seed_baselines(&self, spot: Option<f64>) {
+        if let Some(p) = spot {
+            self.readings.seed(crate::cloud::PriceKind::Spot, p);
+        }
+        if let Some(p) = self
+            .node
+            .as_ref()
+            .and_then(|n| price::table().price(&n.region, &n.instance_type))
+        {
+            self.readings.seed(crate::cloud::PriceKind::List, p);
+        }
+    }
+
     pub fn price(&self, persisted: &Persisted) -> Option<Price> {
         let table = self
             .node
@@ -260,6 +276,14 @@ impl crate::cloud::Readings for PollerReadings {
 }
 
 impl PollerReadings {
+    /// A plausible price of `kind` known before any poller answers: where none is yet, the
+    /// first price that comes is judged against it.
+    pub fn seed(&self, kind: crate::cloud::PriceKind, usd_per_hour: f64) {
+        if let Ok(mut p) = self.plausible.lock() {
+            p.entry(kind_name(kind)).or_insert(usd_per_hour);
+        }
+    }
+
     fn slot(&self, kind: crate::cloud::PriceKind) -> &Mutex<Option<f64>> {
         match kind {
             crate::cloud::PriceKind::Spot => &self.spot,
@@ -371,6 +395,18 @@ mod tests {
         r.price(PriceKind::List, 9_999.0);
         assert_eq!(*r.pricing_api.lock().unwrap(), None);
         assert_eq!(r.implausible.load(std::sync::atomic::Ordering::Relaxed), 2);
+        // A baseline known before the first answer (the table, the kept spot price) judges it.
+        let seeded = PollerReadings::default();
+        seeded.seed(PriceKind::List, 3.67);
+        seeded.price(PriceKind::List, 9_999.0);
+        assert_eq!(*seeded.pricing_api.lock().unwrap(), None);
+        seeded.seed(PriceKind::List, 9_999.0);
+        seeded.price(PriceKind::List, 3.9);
+        assert_eq!(
+            *seeded.pricing_api.lock().unwrap(),
+            Some(3.9),
+            "a seed never replaces a baseline"
+        );
         // Another kind is judged against its own.
         r.price(PriceKind::Spot, 0.1);
         assert_eq!(*r.spot.lock().unwrap(), Some(0.1));

@@ -110,6 +110,11 @@ impl CloudPoller {
                 }
                 if !seen.hooks_ran.contains(&notice.key) && !self.hook.is_empty() {
                     seen.hooks_ran.push(notice.key);
+                    let excess = seen
+                        .hooks_ran
+                        .len()
+                        .saturating_sub(crate::state::MAX_HOOKS_KEPT);
+                    seen.hooks_ran.drain(..excess);
                     Box::pin(run_hook(&self.hook, self.hook_timeout, &self.executor)).await;
                     self.remember_hooks(&seen.hooks_ran).await;
                 }

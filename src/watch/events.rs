@@ -208,8 +208,10 @@ impl super::Watch {
     /// following the last one to its end.
     pub(super) fn action_limit(&self) -> std::time::Duration {
         let a = &self.config.actions;
+        // Two operations may be followed (the stamp's and the action's, on Compute Engine),
+        // and the result read back for ten minutes more (Azure's power state while it settles).
         let follow = if self.config.cloud.provider.follows_operations() {
-            crate::cloud::FOLLOW_FOR
+            crate::cloud::FOLLOW_FOR * 2 + std::time::Duration::from_secs(600)
         } else {
             std::time::Duration::ZERO
         };

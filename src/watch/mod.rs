@@ -133,6 +133,7 @@ impl Watch {
                 .acting(self.action_limit(), std::time::Duration::ZERO);
             self.start(&snapshots, &settings).await
         };
+        self.tracker.seed_baselines(persisted.spot_price);
         // Health judges nothing until it knows the XIDs held against GPUs before the restart;
         // those from before the machine booted are gone with the boot, which resets every GPU.
         if let Some(b) = booted {
@@ -504,6 +505,7 @@ impl Watch {
         match found.try_recv() {
             Ok(identify::Identified { node, api }) => {
                 self.tracker.node = Some(node);
+                self.tracker.seed_baselines(None);
                 self.api = Some(api);
                 self.identified = None;
             }

@@ -94,6 +94,9 @@ STATE = {
     # How long the role's STS credentials last, in seconds.
     "creds_ttl": 3600,
     "deleted": False,
+    # Actions carried out whose answer is lost: the connection closes before it (a reset, a
+    # timeout after ECS acted).
+    "drop_answer": [],
     # Error messages quote the request's security token, as an API that echoes what it was
     # sent does.
     "quote_token": False,
@@ -378,6 +381,11 @@ class Ecs(Base):
         note.update(status=200, code=None)
         with LOCK:
             call.update(note)
+            drop = call["action"] in STATE["drop_answer"]
+        if drop:
+            # Carried out, and the answer lost: the connection closes before it.
+            self.close_connection = True
+            return None
         return self.send(200, dict({"RequestId": rid}, **body))
 
     # Signature V3 ------------------------------------------------------------------------

@@ -192,6 +192,49 @@ impl Ecs {
         Ok(self.http.get_or_init(|| client))
     }
 
+    /// A `POST` of `action` to `url` (on `host`) with `query`, signed with `c`.
+    fn signed(
+        &self,
+        action: &'static str,
+        url: &str,
+        host: &str,
+        query: &[(String, String)],
+        c: &Credentials,
+    ) -> Result<reqwest::RequestBuilder, CloudError> {
+        let empty = sign::sha256_hex(b"");
+        let headers: Vec<(String, String)> = [
+            ("host", host),
+            ("x-acs-action", action),
+            ("x-acs-version", VERSION),
+            ("x-acs-date", &rfc3339_seconds(crate::time::now())),
+            ("x-acs-signature-nonce", &nonce()),
+            ("x-acs-content-sha256", &empty),
+            ("x-acs-security-token", &c.security_token),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let signed = sign::sign(
+            &sign::Request {
+                method: "POST",
+                path: "/",
+                query,
+                headers: &headers,
+                body: b"",
+            },
+            &c.access_key_id,
+            &c.access_key_secret,
+        );
+        let mut request = self
+            .http()?
+            .post(url)
+            .header("authorization", signed.authorization);
+        for (k, v) in headers.iter().filter(|(k, _)| k != "host") {
+            request = request.header(k, v);
+        }
+        Ok(request)
+    }
+
     /// Calls `action` with `params`, signed; an STS token the API calls expired is renewed
     /// once. Returns the answer's JSON.
     pub async fn call(
@@ -226,48 +269,28 @@ impl Ecs {
         let mut renew = false;
         loop {
             let c = self.credentials(action, renew).await?;
-            let empty = sign::sha256_hex(b"");
-            let headers: Vec<(String, String)> = [
-                ("host", host.as_str()),
-                ("x-acs-action", action),
-                ("x-acs-version", VERSION),
-                ("x-acs-date", &rfc3339_seconds(crate::time::now())),
-                ("x-acs-signature-nonce", &nonce()),
-                ("x-acs-content-sha256", &empty),
-                ("x-acs-security-token", &c.security_token),
-            ]
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-            let signed = sign::sign(
-                &sign::Request {
-                    method: "POST",
-                    path: "/",
-                    query: &query,
-                    headers: &headers,
-                    body: b"",
-                },
-                &c.access_key_id,
-                &c.access_key_secret,
-            );
-            let mut request = self
-                .http()?
-                .post(&url)
-                .header("authorization", signed.authorization);
-            for (k, v) in headers.iter().filter(|(k, _)| k != "host") {
-                request = request.header(k, v);
-            }
-            let retryable = |m: String| Self::fail(action, ErrorKind::Retryable, m);
+            let request = self.signed(action, &url, &host, &query, &c)?;
+            // A `Describe*` may be sent again; a call that changes something, only if it
+            // never left.
+            let mutating = !action.starts_with("Describe");
+            let lost = |never_sent: bool, what: &str| {
+                crate::cloud::rest::exchange_error(action, mutating, never_sent, what)
+            };
             let response = request
                 .header(reqwest::header::CONTENT_LENGTH, "0")
                 .send()
                 .await
-                .map_err(|e| retryable(crate::redact::urls(&e.to_string())))?;
+                .map_err(|e| lost(e.is_connect(), &e.to_string()))?;
             let status = response.status().as_u16();
             let body = crate::client::read_body(response, MAX_BODY)
                 .await
-                .map_err(|e| retryable(crate::redact::urls(&e.to_string())))?
-                .ok_or_else(|| retryable(format!("the answer is larger than {MAX_BODY} bytes")))?;
+                .map_err(|e| lost(false, &e.to_string()))?
+                .ok_or_else(|| {
+                    lost(
+                        false,
+                        &format!("the answer is larger than {MAX_BODY} bytes"),
+                    )
+                })?;
             if status == 200 {
                 return serde_json::from_slice(&body).map_err(|e| {
                     Self::fail(
@@ -377,7 +400,7 @@ fn classify(action: &'static str, status: u16, e: ErrorBody) -> CloudError {
             "no message".to_string()
         } else {
             // ECS may quote what it was sent: no credential the daemon holds goes further.
-            crate::redact::scrub(&crate::redact::brief(&e.message, 1024))
+            crate::redact::brief(&crate::redact::scrub(&e.message), 1024)
         }
     );
     if code.starts_with("Forbidden") {

@@ -445,9 +445,27 @@ impl Api for AlibabaApi {
     ) -> Fut<'_, Result<Plan<Box<dyn super::Step>>, CloudError>> {
         Box::pin(async move {
             let i = self.ecs.instance(&self.id).await?;
+            // How the instance is billed decides the plan: a value ECS does not document is
+            // unknown, and unknown holds.
+            let prepaid = match i["InstanceChargeType"].as_str() {
+                Some("PrePaid") => true,
+                Some("PostPaid") => false,
+                other => {
+                    return Err(CloudError {
+                        operation: "DescribeInstances",
+                        kind: super::ErrorKind::Other,
+                        message: format!(
+                            "InstanceChargeType is {:?}, neither PrePaid nor PostPaid: how the instance is billed is unknown, so nothing is planned",
+                            other.map(|o| crate::redact::brief(o, 32))
+                        ),
+                        request_id: None,
+                        retry_after: None,
+                    })
+                }
+            };
             let instance = plan::alibaba::Instance {
                 instance_type: i["InstanceType"].as_str().unwrap_or("").to_string(),
-                prepaid: i["InstanceChargeType"] == "PrePaid",
+                prepaid,
             };
             Ok(
                 plan::alibaba::plan(action, &instance, self.keep_charging).map(|step| {

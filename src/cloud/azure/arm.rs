@@ -140,7 +140,7 @@ fn error_text(body: &[u8]) -> (String, String) {
     };
     (
         crate::redact::brief(&code, 128),
-        crate::redact::brief(&message, 1024),
+        crate::redact::brief(&crate::redact::scrub(&message), 1024),
     )
 }
 

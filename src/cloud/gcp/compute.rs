@@ -126,9 +126,10 @@ pub fn classify(method: &'static str, answer: &Answer) -> CloudError {
         "{} (HTTP {status}): {}",
         crate::redact::brief(if reason.is_empty() { "error" } else { reason }, 64),
         if e.message.is_empty() {
-            "no message"
+            "no message".to_string()
         } else {
-            &e.message
+            // The API may quote what it was sent: no credential goes further.
+            crate::redact::scrub(&e.message)
         }
     );
     let scopes = e.says(&["ACCESS_TOKEN_SCOPE_INSUFFICIENT"])
