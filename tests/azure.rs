@@ -415,16 +415,6 @@ fn the_shipped_roles_grant_exactly_the_calls_the_code_makes_where_they_work() {
     assert_eq!(shipped, files);
 }
 
-/// The twentyfold the Retail price is held to beside its size's other rows is the one `spend`
-/// holds every price to.
-#[test]
-fn a_price_is_implausible_at_the_same_ratio_as_spend_says() {
-    assert_eq!(
-        gpuwatch::cloud::azure::prices::IMPLAUSIBLE_RATIO,
-        gpuwatch::spend::IMPLAUSIBLE_RATIO
-    );
-}
-
 #[test]
 fn the_budget_gate_opens_on_a_consumption_budget_s_spend_and_never_on_an_unknown_one() {
     let fake = Fake::start();

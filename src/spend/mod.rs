@@ -37,16 +37,7 @@ pub struct PollerReadings {
     implausible_said: std::sync::atomic::AtomicBool,
 }
 
-/// How far apart two prices of one instance may be before the new one is implausible: a price
-/// list's error (a row of $9,999/h for a $3.67 VM) must not exhaust a budget that stops a busy
-/// node. No real price moves twentyfold between two reads.
-pub const IMPLAUSIBLE_RATIO: f64 = 20.0;
-
-/// Whether `price` is more than `IMPLAUSIBLE_RATIO` times `beside`, or less than its
-/// twentieth.
-pub fn implausible(price: f64, beside: f64) -> bool {
-    beside > 0.0 && price > 0.0 && (price / beside).max(beside / price) > IMPLAUSIBLE_RATIO
-}
+pub use crate::cost::price::{implausible, IMPLAUSIBLE_RATIO};
 
 fn kind_name(kind: crate::cloud::PriceKind) -> &'static str {
     match kind {

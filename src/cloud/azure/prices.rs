@@ -12,9 +12,6 @@ pub const API_VERSION: &str = "2023-01-01-preview";
 /// they are): asked when the size as instance metadata spells it lists nothing, since the
 /// catalogue may spell it otherwise (`standard_nc24ads_a100_v4`, `Standard_NC24ads_A100_v4`).
 pub const CASELESS_API_VERSION: &str = "2021-10-01-preview";
-/// How far the Linux row may be from every other row of its size (Windows, Spot, Low Priority,
-/// Dev/Test) before it is implausible: the twentyfold `spend` holds prices to.
-pub const IMPLAUSIBLE_RATIO: f64 = 20.0;
 /// The most pages read: one size in one region is a page of a few rows.
 const MAX_PAGES: usize = 5;
 const MAX_BODY: usize = 4 * 1024 * 1024;
@@ -47,8 +44,9 @@ pub struct Item {
 pub enum Listed {
     /// Its price, in USD an hour.
     Price(f64),
-    /// A price more than `IMPLAUSIBLE_RATIO` from every other hourly row of the size, and the
-    /// nearest of those: a catalogue's error (a $9,999/h row for a $3.67 VM), not a price.
+    /// A price more than `cost::price::IMPLAUSIBLE_RATIO` from every other hourly row of the
+    /// size, and the nearest of those: a catalogue's error (a $9,999/h row for a $3.67 VM), not
+    /// a price.
     Implausible { usd_per_hour: f64, beside: f64 },
 }
 
@@ -71,11 +69,6 @@ impl Item {
             && !self.meter_name.ends_with(" Low Priority")
             && self.meter_name.ends_with(" Spot") == spot
     }
-}
-
-/// Whether `a` is more than `IMPLAUSIBLE_RATIO` from `b`, either way.
-fn far(a: f64, b: f64) -> bool {
-    a > 0.0 && b > 0.0 && (a / b).max(b / a) > IMPLAUSIBLE_RATIO
 }
 
 /// The price of `size` in `region` among `items`: the Linux pay-as-you-go meter (`Spot` for a
@@ -113,7 +106,11 @@ pub fn pick(items: &[Item], region: &str, size: &str, spot: bool) -> Result<List
         .filter(|o| o.currency_code == row.currency_code && o.retail_price > 0.0)
         .map(|o| o.retail_price)
         .collect();
-    if !beside.is_empty() && beside.iter().all(|b| far(price, *b)) {
+    if !beside.is_empty()
+        && beside
+            .iter()
+            .all(|b| crate::cost::price::implausible(price, *b))
+    {
         let ratio = |b: &f64| (price / b).max(b / price);
         let nearest = beside
             .iter()

@@ -36,6 +36,17 @@ pub struct Price {
 /// on-demand ones, the Pricing API and the bundled table. Neither a spot instance nor one whose
 /// lifecycle is unknown (a Capacity Block, a scheduled instance, or none read) falls back to an
 /// on-demand price: overstating spend could trip a budget rule, so unknown stays unknown.
+/// How far apart two prices of one instance may be before the new one is implausible: a price
+/// list's error (a row of $9,999/h for a $3.67 VM) must not exhaust a budget that stops a busy
+/// node. No real price moves twentyfold between two reads, nor lies twentyfold from every
+/// other price its list gives the same size.
+pub const IMPLAUSIBLE_RATIO: f64 = 20.0;
+
+/// Whether `price` is more than `IMPLAUSIBLE_RATIO` times `beside`, or less than its twentieth.
+pub fn implausible(price: f64, beside: f64) -> bool {
+    beside > 0.0 && price > 0.0 && (price / beside).max(beside / price) > IMPLAUSIBLE_RATIO
+}
+
 pub fn choose(
     config: Option<f64>,
     lifecycle: Option<Lifecycle>,
