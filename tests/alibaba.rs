@@ -114,16 +114,7 @@ fn an_idle_pay_as_you_go_instance_is_tagged_then_stopped_in_economical_mode_unti
         }
     }
     // DescribePrice's pay-as-you-go price of the instance type in its region.
-    let s = d.await_scrape(LIMIT, |s| {
-        metric("gpuwatch_instance_hourly_cost_dollars")
-            .label("source", "pricing_api")
-            .get(s)
-            .is_some()
-    });
-    metric("gpuwatch_instance_hourly_cost_dollars")
-        .label("source", "pricing_api")
-        .value(4.2)
-        .assert_in(&s);
+    common::assert_price(&d, "pricing_api", 4.2);
     let price = &fake.calls_of("DescribePrice")[0]["query"];
     assert_eq!(price["RegionId"], "cn-hangzhou", "{price}");
     assert_eq!(price["InstanceType"], "ecs.gn7i-c8g1.2xlarge", "{price}");

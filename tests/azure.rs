@@ -85,16 +85,7 @@ fn an_idle_vm_is_tagged_then_deallocated_once_its_operation_followed_to_the_end(
     assert_eq!(token["query"]["resource"], format!("http://{}/", fake.arm));
     assert!(!d.log().contains("eyJ0eXAiOiJKV1Qi"), "a token was logged");
     // The Retail price of the VM's size in its region, the Linux pay-as-you-go meter.
-    let s = d.await_scrape(LIMIT, |s| {
-        metric("gpuwatch_instance_hourly_cost_dollars")
-            .label("source", "pricing_api")
-            .get(s)
-            .is_some()
-    });
-    metric("gpuwatch_instance_hourly_cost_dollars")
-        .label("source", "pricing_api")
-        .value(3.673)
-        .assert_in(&s);
+    common::assert_price(&d, "pricing_api", 3.673);
     let asked = &fake.calls("prices")[0]["query"];
     assert_eq!(asked["currencyCode"], "'USD'");
     assert!(asked["$filter"]
@@ -722,16 +713,7 @@ fn a_size_spelt_otherwise_than_the_catalogue_is_priced() {
     c["vmSize"] = json!("standard_nc24ads_a100_v4");
     fake.set(json!({"compute": c}));
     let d = start(&fake, "dry-run", "stop", "", BUSY);
-    let s = d.await_scrape(LIMIT, |s| {
-        metric("gpuwatch_instance_hourly_cost_dollars")
-            .label("source", "pricing_api")
-            .get(s)
-            .is_some()
-    });
-    metric("gpuwatch_instance_hourly_cost_dollars")
-        .label("source", "pricing_api")
-        .value(3.673)
-        .assert_in(&s);
+    common::assert_price(&d, "pricing_api", 3.673);
     let asked: Vec<serde_json::Value> = fake
         .calls("prices")
         .iter()

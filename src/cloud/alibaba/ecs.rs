@@ -461,35 +461,38 @@ mod tests {
             denied.message
         );
         assert_eq!(denied.request_id.as_deref(), Some("473469C7"));
-        assert_eq!(
-            classify("StopInstance", 400, e("Throttling.User")).kind,
-            ErrorKind::Retryable
-        );
-        assert_eq!(
-            classify("StopInstance", 403, e("IncorrectInstanceStatus")).kind,
-            ErrorKind::Other
-        );
-        assert_eq!(
-            classify("StopInstance", 400, e("SignatureDoesNotMatch")).kind,
-            ErrorKind::AccessDenied
-        );
-        assert_eq!(
-            classify("TagResources", 400, e("NumberExceed.Tags")).kind,
-            ErrorKind::Limit
-        );
-        assert_eq!(
-            classify("TagResources", 400, e("InvalidTagKey.Malformed")).kind,
-            ErrorKind::Other
-        );
-        assert_eq!(
-            classify("TagResources", 400, e("QuotaExceed.Tags")).kind,
-            ErrorKind::Limit
-        );
-        assert_eq!(
-            classify("StopInstance", 400, e("NumberExceed.Tags")).kind,
-            ErrorKind::Other,
-            "only the stamp is refused for the tags' limit"
-        );
+        // (action, status, code, kind): only the stamp is refused for the tags' limit.
+        let cases = [
+            ("StopInstance", 400, "Throttling.User", ErrorKind::Retryable),
+            (
+                "StopInstance",
+                403,
+                "IncorrectInstanceStatus",
+                ErrorKind::Other,
+            ),
+            (
+                "StopInstance",
+                400,
+                "SignatureDoesNotMatch",
+                ErrorKind::AccessDenied,
+            ),
+            ("TagResources", 400, "NumberExceed.Tags", ErrorKind::Limit),
+            ("TagResources", 400, "QuotaExceed.Tags", ErrorKind::Limit),
+            (
+                "TagResources",
+                400,
+                "InvalidTagKey.Malformed",
+                ErrorKind::Other,
+            ),
+            ("StopInstance", 400, "NumberExceed.Tags", ErrorKind::Other),
+        ];
+        for (action, status, code, kind) in cases {
+            assert_eq!(
+                classify(action, status, e(code)).kind,
+                kind,
+                "{action} {code}"
+            );
+        }
         assert_eq!(rfc3339_seconds(1_698_315_752.9), "2023-10-26T10:22:32Z");
         assert_ne!(nonce(), nonce());
         assert_eq!(nonce().len(), 32);
