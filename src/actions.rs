@@ -59,6 +59,8 @@ pub struct Executor {
     stamps_refused: AtomicU64,
     /// An audit log that cannot be written is said once, then once a minute with a count.
     audit_failing: std::sync::Mutex<crate::time::Throttle>,
+    /// The reclaim verdicts this node serves to the cluster controller.
+    pub verdicts: Arc<crate::kubernetes::verdicts::Verdicts>,
 }
 
 impl Executor {
@@ -84,6 +86,7 @@ impl Executor {
             denied_reported: AtomicBool::new(false),
             stamps_refused: AtomicU64::new(0),
             audit_failing: std::sync::Mutex::default(),
+            verdicts: Arc::default(),
         }
     }
 
@@ -189,6 +192,7 @@ impl Executor {
                 Outcome::DryRun(format!("would run {:?}", rule.command))
             }
             Action::Exec => self.exec(rule, evidence).await,
+            Action::Reclaim => self.reclaim(rule, evidence, at),
             // Config refuses these; this is the second lock.
             _ if rule.scope != Scope::Node => Outcome::Refused(format!(
                 "a {}-scoped rule never acts on the instance",
@@ -227,6 +231,47 @@ impl Executor {
             self.notify(&text, false);
         }
         outcome
+    }
+
+    /// Gives the pod's verdict of idleness to the cluster controller, in either mode: the
+    /// verdict writes nothing, and the controller's own mode says what it does with it.
+    fn reclaim(&self, rule: &Rule, evidence: &serde_json::Value, at: f64) -> Outcome {
+        let subject = rule.subject.as_deref().unwrap_or("");
+        let (Scope::Pod, Some((namespace, pod))) = (rule.scope, subject.split_once('/')) else {
+            return Outcome::Refused("only a pod-scoped rule gives a reclaim verdict".into());
+        };
+        let gpus: Vec<String> = evidence
+            .get("gpus")
+            .and_then(|g| g.as_array())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let configured = rule
+            .name
+            .strip_suffix(subject)
+            .map_or(rule.name.as_str(), str::trim_end);
+        let verdict = crate::kubernetes::verdicts::Verdict {
+            rule: configured.to_string(),
+            namespace: namespace.to_string(),
+            pod: pod.to_string(),
+            gpus,
+            since: at,
+        };
+        if !self.verdicts.give(&rule.name, verdict) {
+            return Outcome::Refused(format!(
+                "this node already serves {} reclaim verdicts",
+                crate::kubernetes::verdicts::MAX_VERDICTS
+            ));
+        }
+        let said =
+            format!("pod {subject} is idle: its verdict is served to the cluster controller");
+        match self.mode {
+            Mode::DryRun => Outcome::DryRun(said),
+            Mode::Enforce => Outcome::Done,
+        }
     }
 
     async fn exec(&self, rule: &Rule, evidence: &serde_json::Value) -> Outcome {

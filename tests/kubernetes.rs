@@ -257,10 +257,10 @@ fn a_pod_scoped_rule_acts_on_the_idle_pod_only() {
     for line in acted.lines() {
         assert_eq!(line, "ml/notebook pod-idle ml/notebook");
     }
-    let audit = d.audit();
+    let audit = common::audit_records(&dir.path().join("state/audit.jsonl"));
     let attempts = common::events(&audit, "action_attempt");
     assert!(
-        attempts.iter().all(|a| a["rule"] == "pod-idle ml/notebook"),
+        !attempts.is_empty() && attempts.iter().all(|a| a["rule"] == "pod-idle ml/notebook"),
         "{audit:?}"
     );
 }
@@ -375,4 +375,75 @@ fn an_overflowing_kubelet_is_warned_of_once() {
         1,
         "{log}"
     );
+}
+
+/// A pod-scoped `reclaim` rule writes nothing to the cluster: after its warning and re-check it
+/// serves a verdict for the idle pod (`gpuwatch_pod_reclaim_verdict`, naming the pod, the rule
+/// and the GPUs), none for the busy one, and withdraws the verdict as soon as the pod's GPU is
+/// used again.
+#[test]
+fn a_reclaim_rule_serves_a_verdict_while_the_pod_stays_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("kubelet.sock");
+    let pods = dir.path().join("pods.json");
+    std::fs::write(
+        &pods,
+        serde_json::json!([
+            pod("notebook", "ml", "jupyter", "nvidia.com/gpu", &[&uuid(0)]),
+            pod("train", "ml", "trainer", "nvidia.com/gpu", &[&uuid(1)]),
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    let _kubelet = fake_kubelet(&socket, &pods);
+    let config = format!(
+        "[kubernetes]\npod_resources_socket = \"{socket}\"\nrefresh = \"200ms\"\n\
+         [sampling]\ninterval = \"100ms\"\n\
+         [actions]\nmode = \"enforce\"\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\nstate_dir = \"{state}\"\n\
+         [[rules]]\nname = \"give-back\"\nscope = \"pod\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
+         threshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 2\naction = \"reclaim\"\n",
+        socket = socket.display(),
+        state = dir.path().join("state").display(),
+    );
+    // The notebook's GPU is idle until 8 s in, then busy.
+    let d = Daemon::start(
+        "[[gpu]]\nutilization = { kind = \"ramp\", from = 0, to = 90, over = \"1s\", start = \"8s\" }\n\
+         [[gpu]]\nutilization = 90\n",
+        &config,
+    );
+    let verdict = || {
+        metric("gpuwatch_pod_reclaim_verdict")
+            .label("namespace", "ml")
+            .label("pod", "notebook")
+            .label("rule", "give-back")
+            .label("gpus", "0")
+    };
+    let s = d.await_scrape(LIMIT, |s| verdict().get(s).is_some());
+    verdict().value(1.0).assert_in(&s);
+    assert!(
+        metric("gpuwatch_pod_reclaim_verdict")
+            .label("pod", "train")
+            .get(&s)
+            .is_none(),
+        "the busy pod has no verdict"
+    );
+    let since = metric("gpuwatch_pod_reclaim_verdict_since_seconds")
+        .label("pod", "notebook")
+        .get(&s)
+        .unwrap();
+    assert!(since > 1.0e9, "{since}");
+    // Given after a warning, and audited as an action of the pod's rule.
+    let audit = common::audit_records(&dir.path().join("state/audit.jsonl"));
+    assert_eq!(common::events(&audit, "warning").len(), 1, "{audit:?}");
+    let results = common::events(&audit, "action_result");
+    assert_eq!(results.len(), 1, "{audit:?}");
+    assert_eq!(results[0]["rule"], "give-back ml/notebook");
+    assert_eq!(results[0]["action"], "reclaim");
+    assert_eq!(results[0]["result"], "done");
+    // The GPU is used again: the verdict is withdrawn.
+    let s = d.await_scrape(LIMIT, |s| verdict().get(s).is_none());
+    metric("gpuwatch_pod_reclaim_verdicts_total")
+        .label("event", "withdrawn")
+        .value(1.0)
+        .assert_in(&s);
 }

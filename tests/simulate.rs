@@ -706,6 +706,19 @@ fn pod_scoped_rules_replay_per_pod() {
         err.contains("rules[0].action: \"terminate\" acts on the instance"),
         "{err}"
     );
+    // `reclaim` is a pod's: on a node-scoped rule it is refused, naming the key and the value.
+    let err = Config::parse(
+        "[[rules]]\nname = \"n\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
+         threshold = 0.05\nperiod = \"10m\"\naction = \"reclaim\"\n",
+        Path::new("node.toml"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("rules[0].action: \"reclaim\" gives a pod's GPUs back")
+            && err.contains("scope is \"node\""),
+        "{err}"
+    );
 }
 
 /// `simulate` takes GPM's `sm_active` and `tensor_active` columns: a GPU at 100% utilization and

@@ -333,6 +333,7 @@ impl RawRule {
             &[
                 ("alert", Action::Alert),
                 ("exec", Action::Exec),
+                ("reclaim", Action::Reclaim),
                 ("stop", Action::Stop),
                 ("hibernate", Action::Hibernate),
                 ("terminate", Action::Terminate),
@@ -391,9 +392,18 @@ impl RawRule {
             if a.is_instance_action() {
                 invalid(
                     "action",
-                    format!("\"{a}\" acts on the instance, and a pod-scoped rule judges one pod: on Kubernetes the cluster autoscaler owns the node; use \"alert\" or \"exec\""),
+                    format!("\"{a}\" acts on the instance, and a pod-scoped rule judges one pod: on Kubernetes the cluster autoscaler owns the node; use \"reclaim\" (the cluster controller gives the pod's workload back), \"alert\" or \"exec\""),
                 );
             }
+        }
+        if action == Some(Action::Reclaim) && scope.is_some_and(|s| s != Scope::Pod) {
+            invalid(
+                "action",
+                format!(
+                    "\"reclaim\" gives a pod's GPUs back through the cluster controller, and this rule's scope is \"{}\": set scope = \"pod\"",
+                    scope.map_or("node", Scope::as_str)
+                ),
+            );
         }
         if let (Some(s @ (Scope::Job | Scope::User)), Some(a)) = (scope, action) {
             if a.is_instance_action() {

@@ -5,6 +5,7 @@
 
 pub mod metrics;
 mod proto;
+pub mod verdicts;
 pub mod view;
 
 use std::path::{Path, PathBuf};

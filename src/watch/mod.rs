@@ -204,6 +204,17 @@ impl Watch {
             if live.saved_durably {
                 last_durable = now;
             }
+            // A reclaim verdict stands while every device of its pod is idle by its rule.
+            self.executor.verdicts.keep(|key, _| {
+                judged.iter().any(|r| {
+                    r.name == key
+                        && gpuwatch_core::step::verdict_stands(
+                            r,
+                            &obs,
+                            r.subject.as_deref().unwrap_or(""),
+                        )
+                })
+            });
 
             // Publish: an action withdrawn or completed above shows in this cycle's metrics.
             let rules = rule_views(&judged, &persisted, &settings, now);

@@ -89,6 +89,15 @@ pub async fn spawn(
     let readings = Arc::new(crate::spend::PollerReadings::default());
     query_budgets(config, &readings, registry, tasks);
     let executor = Arc::new(Executor::new(&config.actions, audit, tasks));
+    if config
+        .rules
+        .iter()
+        .any(|r| r.action == crate::rules::Action::Reclaim)
+    {
+        registry.register_collector(Box::new(crate::kubernetes::verdicts::VerdictCollector(
+            Arc::clone(&executor.verdicts),
+        )));
+    }
     let (identified, later) = match cloud {
         Some(cloud) => {
             let link = Link {

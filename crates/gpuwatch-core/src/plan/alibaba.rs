@@ -66,7 +66,7 @@ pub const NO_HIBERNATE: &str =
 /// Maps an instance action to ECS calls (see the module's rules).
 pub fn plan(action: Action, instance: &Instance, keep_charging: bool) -> Plan<Step> {
     match action {
-        Action::Alert | Action::Exec => Plan::Steps(Vec::new()),
+        Action::Alert | Action::Exec | Action::Reclaim => Plan::Steps(Vec::new()),
         Action::Terminate if instance.prepaid => Plan::Refuse(format!(
             "{} is a subscription instance: ECS releases one only once it has expired, and its time is paid for whether it runs or not",
             instance.instance_type

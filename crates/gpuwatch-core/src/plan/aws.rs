@@ -43,7 +43,7 @@ pub fn plan(
         Action::Stop => Step::Stop { hibernate: false },
         Action::Hibernate => Step::Stop { hibernate: true },
         Action::Terminate => Step::Terminate,
-        Action::Alert | Action::Exec => return Plan::Steps(Vec::new()),
+        Action::Alert | Action::Exec | Action::Reclaim => return Plan::Steps(Vec::new()),
     };
     match (lifecycle, spot) {
         (Some(Lifecycle::Spot), Some(req)) if req.persistent => {

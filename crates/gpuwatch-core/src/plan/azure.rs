@@ -47,7 +47,7 @@ impl Step {
 pub fn plan(action: Action, vm: &Vm, spot_stop: SpotStop) -> Plan<Step> {
     let refuse = |why: String| Plan::Refuse(why);
     match action {
-        Action::Alert | Action::Exec => return Plan::Steps(Vec::new()),
+        Action::Alert | Action::Exec | Action::Reclaim => return Plan::Steps(Vec::new()),
         Action::Stop | Action::Hibernate | Action::Terminate => {}
     }
     if let Some(set) = &vm.scale_set {

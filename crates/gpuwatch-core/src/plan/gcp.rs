@@ -52,7 +52,7 @@ pub const NO_SUSPEND: &str =
 /// Maps an instance action to Compute Engine calls on `vm` (see the module's rules).
 pub fn plan(action: Action, vm: &Vm, local_ssd: LocalSsd) -> Plan<Step> {
     match action {
-        Action::Alert | Action::Exec => Plan::Steps(Vec::new()),
+        Action::Alert | Action::Exec | Action::Reclaim => Plan::Steps(Vec::new()),
         Action::Terminate => Plan::Steps(vec![Step::Delete]),
         Action::Hibernate => Plan::Refuse(NO_SUSPEND.into()),
         Action::Stop => Plan::Steps(vec![Step::Stop {

@@ -35,8 +35,8 @@ pub enum Scope {
     /// The node's GPUs (`gpus = "every"` or `"any"` of them).
     #[default]
     Node,
-    /// Each pod's GPUs, on Kubernetes: a pod that holds GPUs it does not use. Alerts and
-    /// `exec` only; the cluster autoscaler owns the node.
+    /// Each pod's GPUs, on Kubernetes: a pod that holds GPUs it does not use. Alerts, `exec`
+    /// and `reclaim` only; the cluster autoscaler owns the node.
     Pod,
     /// Each Slurm job's GPUs: a job that holds GPUs it does not use. Alerts and `exec` only.
     Job,
@@ -378,6 +378,10 @@ impl Lifecycle {
 pub enum Action {
     Alert,
     Exec,
+    /// A pod's GPUs are idle: the node daemon says so to the cluster controller (a verdict on
+    /// its `/metrics`), which gives the pod's workload back. Pod-scoped rules only; the node
+    /// daemon itself writes nothing to the cluster.
+    Reclaim,
     Stop,
     Hibernate,
     Terminate,
@@ -388,6 +392,7 @@ impl Action {
         match self {
             Action::Alert => "alert",
             Action::Exec => "exec",
+            Action::Reclaim => "reclaim",
             Action::Stop => "stop",
             Action::Hibernate => "hibernate",
             Action::Terminate => "terminate",

@@ -25,8 +25,8 @@ pub mod order;
 mod subjects;
 use budgets::judge_budgets;
 use order::Unsaved;
-pub use subjects::rules_for;
 use subjects::subject_observation;
+pub use subjects::{rules_for, verdict_stands};
 
 /// Everything the step remembers between samples. The daemon keeps it in `state.json`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -463,13 +463,14 @@ fn evidence(e: &mut Event) -> Option<&mut crate::rules::window::Assessment> {
     }
 }
 
-/// A job's or user's rule names the devices it judged, for its evidence and its command.
+/// A pod's, job's or user's rule names the devices it judged, for its evidence, its command
+/// and a pod's reclaim verdict.
 fn name_subject_devices(events: &mut [Event], rules: &[Rule], obs: &Observation) {
     for e in events {
         let Some(rule) = rules.iter().find(|r| r.name == e.rule()) else {
             continue;
         };
-        let (Scope::Job | Scope::User, Some(who)) = (rule.scope, &rule.subject) else {
+        let (Scope::Pod | Scope::Job | Scope::User, Some(who)) = (rule.scope, &rule.subject) else {
             continue;
         };
         if let Some(evidence) = evidence(e) {

@@ -60,5 +60,26 @@ pub(super) fn devices(obs: &Observation, scope: Scope, who: &str) -> Vec<String>
         .collect()
 }
 
+/// Whether a pod's verdict of idleness (a `reclaim` rule acted for it) still stands at this
+/// sample: the sample is complete, the pod still holds a device, and every device it holds
+/// meets the rule's condition now. A busy device, an unknown reading or a pod gone withdraws
+/// it; a new one comes only through a whole window, warning and re-check again.
+pub fn verdict_stands(rule: &Rule, obs: &Observation, pod: &str) -> bool {
+    let Some(c) = rule.condition() else {
+        return false;
+    };
+    let mut devices = obs
+        .gpus
+        .iter()
+        .filter(|g| g.holders.iter().any(|h| h == pod))
+        .peekable();
+    obs.complete
+        && devices.peek().is_some()
+        && devices.all(|g| {
+            g.get(c.metric)
+                .is_some_and(|v| c.comparison.holds(v, c.threshold))
+        })
+}
+
 #[cfg(test)]
 mod tests;

@@ -259,3 +259,47 @@ fn while_holders_are_unknown_a_job_is_not_judged_and_keeps_its_state() {
     let (view, _) = run(&mut state, 30, false);
     assert!(view.jobs.contains_key("7"));
 }
+
+/// A pod's verdict stands while every device it holds meets the rule now; a busy or unknown
+/// device, an incomplete sample, or the pod gone withdraws it.
+#[test]
+fn a_verdict_stands_only_while_every_device_of_the_pod_is_idle() {
+    let mut rule = settings(Vec::new()).rules.remove(0);
+    rule.scope = Scope::Pod;
+    rule.action = Action::Reclaim;
+    let pod = "ml/train-0";
+    let obs = |utils: &[Option<f64>], complete: bool| Observation {
+        t: 100.0,
+        complete,
+        gpus: utils
+            .iter()
+            .enumerate()
+            .map(|(i, u)| {
+                let mut g = GpuReading {
+                    index: i as u32,
+                    holders: vec![pod.to_string()],
+                    ..GpuReading::default()
+                };
+                g.set(Metric::GpuUtilization, *u);
+                g
+            })
+            .collect(),
+        ..Observation::default()
+    };
+    let cases: &[(&[Option<f64>], bool, bool)] = &[
+        (&[Some(0.0), Some(0.01)], true, true),
+        (&[Some(0.0), Some(0.9)], true, false),
+        (&[Some(0.0), None], true, false),
+        (&[Some(0.0)], false, false),
+        (&[], true, false),
+    ];
+    for (utils, complete, stands) in cases {
+        assert_eq!(
+            verdict_stands(&rule, &obs(utils, *complete), pod),
+            *stands,
+            "{utils:?} complete={complete}"
+        );
+    }
+    // Another pod's devices say nothing of this one.
+    assert!(!verdict_stands(&rule, &obs(&[Some(0.0)], true), "ml/other"));
+}
