@@ -64,6 +64,22 @@ pub enum Command {
         #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
         config: PathBuf,
     },
+    /// Run the cluster controller: give back idle GPU workloads the node daemons judge idle
+    ///
+    /// It reads the verdicts of `action = "reclaim"` rules from the fleet's Prometheus
+    /// ([controller] prometheus_url), and scales to 0, suspends or stops each workload whose
+    /// every GPU pod is idle, after a warning and a re-check, unless it is held. Dry-run by
+    /// default. Once it serves its /metrics, it prints "listening on http://ADDR/".
+    Controller {
+        /// Config file (TOML) with a [controller] section
+        #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
+        config: PathBuf,
+        /// Address to serve /metrics on, overriding [server] listen
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
+        #[command(subcommand)]
+        action: Option<ControllerAction>,
+    },
     /// Validate a config file: exit 0, or exit 64 naming each bad key
     CheckConfig {
         /// Config file (TOML)
@@ -207,6 +223,18 @@ fn run_config(
     Ok((c, tls))
 }
 
+/// What `gpuwatch controller` does besides running.
+#[derive(Subcommand)]
+pub enum ControllerAction {
+    /// Bring back a workload the controller gave back: its replicas, the Job resumed, the
+    /// Notebook started
+    Restore {
+        /// NAMESPACE/KIND/NAME, such as ml/deployment/train (kind: deployment, statefulset,
+        /// replicaset, job, notebook)
+        workload: String,
+    },
+}
+
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Run {
@@ -295,6 +323,22 @@ pub fn run(cli: Cli) -> ExitCode {
             with_config(&config, None, |c| cmd::snapshot::run(&c, json))
         }
         Command::CheckConfig { path } => cmd::check_config::run(&path),
+        Command::Controller {
+            config,
+            listen,
+            action,
+        } => controller(&config, listen, action),
+    }
+}
+
+/// `gpuwatch controller`, or its `restore`.
+fn controller(config: &Path, listen: Option<String>, action: Option<ControllerAction>) -> ExitCode {
+    match run_config(config, None, listen) {
+        Err(code) => code,
+        Ok((c, _)) => match action {
+            None => cmd::controller::run(c),
+            Some(ControllerAction::Restore { workload }) => cmd::controller::restore(c, &workload),
+        },
     }
 }
 

@@ -9,6 +9,7 @@ mod client;
 pub mod cloud;
 mod cmd;
 pub mod config;
+pub mod controller;
 mod crypto;
 mod exec;
 pub mod exposition;

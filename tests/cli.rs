@@ -129,6 +129,8 @@ fn every_command_has_help() {
         &["demo"],
         &["snapshot"],
         &["check-config"],
+        &["controller"],
+        &["controller", "restore"],
     ] {
         let out = Command::new(BIN).args(cmd).arg("--help").output().unwrap();
         assert!(out.status.success(), "{cmd:?}");

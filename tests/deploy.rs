@@ -59,6 +59,13 @@ fn every_manifest_passes_the_kubernetes_schemas() {
         "daemonset/gpuwatch",
         "service/gpuwatch",
         "configmap/gpuwatch",
+        "serviceaccount/gpuwatch-controller",
+        "clusterrole/gpuwatch-controller",
+        "clusterrolebinding/gpuwatch-controller",
+        "role/gpuwatch-controller",
+        "rolebinding/gpuwatch-controller",
+        "configmap/gpuwatch-controller",
+        "deployment/gpuwatch-controller",
     ] {
         assert!(
             text.contains(&format!("passed for resource {resource}")),
@@ -252,6 +259,119 @@ fn the_configmaps_config_is_valid() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gpuwatch.toml");
     std::fs::write(&path, text).unwrap();
+    let out = Command::new(common::BIN)
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Each rule of a role as (group, resource, verb) triples.
+fn grants(role: &serde_json::Value) -> std::collections::BTreeSet<(String, String, String)> {
+    let mut out = std::collections::BTreeSet::new();
+    for rule in role["rules"].as_array().unwrap() {
+        let list = |k: &str| -> Vec<String> {
+            rule[k]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect()
+        };
+        for g in list("apiGroups") {
+            for r in list("resources") {
+                for v in list("verbs") {
+                    out.insert((g.clone(), r.clone(), v));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn table(t: &[(&str, &str, &[&str])]) -> std::collections::BTreeSet<(String, String, String)> {
+    t.iter()
+        .flat_map(|(g, r, verbs)| {
+            verbs
+                .iter()
+                .map(move |v| (g.to_string(), r.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// The controller's ClusterRole grants exactly the calls its code makes, and its Role the
+/// Lease's, in its own namespace only: no wildcard, nothing more, nothing less.
+#[test]
+fn the_controllers_roles_grant_exactly_what_the_code_calls() {
+    use gpuwatch::controller::cluster::{CLUSTER_PERMISSIONS, LEASE_PERMISSIONS};
+    let docs = documents();
+    let named = |k: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == k && d["metadata"]["name"] == "gpuwatch-controller")
+            .unwrap_or_else(|| panic!("no {k} gpuwatch-controller"))
+    };
+    assert_eq!(grants(named("ClusterRole")), table(CLUSTER_PERMISSIONS));
+    let role = named("Role");
+    assert_eq!(role["metadata"]["namespace"], "gpuwatch");
+    assert_eq!(grants(role), table(LEASE_PERMISSIONS));
+    for binding in ["ClusterRoleBinding", "RoleBinding"] {
+        let b = named(binding);
+        assert_eq!(b["subjects"][0]["name"], "gpuwatch-controller", "{binding}");
+        assert_eq!(b["roleRef"]["name"], "gpuwatch-controller", "{binding}");
+    }
+}
+
+/// The controller runs unprivileged: non-root, a read-only root filesystem, no capability,
+/// its identity and namespace from the downward API, and its ConfigMap's config is valid.
+#[test]
+fn the_controller_runs_unprivileged_with_a_valid_config() {
+    let docs = documents();
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "gpuwatch-controller")
+        .unwrap();
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["serviceAccountName"], "gpuwatch-controller");
+    let c = &pod["containers"][0];
+    assert_eq!(c["args"][0], "controller");
+    let sc = &c["securityContext"];
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    let env: Vec<(&str, &str)> = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap(),
+                e["valueFrom"]["fieldRef"]["fieldPath"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        env,
+        [
+            ("POD_NAME", "metadata.name"),
+            ("POD_NAMESPACE", "metadata.namespace")
+        ]
+    );
+    let config = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "gpuwatch-controller")
+        .unwrap()["data"]["gpuwatch.toml"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpuwatch.toml");
+    std::fs::write(&path, config).unwrap();
     let out = Command::new(common::BIN)
         .arg("check-config")
         .arg(&path)

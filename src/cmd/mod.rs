@@ -3,6 +3,7 @@
 
 pub mod audit;
 pub mod check_config;
+pub mod controller;
 pub mod demo;
 pub mod hold;
 pub mod run;

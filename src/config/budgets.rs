@@ -63,6 +63,44 @@ pub struct RawBudget {
     pub headers: BTreeMap<String, String>,
 }
 
+impl RawBudget {
+    /// A Prometheus budget with nothing else set.
+    pub(super) fn prometheus() -> RawBudget {
+        RawBudget {
+            name: String::new(),
+            limit_usd: None,
+            source: "prometheus".into(),
+            aws_budget_name: None,
+            account_id: None,
+            scope: None,
+            azure_budget_name: None,
+            thresholds: Vec::new(),
+            on_exhausted: none(),
+            sns_topic_arn: None,
+            poll_interval: None,
+            notify: None,
+            url: None,
+            query: None,
+            forecast_query: None,
+            period: None,
+            timeout: None,
+            ca_file: None,
+            username: None,
+            password_file: None,
+            bearer_token_file: None,
+            headers: BTreeMap::new(),
+        }
+    }
+}
+
+/// The Prometheus keys of `raw`, checked as a Prometheus budget's.
+pub(super) fn prometheus_source(
+    raw: &RawBudget,
+    invalid: &mut impl FnMut(&str, String),
+) -> Option<PrometheusSource> {
+    query::validate(raw, invalid)
+}
+
 pub(super) fn local() -> String {
     "local".into()
 }

@@ -12,6 +12,7 @@ mod actions;
 mod budgets;
 mod check;
 mod cloud;
+pub mod controller;
 mod error;
 mod health;
 pub mod json;
@@ -78,6 +79,8 @@ pub struct Config {
     pub budgets: Vec<BudgetConfig>,
     /// The `[[rules]]`, and one rule per budget with `on_exhausted`.
     pub rules: Vec<Rule>,
+    /// `[controller]`, where the file has one: the cluster controller's settings.
+    pub controller: Option<controller::ControllerConfig>,
     /// The file it was read from (empty for the built-in defaults): what `gpuwatch hold`
     /// must be given to find the same state directory.
     pub path: std::path::PathBuf,
@@ -157,6 +160,9 @@ impl Config {
             if let BudgetSource::Prometheus(q) = &mut b.source {
                 budgets::resolve_files(q, base, &format!("budgets[{i}]"))?;
             }
+        }
+        if let Some(c) = &mut config.controller {
+            budgets::resolve_files(&mut c.prometheus, base, "controller")?;
         }
         config.path = path.to_path_buf();
         Ok(config)
@@ -276,6 +282,7 @@ impl RawConfig {
         });
 
         let budgets = validate_budgets(&self.budgets, &mut errors);
+        let controller = self.controller.validate(&mut errors);
         refuse_what_the_cloud_cannot(&self, &mut errors);
         let mut rules = Vec::new();
         add_rules(&mut rules, self.rules, &budgets, &mut errors);
@@ -326,6 +333,7 @@ impl RawConfig {
                 slurm,
                 budgets,
                 rules,
+                controller,
                 path: std::path::PathBuf::new(),
             }),
             _ => Err(ConfigErrors(errors)),

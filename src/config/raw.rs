@@ -22,6 +22,7 @@ pub struct RawConfig {
     pub cost: RawCost,
     pub cloudwatch: RawCloudWatch,
     pub health: RawHealth,
+    pub controller: super::controller::RawController,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub budgets: Vec<RawBudget>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -199,6 +200,7 @@ impl Default for RawConfig {
             kubernetes: RawKubernetes::default(),
             slurm: super::slurm::RawSlurm::default(),
             health: RawHealth::default(),
+            controller: Default::default(),
             actions: RawActions {
                 mode: "dry-run".to_string(),
                 boot_grace: "15m".to_string(),

@@ -60,7 +60,7 @@ pub struct Unknown {
 }
 
 impl Unknown {
-    fn new(reason: &'static str, detail: impl Into<String>) -> Unknown {
+    pub fn new(reason: &'static str, detail: impl Into<String>) -> Unknown {
         Unknown {
             reason,
             detail: detail.into(),
@@ -284,7 +284,8 @@ impl Jitter {
     }
 }
 
-fn client(q: &PrometheusSource) -> Result<reqwest::Client, String> {
+/// The HTTP client for `q`: its timeout, its CA, no redirects and no proxy.
+pub fn client(q: &PrometheusSource) -> Result<reqwest::Client, String> {
     let mut builder = crate::client::http_client()
         .timeout(q.timeout)
         .connect_timeout(q.timeout.min(Duration::from_secs(5)))
@@ -337,54 +338,7 @@ async fn instant(
     now: f64,
 ) -> Result<(f64, f64), Unknown> {
     let url = format!("{}/api/v1/query", q.url);
-    let mut request = client.get(&url).query(&[("query", expr)]);
-    for (name, value) in &q.headers {
-        request = request.header(name, value);
-    }
-    let exchange = async {
-        // Secrets are read at every query (a rotated token is picked up), off the async
-        // worker: a file on a hung mount blocks only its own thread, and the timeout ends it.
-        match &q.auth {
-            QueryAuth::None => {}
-            QueryAuth::Basic {
-                username,
-                password_file,
-            } => {
-                let password = secret(password_file, "the password file").await?;
-                request = request.basic_auth(username, Some(password));
-            }
-            QueryAuth::Bearer { token_file } => {
-                let token = secret(token_file, "the bearer token file").await?;
-                request = request.bearer_auth(token);
-            }
-        }
-        let response = request
-            .send()
-            .await
-            .map_err(|e| failed(&url, &e, q.timeout))?;
-        let code = response.status();
-        let body = crate::client::read_body(response, MAX_ANSWER_BYTES)
-            .await
-            .map_err(|e| failed(&url, &e, q.timeout))?;
-        // An error is reported as one, whatever its body (a proxy's page may be large).
-        if !code.is_success() {
-            let said = body.as_deref().map(api_error).unwrap_or_default();
-            return Err(Unknown::new(
-                "http_status",
-                format!("{url} answered {code}{said}"),
-            ));
-        }
-        body.ok_or_else(|| {
-            Unknown::new(
-                "too_large",
-                format!("{url} answered more than {} KiB", MAX_ANSWER_BYTES >> 10),
-            )
-        })
-    };
-    // The client's timeout bounds the request; this bounds a body that trickles in too.
-    let body = tokio::time::timeout(q.timeout, exchange)
-        .await
-        .unwrap_or_else(|_| Err(timed_out(&url, q.timeout)))?;
+    let body = fetch(client, q, expr, MAX_ANSWER_BYTES).await?;
     let (value, at) = sample(&body).map_err(|u| Unknown {
         detail: format!("{url}: {}", u.detail),
         ..u
@@ -411,6 +365,65 @@ async fn instant(
         ));
     }
     Ok((value, at))
+}
+
+/// Asks `expr` at `/api/v1/query` with the source's auth, headers and timeout: the answer's
+/// body, whole and at most `cap` bytes, or why there is none.
+pub async fn fetch(
+    client: &reqwest::Client,
+    q: &PrometheusSource,
+    expr: &str,
+    cap: usize,
+) -> Result<Vec<u8>, Unknown> {
+    let url = format!("{}/api/v1/query", q.url);
+    let mut request = client.get(&url).query(&[("query", expr)]);
+    for (name, value) in &q.headers {
+        request = request.header(name, value);
+    }
+    let exchange = async {
+        // Secrets are read at every query (a rotated token is picked up), off the async
+        // worker: a file on a hung mount blocks only its own thread, and the timeout ends it.
+        match &q.auth {
+            QueryAuth::None => {}
+            QueryAuth::Basic {
+                username,
+                password_file,
+            } => {
+                let password = secret(password_file, "the password file").await?;
+                request = request.basic_auth(username, Some(password));
+            }
+            QueryAuth::Bearer { token_file } => {
+                let token = secret(token_file, "the bearer token file").await?;
+                request = request.bearer_auth(token);
+            }
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| failed(&url, &e, q.timeout))?;
+        let code = response.status();
+        let body = crate::client::read_body(response, cap)
+            .await
+            .map_err(|e| failed(&url, &e, q.timeout))?;
+        // An error is reported as one, whatever its body (a proxy's page may be large).
+        if !code.is_success() {
+            let said = body.as_deref().map(api_error).unwrap_or_default();
+            return Err(Unknown::new(
+                "http_status",
+                format!("{url} answered {code}{said}"),
+            ));
+        }
+        body.ok_or_else(|| {
+            Unknown::new(
+                "too_large",
+                format!("{url} answered more than {} KiB", cap >> 10),
+            )
+        })
+    };
+    // The client's timeout bounds the request; this bounds a body that trickles in too.
+    tokio::time::timeout(q.timeout, exchange)
+        .await
+        .unwrap_or_else(|_| Err(timed_out(&url, q.timeout)))
 }
 
 async fn secret(path: &std::path::Path, what: &str) -> Result<String, Unknown> {

@@ -204,18 +204,7 @@ impl Watch {
             if live.saved_durably {
                 last_durable = now;
             }
-            // A reclaim verdict stands while every device of its pod is idle by its rule.
-            self.executor.verdicts.keep(|key, _| {
-                judged.iter().any(|r| {
-                    r.name == key
-                        && gpuwatch_core::step::verdict_stands(
-                            r,
-                            &obs,
-                            r.subject.as_deref().unwrap_or(""),
-                        )
-                })
-            });
-
+            self.withdraw_verdicts(&judged, &obs);
             // Publish: an action withdrawn or completed above shows in this cycle's metrics.
             let rules = rule_views(&judged, &persisted, &settings, now);
             self.publish(&snap, view, &sent, rules, interruption);
@@ -224,6 +213,20 @@ impl Watch {
         self.save(&persisted, true).await;
         tracing::info!("cost watch stopped");
         let _ = self.executor.audit(AuditRecord::Stopped);
+    }
+
+    /// A reclaim verdict stands while every device of its pod is idle by its rule.
+    fn withdraw_verdicts(&self, judged: &[crate::rules::Rule], obs: &Observation) {
+        self.executor.verdicts.keep(|key, _| {
+            judged.iter().any(|r| {
+                r.name == key
+                    && gpuwatch_core::step::verdict_stands(
+                        r,
+                        obs,
+                        r.subject.as_deref().unwrap_or(""),
+                    )
+            })
+        });
     }
 
     /// What the step needs to know of this sample and of the world beside it: the observation

@@ -1,0 +1,322 @@
+//! One round of the controller: read the verdicts, group the GPU pods of each workload that
+//! has an idle one, decide each workload, and warn, act or call a warning off.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::cluster::{holds_gpu, is_running, says, status_code, Key, Owner, Owners, Read};
+use super::decide::{decide, Decision, Kind, Warned};
+use super::verdicts::Verdicts;
+use super::Controller;
+use crate::config::Mode;
+
+/// A workload's GPU pods, each with the rule of its fresh verdict (none: busy).
+type Groups = BTreeMap<Key, Vec<(String, Option<String>)>>;
+
+impl Controller {
+    /// One round; a failure to read anything skips it whole, and acts on nothing.
+    pub async fn round(&mut self) {
+        let leads = self.elector.leads();
+        let cached = self.pods.state();
+        self.stats.with(|s| {
+            s.leader = leads;
+            s.pods = cached.len() as u64;
+        });
+        if !leads {
+            // Another controller leads: what this one warned is its to decide again.
+            self.warned.clear();
+            self.rehearsed.clear();
+            return;
+        }
+        let now = crate::time::now();
+        let read = super::verdicts::read(
+            &self.http,
+            &self.config.prometheus,
+            self.config.scrape_interval,
+            now,
+        )
+        .await;
+        let verdicts = match read {
+            Ok(v) => {
+                self.stats.with(|s| {
+                    *s.reads.entry("ok").or_default() += 1;
+                    s.fresh = v.fresh.len() as u64;
+                    s.stale = v.stale as u64;
+                });
+                v
+            }
+            Err(u) => {
+                self.stats
+                    .with(|s| *s.reads.entry(u.reason).or_default() += 1);
+                self.stats.error("prometheus");
+                self.failed(format!(
+                    "cannot read the verdicts, so nothing is given back this round: {}",
+                    u.detail
+                ));
+                return;
+            }
+        };
+        let groups = match self.group(&cached, &verdicts).await {
+            Ok(g) => g,
+            Err(e) => {
+                self.stats.error("kubernetes");
+                self.failed(format!("cannot follow the idle pods to their workloads, so nothing is given back this round: {}", says(&e)));
+                return;
+            }
+        };
+        self.last_failure = None;
+        // Warned workloads with no idle pod now: their pods are busy again, or gone.
+        let gone: Vec<Key> = self
+            .warned
+            .keys()
+            .filter(|k| !groups.contains_key(k))
+            .cloned()
+            .collect();
+        for key in gone {
+            self.warned.remove(&key);
+            self.rehearsed.remove(&key);
+            tracing::info!(workload = %key, "no pod of it is idle any more: its warning is off");
+        }
+        let watched = groups.len() as u64;
+        for (key, pods) in groups {
+            self.consider(key, pods, &verdicts, now).await;
+        }
+        let pending = self.warned.len() as u64;
+        self.stats.with(|s| {
+            s.watched = watched;
+            s.pending = pending;
+        });
+    }
+
+    /// Logs a failure once until it changes.
+    fn failed(&mut self, text: String) {
+        if self.last_failure.as_deref() != Some(text.as_str()) {
+            tracing::warn!("{text}");
+            self.last_failure = Some(text);
+        }
+    }
+
+    fn excluded(&self, namespace: &str) -> bool {
+        self.config
+            .exclude_namespaces
+            .iter()
+            .any(|n| n == namespace)
+    }
+
+    /// The GPU pods of each workload that has an idle pod; idle pods of owners the controller
+    /// never touches are reported.
+    async fn group(
+        &mut self,
+        cached: &[std::sync::Arc<k8s_openapi::api::core::v1::Pod>],
+        verdicts: &Verdicts,
+    ) -> Result<Groups, kube::Error> {
+        let namespaces: BTreeSet<&str> = verdicts.fresh.keys().map(|(n, _)| n.as_str()).collect();
+        let mut memo = Owners::new();
+        let mut groups = Groups::new();
+        for pod in cached {
+            let ns = pod.metadata.namespace.as_deref().unwrap_or("");
+            let name = pod.metadata.name.as_deref().unwrap_or("");
+            if !namespaces.contains(ns) || !holds_gpu(pod) || !is_running(pod) {
+                continue;
+            }
+            let verdict = verdicts.fresh.get(&(ns.to_string(), name.to_string()));
+            match self.cluster.owner(pod, &mut memo).await? {
+                Owner::Workload(key, _) => groups
+                    .entry(key)
+                    .or_default()
+                    .push((name.to_string(), verdict.map(|v| v.rule.clone()))),
+                Owner::Other(what, reference) => {
+                    if let Some(v) = verdict {
+                        let said = format!("{ns}/{what}");
+                        let note = format!("pod {name} of {what} holds GPUs ({} GPUs {}) that rule \"{}\" judges idle; gpuwatch does not give back a {}: scale it down or stop it yourself", v.instance, v.gpus, v.rule, reference.kind.as_deref().unwrap_or("workload"));
+                        self.report(said, &reference, note).await;
+                    }
+                }
+                Owner::Bare => {
+                    if let Some(v) = verdict {
+                        let reference = k8s_openapi::api::core::v1::ObjectReference {
+                            api_version: Some("v1".into()),
+                            kind: Some("Pod".into()),
+                            name: Some(name.into()),
+                            namespace: Some(ns.into()),
+                            uid: pod.metadata.uid.clone(),
+                            ..Default::default()
+                        };
+                        let note = format!("pod {name} holds GPUs ({} GPUs {}) that rule \"{}\" judges idle; it has no controller, and gpuwatch never deletes a pod: delete it yourself", v.instance, v.gpus, v.rule);
+                        self.report(format!("{ns}/pod/{name}"), &reference, note)
+                            .await;
+                    }
+                }
+            }
+        }
+        groups.retain(|_, pods| pods.iter().any(|(_, v)| v.is_some()));
+        // Owners reported in a namespace with no idle pod now may be reported again later.
+        self.reported
+            .retain(|r| namespaces.iter().any(|n| r.starts_with(&format!("{n}/"))));
+        Ok(groups)
+    }
+
+    /// An idle pod of an owner the controller never touches: an Event and a log line, once.
+    async fn report(
+        &mut self,
+        said: String,
+        reference: &k8s_openapi::api::core::v1::ObjectReference,
+        note: String,
+    ) {
+        if self.excluded(reference.namespace.as_deref().unwrap_or(""))
+            || !self.reported.insert(said)
+        {
+            return;
+        }
+        self.event(reference, true, "GpuIdleUnmanaged", note).await;
+    }
+
+    /// Decides one workload and does what the decision says.
+    async fn consider(
+        &mut self,
+        key: Key,
+        pods: Vec<(String, Option<String>)>,
+        verdicts: &Verdicts,
+        now: f64,
+    ) {
+        let excluded = self.excluded(&key.namespace);
+        let mut read = match self.cluster.read(&key, excluded).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.stats.error("kubernetes");
+                self.failed(format!(
+                    "cannot read {key}, so it is not given back: {}",
+                    says(&e)
+                ));
+                return;
+            }
+        };
+        read.workload.pods = pods;
+        let decision = decide(
+            &read.workload,
+            self.warned.get(&key),
+            now,
+            self.config.warning,
+        );
+        match decision {
+            Decision::Keep(why) => {
+                self.rehearsed.remove(&key);
+                if self.warned.remove(&key).is_some() {
+                    let note = format!("the warning is off: {why}");
+                    self.event(&read.reference, false, "GpuIdleCancelled", note)
+                        .await;
+                }
+            }
+            Decision::Wait => {}
+            Decision::Warn { due } => {
+                let note = format!(
+                    "{}: gpuwatch will {} {key} at {} unless a pod of it is busy again, it changes, or it is held (annotation {}: an RFC 3339 time or \"forever\")",
+                    idle_pods(&read, verdicts),
+                    read.workload.kind.verb(),
+                    gpuwatch_core::time::rfc3339(due),
+                    super::cluster::HOLD,
+                );
+                self.event(&read.reference, true, "GpuIdleWarning", note)
+                    .await;
+                self.stats
+                    .with(|s| *s.warnings.entry(key.kind.as_str()).or_default() += 1);
+                self.warned.insert(
+                    key,
+                    Warned {
+                        at: now,
+                        due,
+                        generation: read.workload.generation,
+                        replicas: read.workload.replicas,
+                    },
+                );
+            }
+            Decision::Act => self.act(key, &read, verdicts, now).await,
+        }
+    }
+
+    /// Gives the workload back (or says what it would do, in dry-run).
+    async fn act(&mut self, key: Key, read: &Read, verdicts: &Verdicts, now: f64) {
+        // Leadership is checked again right before the write.
+        if !self.elector.leads() {
+            return;
+        }
+        let w = &read.workload;
+        let kind = w.kind.as_str();
+        let what = match w.kind {
+            Kind::Deployment | Kind::StatefulSet | Kind::ReplicaSet => {
+                format!("scale {key} to 0 (from {} replicas)", w.replicas)
+            }
+            Kind::Job => format!("suspend {key} (its pods end; `spec.suspend: false` resumes it)"),
+            Kind::Notebook => format!(
+                "stop {key} ({}, as Kubeflow's culler does)",
+                super::cluster::NOTEBOOK_STOPPED
+            ),
+        };
+        let rules: BTreeSet<&str> = w.pods.iter().filter_map(|(_, r)| r.as_deref()).collect();
+        let rules: Vec<&str> = rules.into_iter().collect();
+        let idle = idle_pods(read, verdicts);
+        if self.config.mode == Mode::DryRun {
+            let state = (w.generation, w.replicas);
+            if self.rehearsed.insert(key, state) != Some(state) {
+                self.stats
+                    .with(|s| *s.actions.entry((kind, "dry_run")).or_default() += 1);
+                let note = format!("dry-run: would {what}; {idle}");
+                self.event(&read.reference, false, "GpuIdleDryRun", note)
+                    .await;
+            }
+            return;
+        }
+        let note = serde_json::json!({
+            "at": gpuwatch_core::time::rfc3339(now),
+            "rule": rules.join(","),
+            "by": self.identity,
+        });
+        match self.cluster.give_back(read, &note).await {
+            Ok(()) => {
+                self.stats
+                    .with(|s| *s.actions.entry((kind, "done")).or_default() += 1);
+                self.warned.remove(&key);
+                let reason = match w.kind {
+                    Kind::Job => "GpuIdleSuspended",
+                    Kind::Notebook => "GpuIdleStopped",
+                    _ => "GpuIdleScaledDown",
+                };
+                let restore = format!("gpuwatch controller restore {key}");
+                let note = format!("{what}: {idle}; bring it back with `{restore}`");
+                self.event(&read.reference, false, reason, note).await;
+            }
+            Err(e) if status_code(&e) == Some(409) => {
+                // Changed since it was read: read again and decided again next round.
+                self.stats
+                    .with(|s| *s.actions.entry((kind, "conflict")).or_default() += 1);
+                tracing::info!(workload = %key, "it changed while it was being given back (409 Conflict): it is read and decided again");
+            }
+            Err(e) => {
+                self.stats
+                    .with(|s| *s.actions.entry((kind, "failed")).or_default() += 1);
+                let note = format!("cannot {what}: {}", says(&e));
+                self.event(&read.reference, true, "GpuIdleActionFailed", note)
+                    .await;
+            }
+        }
+    }
+}
+
+/// The idle pods of a workload in words: which rule, which node and GPUs.
+fn idle_pods(read: &Read, verdicts: &Verdicts) -> String {
+    let ns = read.workload.namespace.clone();
+    let pods: Vec<String> = read
+        .workload
+        .pods
+        .iter()
+        .map(
+            |(pod, _)| match verdicts.fresh.get(&(ns.clone(), pod.clone())) {
+                Some(v) => format!(
+                    "{pod} (rule \"{}\", {} GPUs {})",
+                    v.rule, v.instance, v.gpus
+                ),
+                None => pod.clone(),
+            },
+        )
+        .collect();
+    format!("every GPU pod of it is idle: {}", pods.join(", "))
+}

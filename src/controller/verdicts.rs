@@ -1,0 +1,159 @@
+//! The node daemons' verdicts, read from the fleet's Prometheus. The controller asks for each
+//! standing verdict's own sample time (`timestamp(gpuwatch_pod_reclaim_verdict == 1)`) and
+//! judges its age itself: a Prometheus that has just restarted answers instant queries with
+//! samples up to five minutes old and no staleness marker, and a node whose daemon is down
+//! leaves its last sample behind. A verdict older than two scrape intervals, or timed ahead of
+//! this clock, counts as none (busy).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::config::controller::VERDICT_QUERY;
+use crate::config::PrometheusSource;
+use crate::spend::query::Unknown;
+
+/// The largest answer read: about 30 000 verdicts.
+pub const MAX_ANSWER_BYTES: usize = 8 << 20;
+/// The most a sample may be timed ahead of this clock, in seconds.
+pub const MAX_SKEW: f64 = 60.0;
+
+/// One pod's fresh verdict of idleness.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    pub rule: String,
+    /// The devices the pod holds on its node (`0,1`).
+    pub gpus: String,
+    /// The node daemon that gave it (Prometheus's `instance`).
+    pub instance: String,
+    /// Its sample's time, Unix seconds.
+    pub at: f64,
+}
+
+/// The fresh verdicts, by `(namespace, pod)`, and how many were stale.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Verdicts {
+    pub fresh: BTreeMap<(String, String), Verdict>,
+    pub stale: usize,
+}
+
+/// Asks Prometheus for the verdicts standing at `now`.
+pub async fn read(
+    client: &reqwest::Client,
+    q: &PrometheusSource,
+    scrape_interval: Duration,
+    now: f64,
+) -> Result<Verdicts, Unknown> {
+    let body = crate::spend::query::fetch(client, q, VERDICT_QUERY, MAX_ANSWER_BYTES).await?;
+    parse(&body, scrape_interval, now)
+}
+
+/// The fresh verdicts of an instant query's answer.
+pub fn parse(body: &[u8], scrape_interval: Duration, now: f64) -> Result<Verdicts, Unknown> {
+    let malformed = |what: &str| Unknown::new("malformed", format!("the answer {what}"));
+    let v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|_| malformed("is not JSON"))?;
+    if v["status"] != "success" {
+        return Err(malformed("is not a success"));
+    }
+    if v["data"]["resultType"] != "vector" {
+        return Err(malformed("is not a vector"));
+    }
+    let results = v["data"]["result"]
+        .as_array()
+        .ok_or_else(|| malformed("has no result"))?;
+    let most = 2.0 * scrape_interval.as_secs_f64();
+    let mut out = Verdicts::default();
+    for r in results {
+        let label = |k: &str| r["metric"][k].as_str().unwrap_or("").to_string();
+        let (namespace, pod) = (label("namespace"), label("pod"));
+        if namespace.is_empty() || pod.is_empty() {
+            continue;
+        }
+        let at = r["value"][1]
+            .as_str()
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|t| t.is_finite());
+        let Some(at) = at.filter(|at| now - at <= most && at - now <= MAX_SKEW) else {
+            out.stale += 1;
+            continue;
+        };
+        let verdict = Verdict {
+            rule: label("rule"),
+            gpus: label("gpus"),
+            instance: label("instance"),
+            at,
+        };
+        // Two verdicts of one pod (two rules): the newest stands for it.
+        match out.fresh.entry((namespace, pod)) {
+            std::collections::btree_map::Entry::Occupied(mut e) => {
+                if e.get().at < at {
+                    e.insert(verdict);
+                }
+            }
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(verdict);
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(samples: &[(&str, &str, f64)]) -> Vec<u8> {
+        let result: Vec<serde_json::Value> = samples
+            .iter()
+            .map(|(ns, pod, at)| {
+                serde_json::json!({
+                    "metric": {"namespace": ns, "pod": pod, "rule": "idle", "gpus": "0", "instance": "node-a:9400"},
+                    "value": [1000.0, format!("{at}")],
+                })
+            })
+            .collect();
+        serde_json::json!({"status": "success", "data": {"resultType": "vector", "result": result}})
+            .to_string()
+            .into_bytes()
+    }
+
+    /// A verdict counts only while its sample is at most two scrape intervals old, and not
+    /// timed ahead of this clock by more than a minute: a restarted Prometheus's five-minute
+    /// old sample, or a node whose daemon is down, is busy.
+    #[test]
+    fn only_fresh_verdicts_count() {
+        let now = 10_000.0;
+        let body = answer(&[
+            ("ml", "fresh", now - 10.0),
+            ("ml", "edge", now - 60.0),
+            ("ml", "stale", now - 61.0),
+            ("ml", "restart", now - 290.0),
+            ("ml", "ahead", now + 120.0),
+        ]);
+        let v = parse(&body, Duration::from_secs(30), now).unwrap();
+        let pods: Vec<&str> = v.fresh.keys().map(|(_, p)| p.as_str()).collect();
+        assert_eq!(pods, ["edge", "fresh"]);
+        assert_eq!(v.stale, 3);
+        let f = &v.fresh[&("ml".to_string(), "fresh".to_string())];
+        assert_eq!(
+            (f.rule.as_str(), f.gpus.as_str(), f.instance.as_str(), f.at),
+            ("idle", "0", "node-a:9400", now - 10.0)
+        );
+    }
+
+    #[test]
+    fn a_malformed_answer_is_unknown() {
+        for body in [
+            &b"<html>"[..],
+            br#"{"status":"error"}"#,
+            br#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#,
+        ] {
+            assert_eq!(
+                parse(body, Duration::from_secs(30), 0.0)
+                    .unwrap_err()
+                    .reason,
+                "malformed"
+            );
+        }
+    }
+}
