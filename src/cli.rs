@@ -72,10 +72,10 @@ pub enum Command {
     /// default. Once it serves its /metrics, it prints "listening on http://ADDR/".
     Controller {
         /// Config file (TOML) with a [controller] section
-        #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH)]
+        #[arg(long, short, value_name = "PATH", default_value = DEFAULT_PATH, global = true)]
         config: PathBuf,
         /// Address to serve /metrics on, overriding [server] listen
-        #[arg(long, value_name = "ADDR")]
+        #[arg(long, value_name = "ADDR", global = true)]
         listen: Option<String>,
         #[command(subcommand)]
         action: Option<ControllerAction>,

@@ -6,56 +6,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::kubelet::{fake_kubelet, pod, uuid};
 use common::{metric, Daemon, Scrape};
 
 const LIMIT: Duration = Duration::from_secs(60);
 const SCENARIO: &str = "[[gpu]]\nutilization = 10\n[[gpu]]\nutilization = 20\n[[gpu]]\nutilization = 30\n[[gpu]]\nutilization = 40\n";
-
-fn uuid(i: u32) -> String {
-    format!("GPU-00000000-0000-4000-8000-{:012}", i + 1)
-}
-
-/// Starts the fake kubelet on `socket`, serving the assignments in `pods`.
-fn fake_kubelet(socket: &Path, pods: &Path) -> common::Killed {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let python = std::env::var_os("FAKE_KUBELET_PYTHON")
-        .unwrap_or_else(|| root.join(".venv/bin/python").into());
-    let mut child = Command::new(&python)
-        .arg(root.join("tests/kubelet/fake_kubelet.py"))
-        .arg(socket)
-        .arg(pods)
-        .arg(root.join("proto/podresources.proto"))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!(
-                "{}: {e}; scripts/test installs grpcio and grpcio-tools in .venv",
-                Path::new(&python).display()
-            )
-        });
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready", "the fake kubelet did not start");
-    common::Killed(child)
-}
-
-fn pod(
-    name: &str,
-    namespace: &str,
-    container: &str,
-    resource: &str,
-    ids: &[&str],
-) -> serde_json::Value {
-    serde_json::json!({"name": name, "namespace": namespace, "containers": [
-        {"name": container, "devices": [{"resource": resource, "ids": ids}]}]})
-}
 
 /// The pods on the series of `family` for GPU `gpu`, as (pod, namespace, container).
 fn holders(s: &Scrape, family: &str, gpu: u32) -> Vec<(String, String, String)> {

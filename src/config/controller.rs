@@ -70,7 +70,7 @@ pub struct ControllerConfig {
 }
 
 /// The query the controller asks: each standing verdict's sample time.
-pub const VERDICT_QUERY: &str = "timestamp(gpuwatch_pod_reclaim_verdict == 1)";
+pub const VERDICT_QUERY: &str = "timestamp(gpuwatch_pod_reclaim_verdict)";
 
 impl RawController {
     /// Whether the section says anything at all.
@@ -126,7 +126,8 @@ impl RawController {
             )
         };
         let second = Duration::from_secs(1);
-        let poll_interval = every("poll_interval", &self.poll_interval, "30s", second);
+        let tenth = Duration::from_millis(100);
+        let poll_interval = every("poll_interval", &self.poll_interval, "30s", tenth);
         let scrape_interval = every("scrape_interval", &self.scrape_interval, "30s", second);
         let warning = every("warning", &self.warning, "10m", Duration::ZERO);
         let lease_duration = every(

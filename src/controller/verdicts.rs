@@ -1,9 +1,10 @@
 //! The node daemons' verdicts, read from the fleet's Prometheus. The controller asks for each
-//! standing verdict's own sample time (`timestamp(gpuwatch_pod_reclaim_verdict == 1)`) and
-//! judges its age itself: a Prometheus that has just restarted answers instant queries with
-//! samples up to five minutes old and no staleness marker, and a node whose daemon is down
-//! leaves its last sample behind. A verdict older than two scrape intervals, or timed ahead of
-//! this clock, counts as none (busy).
+//! standing verdict's own sample time (`timestamp(gpuwatch_pod_reclaim_verdict)`: of the
+//! selector itself, since an operator in between would stamp every sample with the query's
+//! time) and judges its age itself: a Prometheus that has just restarted answers instant
+//! queries with samples up to five minutes old and no staleness marker, and a node whose daemon
+//! is down leaves its last sample behind. A verdict older than two scrape intervals, or timed
+//! ahead of this clock, counts as none (busy).
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -22,11 +22,17 @@ pub struct Process {
 impl Process {
     /// Starts `script` (under `tests/`), whose control port is the `control`th it prints.
     pub fn start(script: &str, control: usize) -> Process {
+        Process::start_with_args(script, control, &[])
+    }
+
+    /// Like `start`, with these arguments after the script.
+    pub fn start_with_args(script: &str, control: usize, args: &[&str]) -> Process {
         let script = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests")
             .join(script);
         let mut child = Command::new("python3")
             .arg(&script)
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

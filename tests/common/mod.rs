@@ -11,6 +11,8 @@ pub mod certs;
 pub mod dashboards;
 pub mod fake;
 pub mod gcp;
+pub mod kubeapi;
+pub mod kubelet;
 pub mod prometheus;
 pub mod receiver;
 
@@ -109,10 +111,20 @@ impl Daemon {
 
     /// Like `start_with`, with these variables in the daemon's environment too.
     pub fn start_with_env(dir: tempfile::TempDir, config: &str, env: &[(&str, &str)]) -> Daemon {
+        Daemon::spawn(dir, "run", config, env)
+    }
+
+    /// Starts `gpuwatch controller` with this config text, as `start_with_env` starts the
+    /// daemon: its readiness line, its log, killed when dropped.
+    pub fn controller(dir: tempfile::TempDir, config: &str, env: &[(&str, &str)]) -> Daemon {
+        Daemon::spawn(dir, "controller", config, env)
+    }
+
+    fn spawn(dir: tempfile::TempDir, command: &str, config: &str, env: &[(&str, &str)]) -> Daemon {
         let path = dir.path().join("gpuwatch.toml");
         std::fs::write(&path, config).unwrap();
-        let mut command = Command::new(daemon_binary());
-        command.args(["run", "--config"]).arg(&path);
+        let mut command_line = Command::new(daemon_binary());
+        let command = command_line.args([command, "--config"]).arg(&path);
         if !config.contains("listen =") {
             command.args(["--listen", "127.0.0.1:0"]);
         }

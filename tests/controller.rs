@@ -1,0 +1,515 @@
+//! The cluster controller end to end, with real parts where they run here: node daemons on the
+//! fake NVML with fake kubelets (the real PodResources protocol) give reclaim verdicts, the
+//! real Prometheus that `scripts/test` installs scrapes them, and `gpuwatch controller` reads
+//! it and acts on a fake Kubernetes API server written from the API reference
+//! (`tests/kubeapi/fake_apiserver.py`, checked with the real `kubectl` in `tests/kubeapi.rs`),
+//! reached through an ordinary kubeconfig.
+
+mod common;
+
+use std::time::Duration;
+
+use common::kubeapi::{self, FakeApi};
+use common::kubelet::{fake_kubelet, pod, uuid};
+use common::prometheus::Prometheus;
+use common::{metric, Daemon, Killed};
+use serde_json::{json, Value};
+
+const LIMIT: Duration = Duration::from_secs(90);
+
+/// A node daemon with a reclaim rule, over its own fake NVML and fake kubelet.
+struct Node {
+    daemon: Daemon,
+    _kubelet: Killed,
+}
+
+/// Starts a node whose GPU `i` has utilization `gpus[i].0` and is held by pod `gpus[i].1`
+/// (`namespace/pod`), if any.
+fn node(gpus: &[(u32, Option<&str>)]) -> Node {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("kubelet.sock");
+    let pods_file = dir.path().join("pods.json");
+    let pods: Vec<Value> = gpus
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (_, p))| {
+            let (ns, name) = (*p)?.split_once('/').unwrap();
+            Some(pod(name, ns, "main", "nvidia.com/gpu", &[&uuid(i as u32)]))
+        })
+        .collect();
+    std::fs::write(&pods_file, Value::from(pods).to_string()).unwrap();
+    let kubelet = fake_kubelet(&socket, &pods_file);
+    let scenario: String = gpus
+        .iter()
+        .map(|(u, _)| format!("[[gpu]]\nutilization = {u}\n"))
+        .collect();
+    let config = format!(
+        "[kubernetes]\npod_resources_socket = \"{socket}\"\nrefresh = \"200ms\"\n\
+         [sampling]\ninterval = \"100ms\"\n\
+         [actions]\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\nstate_dir = \"{state}\"\n\
+         [[rules]]\nname = \"give-back\"\nscope = \"pod\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
+         threshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 2\naction = \"reclaim\"\n",
+        socket = socket.display(),
+        state = dir.path().join("state").display(),
+    );
+    let daemon = Daemon::start_in(dir, &scenario, &config);
+    Node {
+        daemon,
+        _kubelet: kubelet,
+    }
+}
+
+/// A Prometheus scraping the node daemons every second.
+fn prometheus(nodes: &[&Node]) -> Prometheus {
+    let targets: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("'{}'", n.daemon.addr))
+        .collect();
+    Prometheus::start(
+        tempfile::tempdir().unwrap(),
+        &format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: gpuwatch\n    static_configs:\n      - targets: [{}]\n",
+            targets.join(", ")
+        ),
+    )
+}
+
+/// The controller's config on this API and Prometheus.
+fn controller_config(api: &FakeApi, prom: &Prometheus, mode: &str, extra: &str) -> String {
+    format!(
+        "[controller]\nmode = \"{mode}\"\nprometheus_url = \"http://{prom}\"\nscrape_interval = \"1s\"\n\
+         poll_interval = \"300ms\"\nwarning = \"2s\"\nlease_duration = \"3s\"\nkubeconfig = \"{kubeconfig}\"\n{extra}",
+        prom = prom.addr,
+        kubeconfig = api.kubeconfig.display(),
+    )
+}
+
+fn controller(api: &FakeApi, prom: &Prometheus, mode: &str, identity: &str) -> Daemon {
+    Daemon::controller(
+        tempfile::tempdir().unwrap(),
+        &controller_config(api, prom, mode, ""),
+        &[("POD_NAME", identity), ("POD_NAMESPACE", "gpuwatch")],
+    )
+}
+
+/// A Deployment `ns/name` whose pods are `pods`, each on `node` with one GPU; returns its path.
+fn deployment(
+    api: &FakeApi,
+    ns: &str,
+    name: &str,
+    pods: &[&str],
+    change: impl Fn(&mut Value),
+) -> String {
+    let mut d = kubeapi::deployment(ns, name, pods.len() as i64, 1);
+    change(&mut d);
+    let d = api.put(d);
+    let rs = api.put(kubeapi::replicaset_of(&d, "7d9f8c"));
+    let rs_name = rs["metadata"]["name"].as_str().unwrap();
+    for p in pods {
+        api.put(kubeapi::pod_of(
+            "ReplicaSet",
+            rs_name,
+            kubeapi::uid(&rs),
+            ns,
+            p,
+            "node",
+            1,
+        ));
+    }
+    kubeapi::path_of(&d)
+}
+
+/// The API group and resource (with its subresource) a call's path names.
+fn resource_of(path: &str) -> (String, String) {
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let (group, rest) = match parts[0] {
+        "api" => ("", &parts[2..]),
+        _ => (parts[1], &parts[3..]),
+    };
+    let rest = match rest {
+        ["namespaces", _, r @ ..] if !r.is_empty() => r,
+        r => r,
+    };
+    let resource = match rest {
+        [r] | [r, _] => r.to_string(),
+        [r, _, sub, ..] => format!("{r}/{sub}"),
+        [] => String::new(),
+    };
+    (group.to_string(), resource)
+}
+
+/// Every call the controller made is one its roles grant (the code's own list, which
+/// `tests/deploy.rs` holds the manifests to).
+fn assert_granted(api: &FakeApi) {
+    use gpuwatch::controller::cluster::{CLUSTER_PERMISSIONS, LEASE_PERMISSIONS};
+    for call in api.calls() {
+        let path = call["path"].as_str().unwrap();
+        let verb = call["verb"].as_str().unwrap();
+        let (group, resource) = resource_of(path);
+        let granted = CLUSTER_PERMISSIONS
+            .iter()
+            .chain(LEASE_PERMISSIONS)
+            .any(|(g, r, verbs)| *g == group && *r == resource && verbs.contains(&verb));
+        assert!(granted, "{verb} {group}/{resource} ({path}) is not granted");
+    }
+}
+
+/// The PATCH and PUT calls made to `path` (and its subresources).
+fn writes_to(api: &FakeApi, path: &str) -> Vec<String> {
+    api.writes()
+        .into_iter()
+        .filter(|w| {
+            w.split_once(' ')
+                .is_some_and(|(_, p)| p == path || p.starts_with(&format!("{path}/")))
+        })
+        .collect()
+}
+
+/// The reasons of the Events on the object named `name`.
+fn reasons(api: &FakeApi, name: &str) -> Vec<String> {
+    api.events()
+        .iter()
+        .filter(|e| e["regarding"]["name"] == name || e["involvedObject"]["name"] == name)
+        .map(|e| e["reason"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+/// Polls the controller's `/metrics` until `cond` holds (it has no long-poll of samples).
+fn await_metrics(c: &Daemon, cond: impl Fn(&common::Scrape) -> bool) -> common::Scrape {
+    let deadline = std::time::Instant::now() + LIMIT;
+    loop {
+        let s = c.scrape();
+        if cond(&s) {
+            return s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the controller never got there:\n{}",
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn rounds(c: &Daemon) -> f64 {
+    metric("gpuwatch_controller_verdict_reads_total")
+        .label("result", "ok")
+        .get(&c.scrape())
+        .unwrap_or(0.0)
+}
+
+/// Waits for `n` more rounds of the controller that read the verdicts.
+fn await_rounds(c: &Daemon, n: f64) {
+    let start = rounds(c);
+    await_metrics(c, |s| {
+        metric("gpuwatch_controller_verdict_reads_total")
+            .label("result", "ok")
+            .get(s)
+            .unwrap_or(0.0)
+            >= start + n
+    });
+}
+
+/// An idle Deployment is warned, then scaled to 0 once, and the documented command brings it
+/// back; a busy one, one with a busy replica, a held one and an opted-out one are untouched; an
+/// idle Job is suspended and an idle Notebook stopped. Every call is one the roles grant.
+#[test]
+fn idle_workloads_are_warned_then_given_back_and_restored() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::start(dir.path());
+    for ns in ["ml", "batch", "gpuwatch"] {
+        api.put(kubeapi::namespace(ns, &[]));
+    }
+    let a = node(&[
+        (0, Some("ml/train-a")),
+        (0, Some("ml/train-b")),
+        (90, Some("ml/serve-a")),
+        (0, Some("ml/mixed-a")),
+    ]);
+    let b = node(&[
+        (90, Some("ml/mixed-b")),
+        (0, Some("ml/held-a")),
+        (0, Some("ml/optout-a")),
+        (0, Some("batch/finetune-x7k2p")),
+        (0, Some("ml/nb-0")),
+    ]);
+    let train = deployment(&api, "ml", "train", &["train-a", "train-b"], |_| {});
+    let serve = deployment(&api, "ml", "serve", &["serve-a"], |_| {});
+    let mixed = deployment(&api, "ml", "mixed", &["mixed-a", "mixed-b"], |_| {});
+    let held = deployment(&api, "ml", "held", &["held-a"], |d| {
+        d["metadata"]["annotations"] = json!({"gpuwatch.io/hold": "forever"});
+    });
+    let optout = deployment(&api, "ml", "optout", &["optout-a"], |d| {
+        d["metadata"]["labels"]["gpuwatch.io/reclaim"] = json!("false");
+    });
+    let job = api.put(kubeapi::job("batch", "finetune", 1));
+    api.put(kubeapi::pod_of(
+        "Job",
+        "finetune",
+        kubeapi::uid(&job),
+        "batch",
+        "finetune-x7k2p",
+        "node",
+        1,
+    ));
+    let nb = api.put(kubeapi::notebook("ml", "nb", 1));
+    let mut sts = kubeapi::statefulset("ml", "nb", 1, 1);
+    sts["metadata"]["ownerReferences"] = json!([kubeapi::owner(
+        "kubeflow.org/v1",
+        "Notebook",
+        "nb",
+        kubeapi::uid(&nb)
+    )]);
+    let sts = api.put(sts);
+    api.put(kubeapi::pod_of(
+        "StatefulSet",
+        "nb",
+        kubeapi::uid(&sts),
+        "ml",
+        "nb-0",
+        "node",
+        1,
+    ));
+    let prom = prometheus(&[&a, &b]);
+    let mut c = controller(&api, &prom, "enforce", "controller-0");
+
+    // The idle Deployment: warned first, then scaled to 0 through its scale subresource.
+    let state = api.await_state(LIMIT, |s| s["objects"][&train]["spec"]["replicas"] == 0);
+    let deployed = &state["objects"][&train];
+    let from: Value = serde_json::from_str(
+        deployed["metadata"]["annotations"]["gpuwatch.io/scaled-down-from"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(from["replicas"], 2, "{from}");
+    assert_eq!(from["rule"], "give-back", "{from}");
+    let said = reasons(&api, "train");
+    let warned = said.iter().position(|r| r == "GpuIdleWarning");
+    let scaled = said.iter().position(|r| r == "GpuIdleScaledDown");
+    assert!(warned.is_some() && warned < scaled, "{said:?}");
+    // The Job suspended, the Notebook stopped as Kubeflow's culler stops one.
+    let state = api.await_state(LIMIT, |s| {
+        s["objects"]["/apis/batch/v1/namespaces/batch/jobs/finetune"]["spec"]["suspend"] == true
+            && s["objects"]["/apis/kubeflow.org/v1/namespaces/ml/notebooks/nb"]["metadata"]
+                ["annotations"]["kubeflow-resource-stopped"]
+                .is_string()
+    });
+    assert!(reasons(&api, "finetune").contains(&"GpuIdleSuspended".to_string()));
+    assert!(reasons(&api, "nb").contains(&"GpuIdleStopped".to_string()));
+    let _ = state;
+    // A few rounds more: the others stay untouched, and the idle one was scaled once.
+    await_rounds(&c, 5.0);
+    for (path, replicas) in [(&serve, 1), (&mixed, 2), (&held, 1), (&optout, 1)] {
+        assert_eq!(writes_to(&api, path), Vec::<String>::new(), "{path}");
+        assert_eq!(
+            api.get(path).unwrap()["spec"]["replicas"],
+            replicas,
+            "{path}"
+        );
+    }
+    assert_eq!(
+        writes_to(&api, &format!("{train}/scale")).len(),
+        1,
+        "{:?}",
+        api.writes()
+    );
+    let s = c.scrape();
+    metric("gpuwatch_controller_actions_total")
+        .label("kind", "Deployment")
+        .label("result", "done")
+        .value(1.0)
+        .assert_in(&s);
+    metric("gpuwatch_controller_leader")
+        .value(1.0)
+        .assert_in(&s);
+    assert_granted(&api);
+
+    // The documented command brings it back (the controller stopped first, or it would give
+    // the still idle Deployment back again after a new warning).
+    c.kill();
+    let config = dir.path().join("controller.toml");
+    std::fs::write(&config, controller_config(&api, &prom, "enforce", "")).unwrap();
+    let out = common::gpuwatch(&[
+        &"controller",
+        &"restore",
+        &"ml/deployment/train",
+        &"--config",
+        &config,
+    ]);
+    assert!(
+        out.contains("ml/deployment/train: scaled back to 2"),
+        "{out}"
+    );
+    let restored = api.get(&train).unwrap();
+    assert_eq!(restored["spec"]["replicas"], 2);
+    assert!(restored["metadata"]["annotations"]
+        .get("gpuwatch.io/scaled-down-from")
+        .is_none_or(Value::is_null));
+    // Restoring what gpuwatch did not scale down says so, and changes nothing.
+    let out = std::process::Command::new(common::daemon_binary())
+        .args(["controller", "restore", "ml/deployment/serve", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("gpuwatch did not scale it down"), "{err}");
+}
+
+/// Dry-run writes nothing but Events saying what it would do.
+#[test]
+fn dry_run_writes_only_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::start(dir.path());
+    api.put(kubeapi::namespace("ml", &[]));
+    let a = node(&[(0, Some("ml/train-a"))]);
+    let train = deployment(&api, "ml", "train", &["train-a"], |_| {});
+    let prom = prometheus(&[&a]);
+    let c = controller(&api, &prom, "dry-run", "controller-0");
+    await_metrics(&c, |s| {
+        metric("gpuwatch_controller_actions_total")
+            .label("result", "dry_run")
+            .get(s)
+            .is_some()
+    });
+    await_rounds(&c, 3.0);
+    let said = reasons(&api, "train");
+    assert_eq!(
+        said.iter().filter(|r| *r == "GpuIdleDryRun").count(),
+        1,
+        "{said:?}"
+    );
+    assert!(said.contains(&"GpuIdleWarning".to_string()), "{said:?}");
+    assert_eq!(writes_to(&api, &train), Vec::<String>::new());
+    // Its only writes: Events and its Lease.
+    for w in api.writes() {
+        assert!(w.contains("/events") || w.contains("/leases"), "{w}");
+    }
+}
+
+/// Nothing unknown acts: Prometheus stopped, a node daemon stopped (its last verdict stale),
+/// or the API answering 403, and the 403 names the verb and resource the role lacks.
+#[test]
+fn nothing_unknown_acts() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::start(dir.path());
+    api.put(kubeapi::namespace("ml", &[]));
+    let mut a = node(&[(0, Some("ml/train-a"))]);
+    let train = deployment(&api, "ml", "train", &["train-a"], |_| {});
+    let mut prom = prometheus(&[&a]);
+    // The scale subresource is refused: the action fails, saying what the role lacks.
+    api.deny("patch", "apps", "deployments/scale", Some("ml"));
+    let c = controller(&api, &prom, "enforce", "controller-0");
+    await_metrics(&c, |s| {
+        metric("gpuwatch_controller_actions_total")
+            .label("result", "failed")
+            .get(s)
+            .is_some()
+    });
+    let failed = api
+        .events()
+        .into_iter()
+        .find(|e| e["reason"] == "GpuIdleActionFailed")
+        .unwrap();
+    let note = failed["note"]
+        .as_str()
+        .unwrap_or(failed["message"].as_str().unwrap_or(""));
+    assert!(
+        note.contains("cannot patch resource \"deployments/scale\" in API group \"apps\""),
+        "{note}"
+    );
+    assert_eq!(api.get(&train).unwrap()["spec"]["replicas"], 1);
+
+    // Prometheus stopped: no verdict is known, and nothing is given back, though the API
+    // would now allow it.
+    prom.stop();
+    await_metrics(&c, |s| {
+        metric("gpuwatch_controller_errors_total")
+            .label("what", "prometheus")
+            .get(s)
+            .is_some()
+    });
+    api.allow_all();
+    let errors = || {
+        metric("gpuwatch_controller_errors_total")
+            .label("what", "prometheus")
+            .get(&c.scrape())
+            .unwrap_or(0.0)
+    };
+    let before = errors();
+    await_metrics(&c, |s| {
+        metric("gpuwatch_controller_errors_total")
+            .label("what", "prometheus")
+            .get(s)
+            .unwrap_or(0.0)
+            >= before + 5.0
+    });
+    assert_eq!(api.get(&train).unwrap()["spec"]["replicas"], 1);
+
+    // Prometheus back, the node daemon stopped: its last verdict goes stale, and counts as busy.
+    a.daemon.kill();
+    prom.restart();
+    await_metrics(&c, |s| {
+        metric("gpuwatch_controller_verdicts")
+            .label("state", "stale")
+            .get(s)
+            .unwrap_or(0.0)
+            >= 1.0
+    });
+    await_rounds(&c, 5.0);
+    assert_eq!(api.get(&train).unwrap()["spec"]["replicas"], 1);
+}
+
+/// Of two controllers only the leader acts; a Conflict (the Deployment written by another
+/// client between the read and the write) is read again and decided again.
+#[test]
+fn only_the_leader_acts_and_a_conflict_is_read_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::start(dir.path());
+    api.put(kubeapi::namespace("ml", &[]));
+    let a = node(&[(0, Some("ml/train-a"))]);
+    let train = deployment(&api, "ml", "train", &["train-a"], |_| {});
+    api.conflict_once(&train);
+    let prom = prometheus(&[&a]);
+    let one = controller(&api, &prom, "enforce", "controller-0");
+    let two = controller(&api, &prom, "enforce", "controller-1");
+    api.await_state(LIMIT, |s| s["objects"][&train]["spec"]["replicas"] == 0);
+    let leads = |c: &Daemon| metric("gpuwatch_controller_leader").get(&c.scrape()) == Some(1.0);
+    let (leader, other) = if leads(&one) {
+        (&one, &two)
+    } else {
+        (&two, &one)
+    };
+    await_rounds(leader, 5.0);
+    assert!(leads(leader) && !leads(other));
+    // The other never read the verdicts, nor wrote anything but to take the Lease.
+    assert_eq!(rounds(other), 0.0);
+    let lease = api
+        .get("/apis/coordination.k8s.io/v1/namespaces/gpuwatch/leases/gpuwatch-controller")
+        .unwrap();
+    let holder = lease["spec"]["holderIdentity"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        holder == "controller-0" || holder == "controller-1",
+        "{lease}"
+    );
+    // Scaled once, after one Conflict that was read again.
+    assert_eq!(
+        writes_to(&api, &format!("{train}/scale")).len(),
+        1,
+        "{:?}",
+        api.writes()
+    );
+    let conflicts: f64 = [&one, &two]
+        .iter()
+        .filter_map(|c| {
+            metric("gpuwatch_controller_actions_total")
+                .label("result", "conflict")
+                .get(&c.scrape())
+        })
+        .sum();
+    assert_eq!(conflicts, 1.0);
+}
