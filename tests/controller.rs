@@ -26,6 +26,11 @@ struct Node {
 /// Starts a node whose GPU `i` has utilization `gpus[i].0` and is held by pod `gpus[i].1`
 /// (`namespace/pod`), if any.
 fn node(gpus: &[(u32, Option<&str>)]) -> Node {
+    node_with(gpus, "")
+}
+
+/// `node`, with `extra` config.
+fn node_with(gpus: &[(u32, Option<&str>)], extra: &str) -> Node {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("kubelet.sock");
     let pods_file = dir.path().join("pods.json");
@@ -48,7 +53,7 @@ fn node(gpus: &[(u32, Option<&str>)]) -> Node {
          [sampling]\ninterval = \"100ms\"\n\
          [actions]\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\nstate_dir = \"{state}\"\n\
          [[rules]]\nname = \"give-back\"\nscope = \"pod\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
-         threshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 2\naction = \"reclaim\"\n",
+         threshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 2\naction = \"reclaim\"\n{extra}",
         socket = socket.display(),
         state = dir.path().join("state").display(),
     );
@@ -191,6 +196,36 @@ fn await_metrics(c: &Daemon, cond: impl Fn(&common::Scrape) -> bool) -> common::
     }
 }
 
+/// Waits for an Event `reason` on the object named `name` (published after the write it
+/// tells of).
+fn await_reason(api: &FakeApi, name: &str, reason: &str) {
+    let deadline = std::time::Instant::now() + LIMIT;
+    while !reasons(api, name).iter().any(|r| r == reason) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {reason} on {name}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The note of the Event `reason` on the object named `name`.
+fn note_of(api: &FakeApi, name: &str, reason: &str) -> String {
+    let e = api
+        .events()
+        .into_iter()
+        .find(|e| {
+            (e["regarding"]["name"] == name || e["involvedObject"]["name"] == name)
+                && e["reason"] == reason
+        })
+        .unwrap_or_else(|| panic!("no {reason} Event on {name}"));
+    e["note"]
+        .as_str()
+        .or(e["message"].as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
 fn rounds(c: &Daemon) -> f64 {
     metric("gpuwatch_controller_verdict_reads_total")
         .label("result", "ok")
@@ -220,12 +255,16 @@ fn idle_workloads_are_warned_then_given_back_and_restored() {
     for ns in ["ml", "batch", "gpuwatch"] {
         api.put(kubeapi::namespace(ns, &[]));
     }
-    let a = node(&[
-        (0, Some("ml/train-a")),
-        (0, Some("ml/train-b")),
-        (90, Some("ml/serve-a")),
-        (0, Some("ml/mixed-a")),
-    ]);
+    // Node A costs $8 an hour: $2 per GPU.
+    let a = node_with(
+        &[
+            (0, Some("ml/train-a")),
+            (0, Some("ml/train-b")),
+            (90, Some("ml/serve-a")),
+            (0, Some("ml/mixed-a")),
+        ],
+        "[cost]\nhourly_price_usd = 8.0\n",
+    );
     let b = node(&[
         (90, Some("ml/mixed-b")),
         (0, Some("ml/held-a")),
@@ -242,7 +281,15 @@ fn idle_workloads_are_warned_then_given_back_and_restored() {
     let optout = deployment(&api, "ml", "optout", &["optout-a"], |d| {
         d["metadata"]["labels"]["gpuwatch.io/reclaim"] = json!("false");
     });
-    let job = api.put(kubeapi::job("batch", "finetune", 1));
+    let nightly = api.put(kubeapi::cronjob("batch", "nightly", "0 2 * * *", 1));
+    let mut job = kubeapi::job("batch", "finetune", 1);
+    job["metadata"]["ownerReferences"] = json!([kubeapi::owner(
+        "batch/v1",
+        "CronJob",
+        "nightly",
+        kubeapi::uid(&nightly)
+    )]);
+    let job = api.put(job);
     api.put(kubeapi::pod_of(
         "Job",
         "finetune",
@@ -284,10 +331,18 @@ fn idle_workloads_are_warned_then_given_back_and_restored() {
     .unwrap();
     assert_eq!(from["replicas"], 2, "{from}");
     assert_eq!(from["rule"], "give-back", "{from}");
+    await_reason(&api, "train", "GpuIdleScaledDown");
     let said = reasons(&api, "train");
     let warned = said.iter().position(|r| r == "GpuIdleWarning");
     let scaled = said.iter().position(|r| r == "GpuIdleScaledDown");
     assert!(warned.is_some() && warned < scaled, "{said:?}");
+    // The Events say what the idle GPUs cost, and how to bring the Deployment back.
+    let note = note_of(&api, "train", "GpuIdleScaledDown");
+    assert!(note.contains("their GPUs cost $4.00 an hour"), "{note}");
+    assert!(
+        note.contains("gpuwatch controller restore ml/deployment/train"),
+        "{note}"
+    );
     // The Job suspended, the Notebook stopped as Kubeflow's culler stops one.
     let state = api.await_state(LIMIT, |s| {
         s["objects"]["/apis/batch/v1/namespaces/batch/jobs/finetune"]["spec"]["suspend"] == true
@@ -295,7 +350,17 @@ fn idle_workloads_are_warned_then_given_back_and_restored() {
                 ["annotations"]["kubeflow-resource-stopped"]
                 .is_string()
     });
-    assert!(reasons(&api, "finetune").contains(&"GpuIdleSuspended".to_string()));
+    await_reason(&api, "finetune", "GpuIdleSuspended");
+    await_reason(&api, "nb", "GpuIdleStopped");
+    let note = note_of(&api, "finetune", "GpuIdleSuspended");
+    assert!(
+        note.contains("a Job of CronJob nightly: this Job only"),
+        "{note}"
+    );
+    assert_eq!(
+        writes_to(&api, &kubeapi::path_of(&nightly)),
+        Vec::<String>::new()
+    );
     assert!(reasons(&api, "nb").contains(&"GpuIdleStopped".to_string()));
     let _ = state;
     // A few rounds more: the others stay untouched, and the idle one was scaled once.
@@ -382,6 +447,32 @@ fn dry_run_writes_only_events() {
     );
     assert!(said.contains(&"GpuIdleWarning".to_string()), "{said:?}");
     assert_eq!(writes_to(&api, &train), Vec::<String>::new());
+    // The history is compacted: the pods' watch ends, meets 410 Gone, and the cache is listed
+    // again; the controller goes on, and says nothing twice.
+    let listed = |api: &FakeApi| {
+        api.calls()
+            .iter()
+            .filter(|c| c["path"] == "/api/v1/pods" && c["verb"] == "list")
+            .count()
+    };
+    let before = listed(&api);
+    api.compact();
+    api.await_state(LIMIT, |s| {
+        s["calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["path"] == "/api/v1/pods" && c["verb"] == "list")
+            .count()
+            > before
+    });
+    await_rounds(&c, 3.0);
+    let said = reasons(&api, "train");
+    assert_eq!(
+        said.iter().filter(|r| *r == "GpuIdleDryRun").count(),
+        1,
+        "{said:?}"
+    );
     // Its only writes: Events and its Lease.
     for w in api.writes() {
         assert!(w.contains("/events") || w.contains("/leases"), "{w}");

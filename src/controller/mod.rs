@@ -82,6 +82,8 @@ pub struct Controller {
     /// Dry-run: what was said it would do, for each workload as it was then (generation,
     /// replicas), so that it is said once.
     pub rehearsed: BTreeMap<Key, (i64, i64)>,
+    /// The CronJob that made each Job, as the last round found them.
+    pub cronjobs: BTreeMap<Key, String>,
     /// Idle pods of owners the controller never touches, already reported.
     pub reported: BTreeSet<String>,
     /// The last failure said, so that a failure is logged once until it changes.
@@ -147,6 +149,7 @@ pub async fn run(
         stats,
         warned: BTreeMap::new(),
         rehearsed: BTreeMap::new(),
+        cronjobs: BTreeMap::new(),
         reported: BTreeSet::new(),
         last_failure: None,
     };

@@ -35,7 +35,7 @@ impl Controller {
             now,
         )
         .await;
-        let verdicts = match read {
+        let mut verdicts = match read {
             Ok(v) => {
                 self.stats.with(|s| {
                     *s.reads.entry("ok").or_default() += 1;
@@ -55,6 +55,7 @@ impl Controller {
                 return;
             }
         };
+        super::verdicts::price(&self.http, &self.config.prometheus, &mut verdicts).await;
         let groups = match self.group(&cached, &verdicts).await {
             Ok(g) => g,
             Err(e) => {
@@ -111,6 +112,7 @@ impl Controller {
     ) -> Result<Groups, kube::Error> {
         let namespaces: BTreeSet<&str> = verdicts.fresh.keys().map(|(n, _)| n.as_str()).collect();
         let mut memo = Owners::new();
+        self.cronjobs.clear();
         let mut groups = Groups::new();
         for pod in cached {
             let ns = pod.metadata.namespace.as_deref().unwrap_or("");
@@ -120,14 +122,19 @@ impl Controller {
             }
             let verdict = verdicts.fresh.get(&(ns.to_string(), name.to_string()));
             match self.cluster.owner(pod, &mut memo).await? {
-                Owner::Workload(key, _) => groups
-                    .entry(key)
-                    .or_default()
-                    .push((name.to_string(), verdict.map(|v| v.rule.clone()))),
+                Owner::Workload(key, cronjob) => {
+                    if let Some(c) = cronjob {
+                        self.cronjobs.insert(key.clone(), c);
+                    }
+                    groups
+                        .entry(key)
+                        .or_default()
+                        .push((name.to_string(), verdict.map(|v| v.rule.clone())));
+                }
                 Owner::Other(what, reference) => {
                     if let Some(v) = verdict {
                         let said = format!("{ns}/{what}");
-                        let note = format!("pod {name} of {what} holds GPUs ({} GPUs {}) that rule \"{}\" judges idle; gpuwatch does not give back a {}: scale it down or stop it yourself", v.instance, v.gpus, v.rule, reference.kind.as_deref().unwrap_or("workload"));
+                        let note = format!("pod {name} of {what} holds GPUs ({} GPUs {}{}) that rule \"{}\" judges idle; gpuwatch does not give back a {}: scale it down or stop it yourself", v.instance, v.gpus, dollars(v), v.rule, reference.kind.as_deref().unwrap_or("workload"));
                         self.report(said, &reference, note).await;
                     }
                 }
@@ -141,7 +148,7 @@ impl Controller {
                             uid: pod.metadata.uid.clone(),
                             ..Default::default()
                         };
-                        let note = format!("pod {name} holds GPUs ({} GPUs {}) that rule \"{}\" judges idle; it has no controller, and gpuwatch never deletes a pod: delete it yourself", v.instance, v.gpus, v.rule);
+                        let note = format!("pod {name} holds GPUs ({} GPUs {}{}) that rule \"{}\" judges idle; it has no controller, and gpuwatch never deletes a pod: delete it yourself", v.instance, v.gpus, dollars(v), v.rule);
                         self.report(format!("{ns}/pod/{name}"), &reference, note)
                             .await;
                     }
@@ -245,7 +252,10 @@ impl Controller {
             Kind::Deployment | Kind::StatefulSet | Kind::ReplicaSet => {
                 format!("scale {key} to 0 (from {} replicas)", w.replicas)
             }
-            Kind::Job => format!("suspend {key} (its pods end; `spec.suspend: false` resumes it)"),
+            Kind::Job => match self.cronjobs.get(&key) {
+                Some(cronjob) => format!("suspend {key}, a Job of CronJob {cronjob}: this Job only (its pods end; `spec.suspend: false` resumes it), and the CronJob still starts its next Job on schedule"),
+                None => format!("suspend {key} (its pods end; `spec.suspend: false` resumes it)"),
+            },
             Kind::Notebook => format!(
                 "stop {key} ({}, as Kubeflow's culler does)",
                 super::cluster::NOTEBOOK_STOPPED
@@ -303,20 +313,33 @@ impl Controller {
 
 /// The idle pods of a workload in words: which rule, which node and GPUs.
 fn idle_pods(read: &Read, verdicts: &Verdicts) -> String {
-    let ns = read.workload.namespace.clone();
-    let pods: Vec<String> = read
-        .workload
-        .pods
+    let ns = &read.workload.namespace;
+    let of = |pod: &String| verdicts.fresh.get(&(ns.clone(), pod.clone()));
+    let pods = &read.workload.pods;
+    let named: Vec<String> = pods
         .iter()
-        .map(
-            |(pod, _)| match verdicts.fresh.get(&(ns.clone(), pod.clone())) {
-                Some(v) => format!(
-                    "{pod} (rule \"{}\", {} GPUs {})",
-                    v.rule, v.instance, v.gpus
-                ),
-                None => pod.clone(),
-            },
-        )
+        .map(|(pod, _)| match of(pod) {
+            Some(v) => format!(
+                "{pod} (rule \"{}\", {} GPUs {})",
+                v.rule, v.instance, v.gpus
+            ),
+            None => pod.clone(),
+        })
         .collect();
-    format!("every GPU pod of it is idle: {}", pods.join(", "))
+    // The workload's cost, where every pod's is known.
+    let priced: Option<Vec<f64>> = pods.iter().map(|(p, _)| of(p)?.usd_per_hour).collect();
+    let cost = match priced {
+        Some(usd) if !usd.is_empty() => {
+            format!("; their GPUs cost ${:.2} an hour", usd.iter().sum::<f64>())
+        }
+        _ => String::new(),
+    };
+    format!("every GPU pod of it is idle: {}{cost}", named.join(", "))
+}
+
+/// ", $4.10 an hour" where the verdict's price is known.
+fn dollars(v: &super::verdicts::Verdict) -> String {
+    v.usd_per_hour
+        .map(|usd| format!(", ${usd:.2} an hour"))
+        .unwrap_or_default()
 }

@@ -28,6 +28,9 @@ pub struct Verdict {
     pub instance: String,
     /// Its sample's time, Unix seconds.
     pub at: f64,
+    /// What its GPUs cost, where the node's price is known: the node's hourly price times the
+    /// pod's share of the node's GPUs.
+    pub usd_per_hour: Option<f64>,
 }
 
 /// The fresh verdicts, by `(namespace, pod)`, and how many were stale.
@@ -46,6 +49,50 @@ pub async fn read(
 ) -> Result<Verdicts, Unknown> {
     let body = crate::spend::query::fetch(client, q, VERDICT_QUERY, MAX_ANSWER_BYTES).await?;
     parse(&body, scrape_interval, now)
+}
+
+/// Each node's price per GPU-hour, by `instance`: its hourly price over its GPU count.
+pub const GPU_PRICE_QUERY: &str =
+    "max by (instance) (gpuwatch_instance_hourly_cost_dollars) / max by (instance) (gpuwatch_gpus > 0)";
+
+/// Fills in each verdict's dollars per hour from the nodes' prices, where they are known; a
+/// failed query leaves them unknown (it says so in words, and decides nothing).
+pub async fn price(client: &reqwest::Client, q: &PrometheusSource, verdicts: &mut Verdicts) {
+    let body = crate::spend::query::fetch(client, q, GPU_PRICE_QUERY, MAX_ANSWER_BYTES).await;
+    let body = match body {
+        Ok(b) => b,
+        Err(u) => {
+            tracing::debug!(error = %u.detail, "the nodes' prices are unknown this round");
+            return;
+        }
+    };
+    fill(verdicts, &per_gpu(&body));
+}
+
+/// Each verdict's dollars per hour: its node's price per GPU times the pod's GPUs.
+pub fn fill(verdicts: &mut Verdicts, prices: &BTreeMap<String, f64>) {
+    for v in verdicts.fresh.values_mut() {
+        let gpus = v.gpus.split(',').filter(|g| !g.is_empty()).count();
+        v.usd_per_hour = prices
+            .get(&v.instance)
+            .map(|p| p * gpus as f64)
+            .filter(|usd| usd.is_finite() && *usd >= 0.0);
+    }
+}
+
+/// The per-GPU prices of `GPU_PRICE_QUERY`'s answer, by instance.
+pub fn per_gpu(body: &[u8]) -> BTreeMap<String, f64> {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    v["data"]["result"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            let instance = r["metric"]["instance"].as_str()?.to_string();
+            let usd = r["value"][1].as_str()?.parse::<f64>().ok()?;
+            Some((instance, usd))
+        })
+        .collect()
 }
 
 /// The fresh verdicts of an instant query's answer.
@@ -83,6 +130,7 @@ pub fn parse(body: &[u8], scrape_interval: Duration, now: f64) -> Result<Verdict
             gpus: label("gpus"),
             instance: label("instance"),
             at,
+            usd_per_hour: None,
         };
         // Two verdicts of one pod (two rules): the newest stands for it.
         match out.fresh.entry((namespace, pod)) {
@@ -136,10 +184,29 @@ mod tests {
         assert_eq!(pods, ["edge", "fresh"]);
         assert_eq!(v.stale, 3);
         let f = &v.fresh[&("ml".to_string(), "fresh".to_string())];
+        assert_eq!(f.usd_per_hour, None);
         assert_eq!(
             (f.rule.as_str(), f.gpus.as_str(), f.instance.as_str(), f.at),
             ("idle", "0", "node-a:9400", now - 10.0)
         );
+    }
+
+    /// A pod's dollars per hour are its node's price per GPU times its GPUs; a node without a
+    /// price leaves them unknown.
+    #[test]
+    fn prices_are_per_gpu_of_the_node() {
+        let body = br#"{"status":"success","data":{"resultType":"vector","result":[
+            {"metric":{"instance":"node-a:9400"},"value":[1000,"4.1"]}]}}"#;
+        let prices = per_gpu(body);
+        assert_eq!(prices.get("node-a:9400"), Some(&4.1));
+        assert!(per_gpu(b"<html>").is_empty());
+        let now = 10_000.0;
+        let mut v = parse(&answer(&[("ml", "a", now)]), Duration::from_secs(30), now).unwrap();
+        v.fresh.values_mut().for_each(|x| x.gpus = "0,1".into());
+        fill(&mut v, &prices);
+        assert_eq!(v.fresh.values().next().unwrap().usd_per_hour, Some(8.2));
+        fill(&mut v, &BTreeMap::new());
+        assert_eq!(v.fresh.values().next().unwrap().usd_per_hour, None);
     }
 
     #[test]
