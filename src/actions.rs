@@ -259,6 +259,7 @@ impl Executor {
             pod: pod.to_string(),
             gpus,
             since: at,
+            mode: self.mode.as_str(),
         };
         if !self.verdicts.give(&rule.name, verdict) {
             return Outcome::Refused(format!(

@@ -25,12 +25,13 @@ struct Node {
 
 /// Starts a node whose GPU `i` has utilization `gpus[i].0` and is held by pod `gpus[i].1`
 /// (`namespace/pod`), if any.
-fn node(gpus: &[(u32, Option<&str>)]) -> Node {
-    node_with(gpus, "")
+fn node(name: &str, gpus: &[(u32, Option<&str>)]) -> Node {
+    node_with(name, gpus, "")
 }
 
-/// `node`, with `extra` config.
-fn node_with(gpus: &[(u32, Option<&str>)], extra: &str) -> Node {
+/// `node`, with `extra` config. The node daemon enforces (a controller that enforces acts
+/// only on verdicts of nodes that do), and names itself `name`, as `NODE_NAME` does.
+fn node_with(name: &str, gpus: &[(u32, Option<&str>)], extra: &str) -> Node {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("kubelet.sock");
     let pods_file = dir.path().join("pods.json");
@@ -51,7 +52,8 @@ fn node_with(gpus: &[(u32, Option<&str>)], extra: &str) -> Node {
     let config = format!(
         "[kubernetes]\npod_resources_socket = \"{socket}\"\nrefresh = \"200ms\"\n\
          [sampling]\ninterval = \"100ms\"\n\
-         [actions]\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\nstate_dir = \"{state}\"\n\
+         [exposition]\nhostname = \"{name}\"\n\
+         [actions]\nmode = \"enforce\"\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\nstate_dir = \"{state}\"\n\
          [[rules]]\nname = \"give-back\"\nscope = \"pod\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
          threshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 2\naction = \"reclaim\"\n{extra}",
         socket = socket.display(),
@@ -82,7 +84,7 @@ fn prometheus(nodes: &[&Node]) -> Prometheus {
 /// The controller's config on this API and Prometheus.
 fn controller_config(api: &FakeApi, prom: &Prometheus, mode: &str, extra: &str) -> String {
     format!(
-        "[controller]\nmode = \"{mode}\"\nprometheus_url = \"http://{prom}\"\nscrape_interval = \"1s\"\n\
+        "[controller]\nmode = \"{mode}\"\nprometheus_url = \"http://{prom}\"\nscrape_interval = \"2s\"\n\
          poll_interval = \"300ms\"\nwarning = \"2s\"\nlease_duration = \"3s\"\nkubeconfig = \"{kubeconfig}\"\n{extra}",
         prom = prom.addr,
         kubeconfig = api.kubeconfig.display(),
@@ -97,7 +99,8 @@ fn controller(api: &FakeApi, prom: &Prometheus, mode: &str, identity: &str) -> D
     )
 }
 
-/// A Deployment `ns/name` whose pods are `pods`, each on `node` with one GPU; returns its path.
+/// A Deployment `ns/name` whose pods are `pods` (each `node/pod`, with one GPU); returns its
+/// path.
 fn deployment(
     api: &FakeApi,
     ns: &str,
@@ -111,13 +114,14 @@ fn deployment(
     let rs = api.put(kubeapi::replicaset_of(&d, "7d9f8c"));
     let rs_name = rs["metadata"]["name"].as_str().unwrap();
     for p in pods {
+        let (node, p) = p.split_once('/').unwrap();
         api.put(kubeapi::pod_of(
             "ReplicaSet",
             rs_name,
             kubeapi::uid(&rs),
             ns,
             p,
-            "node",
+            node,
             1,
         ));
     }
@@ -255,30 +259,25 @@ fn idle_workloads_are_warned_then_given_back_and_restored() {
     for ns in ["ml", "batch", "gpuwatch"] {
         api.put(kubeapi::namespace(ns, &[]));
     }
-    // Node A costs $8 an hour: $2 per GPU.
-    let a = node_with(
-        &[
-            (0, Some("ml/train-a")),
-            (0, Some("ml/train-b")),
-            (90, Some("ml/serve-a")),
-            (0, Some("ml/mixed-a")),
-        ],
-        "[cost]\nhourly_price_usd = 8.0\n",
+    let train = deployment(
+        &api,
+        "ml",
+        "train",
+        &["node-a/train-a", "node-a/train-b"],
+        |_| {},
     );
-    let b = node(&[
-        (90, Some("ml/mixed-b")),
-        (0, Some("ml/held-a")),
-        (0, Some("ml/optout-a")),
-        (0, Some("batch/finetune-x7k2p")),
-        (0, Some("ml/nb-0")),
-    ]);
-    let train = deployment(&api, "ml", "train", &["train-a", "train-b"], |_| {});
-    let serve = deployment(&api, "ml", "serve", &["serve-a"], |_| {});
-    let mixed = deployment(&api, "ml", "mixed", &["mixed-a", "mixed-b"], |_| {});
-    let held = deployment(&api, "ml", "held", &["held-a"], |d| {
+    let serve = deployment(&api, "ml", "serve", &["node-a/serve-a"], |_| {});
+    let mixed = deployment(
+        &api,
+        "ml",
+        "mixed",
+        &["node-a/mixed-a", "node-b/mixed-b"],
+        |_| {},
+    );
+    let held = deployment(&api, "ml", "held", &["node-b/held-a"], |d| {
         d["metadata"]["annotations"] = json!({"gpuwatch.io/hold": "forever"});
     });
-    let optout = deployment(&api, "ml", "optout", &["optout-a"], |d| {
+    let optout = deployment(&api, "ml", "optout", &["node-b/optout-a"], |d| {
         d["metadata"]["labels"]["gpuwatch.io/reclaim"] = json!("false");
     });
     let nightly = api.put(kubeapi::cronjob("batch", "nightly", "0 2 * * *", 1));
@@ -296,7 +295,7 @@ fn idle_workloads_are_warned_then_given_back_and_restored() {
         kubeapi::uid(&job),
         "batch",
         "finetune-x7k2p",
-        "node",
+        "node-b",
         1,
     ));
     let nb = api.put(kubeapi::notebook("ml", "nb", 1));
@@ -314,9 +313,32 @@ fn idle_workloads_are_warned_then_given_back_and_restored() {
         kubeapi::uid(&sts),
         "ml",
         "nb-0",
-        "node",
+        "node-b",
         1,
     ));
+    // Node A costs $8 an hour: $2 per GPU.
+    // The pods are in the cluster before the node daemons judge them: a verdict given
+    // before a pod was created is not that pod's.
+    let a = node_with(
+        "node-a",
+        &[
+            (0, Some("ml/train-a")),
+            (0, Some("ml/train-b")),
+            (90, Some("ml/serve-a")),
+            (0, Some("ml/mixed-a")),
+        ],
+        "[cost]\nhourly_price_usd = 8.0\n",
+    );
+    let b = node(
+        "node-b",
+        &[
+            (90, Some("ml/mixed-b")),
+            (0, Some("ml/held-a")),
+            (0, Some("ml/optout-a")),
+            (0, Some("batch/finetune-x7k2p")),
+            (0, Some("ml/nb-0")),
+        ],
+    );
     let prom = prometheus(&[&a, &b]);
     let mut c = controller(&api, &prom, "enforce", "controller-0");
 
@@ -428,8 +450,8 @@ fn dry_run_writes_only_events() {
     let dir = tempfile::tempdir().unwrap();
     let api = FakeApi::start(dir.path());
     api.put(kubeapi::namespace("ml", &[]));
-    let a = node(&[(0, Some("ml/train-a"))]);
-    let train = deployment(&api, "ml", "train", &["train-a"], |_| {});
+    let train = deployment(&api, "ml", "train", &["node-a/train-a"], |_| {});
+    let a = node("node-a", &[(0, Some("ml/train-a"))]);
     let prom = prometheus(&[&a]);
     let c = controller(&api, &prom, "dry-run", "controller-0");
     await_metrics(&c, |s| {
@@ -486,8 +508,8 @@ fn nothing_unknown_acts() {
     let dir = tempfile::tempdir().unwrap();
     let api = FakeApi::start(dir.path());
     api.put(kubeapi::namespace("ml", &[]));
-    let mut a = node(&[(0, Some("ml/train-a"))]);
-    let train = deployment(&api, "ml", "train", &["train-a"], |_| {});
+    let train = deployment(&api, "ml", "train", &["node-a/train-a"], |_| {});
+    let mut a = node("node-a", &[(0, Some("ml/train-a"))]);
     let mut prom = prometheus(&[&a]);
     // The scale subresource is refused: the action fails, saying what the role lacks.
     api.deny("patch", "apps", "deployments/scale", Some("ml"));
@@ -510,7 +532,15 @@ fn nothing_unknown_acts() {
         note.contains("cannot patch resource \"deployments/scale\" in API group \"apps\""),
         "{note}"
     );
-    assert_eq!(api.get(&train).unwrap()["spec"]["replicas"], 1);
+    // The replicas put on record before the scale were taken back when it failed.
+    let deployed = api.get(&train).unwrap();
+    assert_eq!(deployed["spec"]["replicas"], 1);
+    assert!(
+        deployed["metadata"]["annotations"]
+            .get("gpuwatch.io/scaled-down-from")
+            .is_none_or(Value::is_null),
+        "{deployed}"
+    );
 
     // Prometheus stopped: no verdict is known, and nothing is given back, though the API
     // would now allow it.
@@ -538,8 +568,11 @@ fn nothing_unknown_acts() {
     });
     assert_eq!(api.get(&train).unwrap()["spec"]["replicas"], 1);
 
-    // Prometheus back, the node daemon stopped: its last verdict goes stale, and counts as busy.
+    // The node daemon dies while Prometheus is down, so no staleness marker ends its series:
+    // Prometheus comes back answering with its last verdict, older than two scrape intervals
+    // by then (the wait ages it), which counts as busy.
     a.daemon.kill();
+    std::thread::sleep(Duration::from_secs(5));
     prom.restart();
     await_metrics(&c, |s| {
         metric("gpuwatch_controller_verdicts")
@@ -559,8 +592,8 @@ fn only_the_leader_acts_and_a_conflict_is_read_again() {
     let dir = tempfile::tempdir().unwrap();
     let api = FakeApi::start(dir.path());
     api.put(kubeapi::namespace("ml", &[]));
-    let a = node(&[(0, Some("ml/train-a"))]);
-    let train = deployment(&api, "ml", "train", &["train-a"], |_| {});
+    let train = deployment(&api, "ml", "train", &["node-a/train-a"], |_| {});
+    let a = node("node-a", &[(0, Some("ml/train-a"))]);
     api.conflict_once(&train);
     let prom = prometheus(&[&a]);
     let one = controller(&api, &prom, "enforce", "controller-0");

@@ -404,3 +404,43 @@ fn a_reclaim_rule_serves_a_verdict_while_the_pod_stays_idle() {
         .value(1.0)
         .assert_in(&s);
 }
+
+/// Holds win: a hold placed on the node withdraws every reclaim verdict it serves at once,
+/// though the pod stays idle, and none is given while it holds.
+#[test]
+fn a_hold_on_the_node_withdraws_its_reclaim_verdicts() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("kubelet.sock");
+    let pods = dir.path().join("pods.json");
+    std::fs::write(
+        &pods,
+        serde_json::json!([pod(
+            "notebook",
+            "ml",
+            "jupyter",
+            "nvidia.com/gpu",
+            &[&uuid(0)]
+        )])
+        .to_string(),
+    )
+    .unwrap();
+    let _kubelet = fake_kubelet(&socket, &pods);
+    let config = format!(
+        "[kubernetes]\npod_resources_socket = \"{socket}\"\nrefresh = \"200ms\"\n\
+         [sampling]\ninterval = \"100ms\"\n\
+         [actions]\nmode = \"enforce\"\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\n\
+         [[rules]]\nname = \"give-back\"\nscope = \"pod\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
+         threshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 2\naction = \"reclaim\"\n",
+        socket = socket.display(),
+    );
+    let d = Daemon::start("[[gpu]]\nutilization = 0\n", &config);
+    let verdict = || metric("gpuwatch_pod_reclaim_verdict").label("pod", "notebook");
+    d.await_scrape(LIMIT, |s| verdict().get(s).is_some());
+    let path = d.dir.path().join("gpuwatch.toml");
+    common::gpuwatch(&[&"hold", &"1h", &"--reason", &"demo", &"--config", &path]);
+    let s = d.await_scrape(LIMIT, |s| verdict().get(s).is_none());
+    metric("gpuwatch_pod_reclaim_verdicts_total")
+        .label("event", "withdrawn")
+        .value(1.0)
+        .assert_in(&s);
+}

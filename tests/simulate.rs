@@ -719,6 +719,20 @@ fn pod_scoped_rules_replay_per_pod() {
             && err.contains("scope is \"node\""),
         "{err}"
     );
+    // A reclaim verdict judges idleness: a rule that breaches above its threshold cannot give
+    // one, nor can one gated on a budget.
+    let err = Config::parse(
+        "[[rules]]\nname = \"p\"\nscope = \"pod\"\nmetric = \"gpu_utilization\"\ncomparison = \"greater_than\"\n\
+         threshold = 0.05\nperiod = \"10m\"\naction = \"reclaim\"\nbudget = { name = \"team\", spent_at_least = 0.5 }\n",
+        Path::new("above.toml"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("rules[0].comparison: \"greater_than\": a reclaim rule judges idleness")
+            && err.contains("rules[0].budget: a reclaim verdict stands on idleness alone"),
+        "{err}"
+    );
 }
 
 /// `simulate` takes GPM's `sm_active` and `tensor_active` columns: a GPU at 100% utilization and

@@ -73,7 +73,7 @@ pub fn restore(config: Config, what: &str) -> ExitCode {
         }
     };
     let done = runtime.block_on(async {
-        let (client, _) = crate::controller::connect(&c).await?;
+        let (client, _, _) = crate::controller::connect(&c).await?;
         Cluster { client }
             .restore(&key)
             .await

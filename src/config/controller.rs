@@ -11,7 +11,7 @@ use super::budgets::{PrometheusSource, RawBudget};
 use super::check::{duration, pick, DAY};
 use super::{ConfigError, Mode};
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawController {
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -44,6 +44,8 @@ pub struct RawController {
     pub lease_duration: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kubeconfig: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verdict_selector: Option<String>,
 }
 
 /// The cluster controller's settings.
@@ -67,15 +69,44 @@ pub struct ControllerConfig {
     pub lease_duration: Duration,
     /// A kubeconfig to use instead of the in-cluster service account (or `KUBECONFIG`).
     pub kubeconfig: Option<std::path::PathBuf>,
+    /// The label matchers a verdict's series must have: the node daemons' scrape job, so that
+    /// no other target (a Pushgateway, say) can speak for a pod.
+    pub verdict_selector: String,
 }
 
-/// The query the controller asks: each standing verdict's sample time.
-pub const VERDICT_QUERY: &str = "timestamp(gpuwatch_pod_reclaim_verdict)";
+/// The verdicts' selector unless the config says otherwise: the node daemons' scrape job as
+/// the shipped ServiceMonitor names it.
+pub const VERDICT_SELECTOR: &str = "{job=\"gpuwatch\"}";
+
+impl ControllerConfig {
+    /// Each standing verdict's own sample time: `timestamp()` of the selector itself (an
+    /// operator in between would stamp every sample with the query's time).
+    pub fn verdict_query(&self) -> String {
+        format!(
+            "timestamp(gpuwatch_pod_reclaim_verdict{})",
+            self.verdict_selector
+        )
+    }
+
+    /// When each standing verdict was given.
+    pub fn since_query(&self) -> String {
+        format!(
+            "gpuwatch_pod_reclaim_verdict_since_seconds{}",
+            self.verdict_selector
+        )
+    }
+}
 
 impl RawController {
-    /// Whether the section says anything at all.
+    /// Whether the section says anything at all: then it is the controller's, and checked
+    /// whole (a key without `prometheus_url` is an error, never ignored).
     pub fn is_set(&self) -> bool {
-        self.prometheus_url.is_some() || self.mode.is_some() || self.poll_interval.is_some()
+        *self != RawController::default()
+    }
+
+    /// The opposite, for serde: an absent section is left out of the defaults.
+    pub fn is_unset(&self) -> bool {
+        !self.is_set()
     }
 
     /// The validated section, or `None` where it is absent or has problems (each pushed).
@@ -97,7 +128,7 @@ impl RawController {
         );
         let budget = RawBudget {
             url: self.prometheus_url.clone(),
-            query: Some(VERDICT_QUERY.into()),
+            query: Some(format!("gpuwatch_pod_reclaim_verdict{VERDICT_SELECTOR}")),
             timeout: self.timeout.clone(),
             ca_file: self.ca_file.clone(),
             username: self.username.clone(),
@@ -136,6 +167,23 @@ impl RawController {
             "15s",
             Duration::from_secs(2),
         );
+        let (exclude_namespaces, lease_name, verdict_selector) = self.names(&mut invalid);
+        Some(ControllerConfig {
+            mode: mode?,
+            prometheus: prometheus?,
+            poll_interval: poll_interval?,
+            scrape_interval: scrape_interval?,
+            warning: warning?,
+            exclude_namespaces,
+            lease_name,
+            lease_duration: lease_duration?,
+            kubeconfig: self.kubeconfig.as_ref().map(Into::into),
+            verdict_selector,
+        })
+    }
+
+    /// The excluded namespaces, the Lease's name and the verdicts' selector, checked.
+    fn names(&self, invalid: &mut impl FnMut(&str, String)) -> (Vec<String>, String, String) {
         let exclude_namespaces = self
             .exclude_namespaces
             .clone()
@@ -161,17 +209,25 @@ impl RawController {
                 ),
             );
         }
-        Some(ControllerConfig {
-            mode: mode?,
-            prometheus: prometheus?,
-            poll_interval: poll_interval?,
-            scrape_interval: scrape_interval?,
-            warning: warning?,
-            exclude_namespaces,
-            lease_name,
-            lease_duration: lease_duration?,
-            kubeconfig: self.kubeconfig.as_ref().map(Into::into),
-        })
+        let verdict_selector = self
+            .verdict_selector
+            .clone()
+            .unwrap_or_else(|| VERDICT_SELECTOR.into());
+        let selector_ok = verdict_selector.len() <= 1024
+            && verdict_selector.starts_with('{')
+            && verdict_selector.ends_with('}')
+            && verdict_selector.len() > 2
+            && !verdict_selector.chars().any(char::is_control);
+        if !selector_ok {
+            invalid(
+                "verdict_selector",
+                format!(
+                    "\"{}\" is not a PromQL label selector with at least one matcher, such as {VERDICT_SELECTOR}",
+                    crate::redact::brief(&verdict_selector, 80)
+                ),
+            );
+        }
+        (exclude_namespaces, lease_name, verdict_selector)
     }
 }
 

@@ -22,6 +22,7 @@ pub struct RawConfig {
     pub cost: RawCost,
     pub cloudwatch: RawCloudWatch,
     pub health: RawHealth,
+    #[serde(skip_serializing_if = "super::controller::RawController::is_unset")]
     pub controller: super::controller::RawController,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub budgets: Vec<RawBudget>,

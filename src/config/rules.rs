@@ -158,6 +158,9 @@ impl RawRule {
         if health {
             check_health_rule(&mut invalid, &w);
         }
+        if w.action == Some(Action::Reclaim) {
+            check_reclaim_rule(&mut invalid, &w, self.budget.is_some());
+        }
         let period = self.window(&mut invalid);
         if let Some(g) = &self.budget {
             if !(g.spent_at_least.is_finite() && (0.0..=10.0).contains(&g.spent_at_least)) {
@@ -430,6 +433,29 @@ fn check_threshold(invalid: &mut impl FnMut(&str, String), m: Metric, threshold:
             "a count of 0 or more"
         };
         invalid("threshold", format!("\"{threshold}\" is not {what}"));
+    }
+}
+
+/// A reclaim verdict says a pod's GPUs are idle, and stands while every one of them stays under
+/// the threshold: only a rule that breaches on readings below it can give one, and idleness
+/// alone (no budget gate) keeps it.
+fn check_reclaim_rule(invalid: &mut impl FnMut(&str, String), w: &Words, gated: bool) {
+    let above = match w.comparison {
+        Some(Comparison::GreaterThan) => "greater_than",
+        Some(Comparison::GreaterThanOrEqual) => "greater_than_or_equal",
+        _ => "",
+    };
+    if !above.is_empty() {
+        invalid(
+            "comparison",
+            format!("\"{above}\": a reclaim rule judges idleness, readings below its threshold: use \"less_than\" or \"less_than_or_equal\""),
+        );
+    }
+    if gated {
+        invalid(
+            "budget",
+            "a reclaim verdict stands on idleness alone: leave the budget gate out".into(),
+        );
     }
 }
 

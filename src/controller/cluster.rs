@@ -167,7 +167,15 @@ impl Cluster {
                 match controller_of(&rs.metadata) {
                     None => Owner::Workload(key(Kind::ReplicaSet, &c.name), None),
                     Some(d) if d.api_version == "apps/v1" && d.kind == "Deployment" => {
-                        Owner::Workload(key(Kind::Deployment, &d.name), None)
+                        // A Deployment that something else controls (a KServe
+                        // InferenceService, a Knative Revision) is that owner's to scale.
+                        let deployment = Api::<Deployment>::namespaced(self.client.clone(), &ns)
+                            .get(&d.name)
+                            .await?;
+                        match controller_of(&deployment.metadata) {
+                            None => Owner::Workload(key(Kind::Deployment, &d.name), None),
+                            Some(o) => other(&o.kind, &o.name, &o.api_version),
+                        }
                     }
                     Some(o) => other(&o.kind, &o.name, &o.api_version),
                 }
@@ -188,7 +196,17 @@ impl Cluster {
                 let job = Api::<Job>::namespaced(self.client.clone(), &ns)
                     .get(&c.name)
                     .await?;
+                // A Job a queue admits (Kueue) or another controller manages is theirs to
+                // suspend and resume.
+                let queued = job
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key("kueue.x-k8s.io/queue-name"));
+                let managed_by = job.spec.as_ref().and_then(|s| s.managed_by.clone());
+                let foreign = managed_by.is_some_and(|m| m != "kubernetes.io/job-controller");
                 match controller_of(&job.metadata) {
+                    _ if queued || foreign => other("Job", &c.name, "batch/v1"),
                     None => Owner::Workload(key(Kind::Job, &c.name), None),
                     Some(cj) if cj.api_version == "batch/v1" && cj.kind == "CronJob" => {
                         Owner::Workload(key(Kind::Job, &c.name), Some(cj.name.clone()))
@@ -206,34 +224,38 @@ impl Cluster {
     pub async fn read(&self, key: &Key, excluded: bool) -> Result<Read, kube::Error> {
         let client = self.client.clone();
         let ns = key.namespace.as_str();
-        let (meta, replicas, given_back, api_version) = match key.kind {
+        // (metadata, the pods it should have, the pods its status counts, given back, API)
+        let (meta, replicas, status_pods, given_back, api_version) = match key.kind {
             Kind::Deployment => {
                 let d = Api::<Deployment>::namespaced(client, ns)
                     .get(&key.name)
                     .await?;
                 let r = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-                (d.metadata, i64::from(r), r == 0, "apps/v1")
+                let st = d.status.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+                (d.metadata, r, st, r == 0, "apps/v1")
             }
             Kind::StatefulSet => {
                 let s = Api::<StatefulSet>::namespaced(client, ns)
                     .get(&key.name)
                     .await?;
                 let r = s.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-                (s.metadata, i64::from(r), r == 0, "apps/v1")
+                let st = s.status.as_ref().map_or(0, |s| s.replicas);
+                (s.metadata, r, st, r == 0, "apps/v1")
             }
             Kind::ReplicaSet => {
                 let s = Api::<ReplicaSet>::namespaced(client, ns)
                     .get(&key.name)
                     .await?;
                 let r = s.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-                (s.metadata, i64::from(r), r == 0, "apps/v1")
+                let st = s.status.as_ref().map_or(0, |s| s.replicas);
+                (s.metadata, r, st, r == 0, "apps/v1")
             }
             Kind::Job => {
+                // A Job's pods are its active ones.
                 let j = Api::<Job>::namespaced(client, ns).get(&key.name).await?;
-                let spec = j.spec.as_ref();
-                let suspended = spec.and_then(|s| s.suspend).unwrap_or(false);
-                let parallelism = spec.and_then(|s| s.parallelism).unwrap_or(1);
-                (j.metadata, i64::from(parallelism), suspended, "batch/v1")
+                let suspended = j.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false);
+                let active = j.status.as_ref().and_then(|s| s.active).unwrap_or(0);
+                (j.metadata, active, active, suspended, "batch/v1")
             }
             Kind::Notebook => {
                 let n = Api::<DynamicObject>::namespaced_with(client, ns, &notebooks())
@@ -244,7 +266,7 @@ impl Cluster {
                     .annotations
                     .as_ref()
                     .is_some_and(|a| a.contains_key(NOTEBOOK_STOPPED));
-                (n.metadata, 1, stopped, "kubeflow.org/v1")
+                (n.metadata, 1, 1, stopped, "kubeflow.org/v1")
             }
         };
         let namespace = Api::<Namespace>::all(self.client.clone()).get(ns).await?;
@@ -261,13 +283,15 @@ impl Cluster {
                 namespace: key.namespace.clone(),
                 name: key.name.clone(),
                 generation: meta.generation.unwrap_or(0),
-                replicas,
+                replicas: i64::from(replicas),
                 given_back,
                 opted_out: labels.get(RECLAIM_LABEL).is_some_and(|v| v == "false"),
                 hold: Hold::parse(annotations.get(HOLD).map(String::as_str)),
                 namespace_hold: Hold::parse(ns_hold.as_deref()),
                 excluded,
                 pods: Vec::new(),
+                seen: 0,
+                status_pods: i64::from(status_pods),
             },
             resource_version: meta.resource_version.clone().unwrap_or_default(),
             reference: reference(api_version, key.kind.as_str(), &meta),
@@ -286,6 +310,13 @@ impl Cluster {
         let ns = w.namespace.as_str();
         let pp = PatchParams::default();
         let rv = read.resource_version.as_str();
+        if rv.is_empty() {
+            // An empty resourceVersion is no precondition at all: never write blind.
+            return Err(kube::Error::Api(Box::new(kube::core::Status::failure(
+                "the workload was read without a resourceVersion; it is not written blind",
+                "Invalid",
+            ))));
+        }
         match w.kind {
             Kind::Deployment | Kind::StatefulSet | Kind::ReplicaSet => {
                 let mut from = note.clone();
@@ -295,13 +326,24 @@ impl Cluster {
                     "annotations": {SCALED_DOWN_FROM: from.to_string()},
                 }});
                 let scale = |rv: &str| serde_json::json!({"metadata": {"resourceVersion": rv}, "spec": {"replicas": 0}});
+                // The replicas are on record before the scale; a scale that fails takes the
+                // record back (with the resourceVersion it left), so none is left behind.
                 macro_rules! scale_down {
                     ($t:ty) => {{
                         let api = Api::<$t>::namespaced(self.client.clone(), ns);
                         let patched = api.patch(&w.name, &pp, &Patch::Merge(&annotate)).await?;
                         let rv = patched.metadata.resource_version.unwrap_or_default();
-                        api.patch_scale(&w.name, &pp, &Patch::Merge(&scale(&rv)))
-                            .await?;
+                        let scaled = api
+                            .patch_scale(&w.name, &pp, &Patch::Merge(&scale(&rv)))
+                            .await;
+                        if let Err(e) = scaled {
+                            let undo = serde_json::json!({"metadata": {
+                                "resourceVersion": rv,
+                                "annotations": {SCALED_DOWN_FROM: null},
+                            }});
+                            let _ = api.patch(&w.name, &pp, &Patch::Merge(&undo)).await;
+                            return Err(e);
+                        }
                     }};
                 }
                 match w.kind {
@@ -337,6 +379,18 @@ impl Cluster {
     /// resumed, the Notebook started; the controller's annotation removed. Returns what it did.
     pub async fn restore(&self, key: &Key) -> Result<String, RestoreError> {
         let read = self.read(key, false).await.map_err(RestoreError::Api)?;
+        // Only what gpuwatch gave back, and only while it still is: never a workload someone
+        // scaled since, a Job a queue suspended, or a notebook its user stopped.
+        let ours = match key.kind {
+            Kind::Deployment | Kind::StatefulSet | Kind::ReplicaSet => SCALED_DOWN_FROM,
+            Kind::Job | Kind::Notebook => GIVEN_BACK_BY,
+        };
+        if !read.annotations.contains_key(ours) {
+            return Err(RestoreError::NotOurs(ours));
+        }
+        if !read.workload.given_back {
+            return Err(RestoreError::NotGivenBack);
+        }
         let ns = key.namespace.as_str();
         let pp = PatchParams::default();
         let forget = |name: &str| serde_json::json!({"metadata": {"annotations": {name: null}}});
@@ -401,33 +455,46 @@ pub enum RestoreError {
     NotOurs(&'static str),
     #[error("its annotation \"{0}\" does not say how many replicas it had")]
     Unreadable(String),
+    #[error("it is running again (scaled up, resumed or started since): nothing to restore")]
+    NotGivenBack,
 }
 
-/// Whether a pod holds a GPU: a container (or init container) that requests or limits a
-/// GPU resource (`nvidia.com/gpu`, `amd.com/gpu`, a MIG profile such as
-/// `nvidia.com/mig-1g.10gb`).
-pub fn holds_gpu(pod: &Pod) -> bool {
+/// Whether a pod may hold a GPU or another accelerator: a container (or init container) that
+/// asks for any extended resource (`nvidia.com/gpu`, `nvidia.com/gpu.shared`, a MIG profile,
+/// `amd.com/gpu`, `habana.ai/gaudi`, ...), or a resource claim (dynamic resource allocation).
+/// Only a pod that asks for nothing beyond CPU, memory, storage and huge pages is known not to.
+pub fn holds_accelerator(pod: &Pod) -> bool {
     let Some(spec) = &pod.spec else {
         return false;
     };
-    let gpu = |name: &str| name.ends_with("/gpu") || name.starts_with("nvidia.com/mig-");
-    spec.containers
-        .iter()
-        .chain(spec.init_containers.as_deref().unwrap_or_default())
-        .filter_map(|c| c.resources.as_ref())
-        .flat_map(|r| {
-            r.limits
-                .iter()
-                .chain(r.requests.iter())
-                .flat_map(|m| m.keys())
-        })
-        .any(|k| gpu(k))
+    let plain = |name: &str| {
+        matches!(name, "cpu" | "memory" | "ephemeral-storage") || name.starts_with("hugepages-")
+    };
+    let claims = spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty());
+    claims
+        || spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.as_deref().unwrap_or_default())
+            .filter_map(|c| c.resources.as_ref())
+            .flat_map(|r| {
+                r.limits
+                    .iter()
+                    .chain(r.requests.iter())
+                    .flat_map(|m| m.keys())
+            })
+            .any(|k| !plain(k))
 }
 
-/// A pod that is over (Succeeded or Failed) holds nothing.
-pub fn is_running(pod: &Pod) -> bool {
+/// Whether a pod is being deleted.
+pub fn is_terminating(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+}
+
+/// A pod that is over (Succeeded or Failed) holds nothing; any other is live.
+pub fn is_live(pod: &Pod) -> bool {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    !matches!(phase, Some("Succeeded" | "Failed")) && pod.metadata.deletion_timestamp.is_none()
+    !matches!(phase, Some("Succeeded" | "Failed"))
 }
 
 /// An API error in words: the API server's own message (a 403 names the verb and the resource

@@ -107,8 +107,34 @@ pub struct Workload {
     pub hold: Hold,
     pub namespace_hold: Hold,
     pub excluded: bool,
-    /// Its pods that hold a GPU, each with the rule of its fresh verdict (none: busy).
-    pub pods: Vec<(String, Option<String>)>,
+    /// Its pods that hold a GPU (or any accelerator, or are ending), each with its fresh
+    /// verdict (none: busy).
+    pub pods: Vec<Pod>,
+    /// Its live pods seen in the cache, with or without a GPU.
+    pub seen: i64,
+    /// The pods it should have now, by its own status (`status.replicas`, a Job's
+    /// `status.active`): they must agree with its spec and with those seen.
+    pub status_pods: i64,
+}
+
+/// One pod of a workload, as the round saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pod {
+    pub name: String,
+    /// Its fresh verdict: the rule, and when the node daemon gave it.
+    pub idle: Option<(String, f64)>,
+    /// Being deleted: it may be busy to its end, and a new one may take its place.
+    pub terminating: bool,
+}
+
+impl Pod {
+    pub fn idle(name: &str, rule: &str, since: f64) -> Pod {
+        Pod {
+            name: name.into(),
+            idle: Some((rule.into(), since)),
+            terminating: false,
+        }
+    }
 }
 
 /// What the controller remembers of a warning it gave.
@@ -118,6 +144,30 @@ pub struct Warned {
     pub due: f64,
     pub generation: i64,
     pub replicas: i64,
+    /// Each pod's verdict warned of (its name, when it was given): a verdict given since is
+    /// another idle spell, warned of afresh.
+    pub verdicts: Vec<(String, f64)>,
+}
+
+impl Warned {
+    /// The warning of `w` given at `at`, due at `due`.
+    pub fn of(w: &Workload, at: f64, due: f64) -> Warned {
+        Warned {
+            at,
+            due,
+            generation: w.generation,
+            replicas: w.replicas,
+            verdicts: spells(w),
+        }
+    }
+}
+
+/// Each pod's verdict: its name and when it was given.
+fn spells(w: &Workload) -> Vec<(String, f64)> {
+    w.pods
+        .iter()
+        .filter_map(|p| Some((p.name.clone(), p.idle.as_ref()?.1)))
+        .collect()
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -152,13 +202,27 @@ pub fn decide(w: &Workload, warned: Option<&Warned>, now: f64, warning: Duration
     if w.pods.is_empty() {
         return Decision::Keep("no pod of it holds a GPU".into());
     }
-    if let Some((pod, _)) = w.pods.iter().find(|(_, v)| v.is_none()) {
+    if let Some(p) = w.pods.iter().find(|p| p.terminating) {
+        return Decision::Keep(format!("pod {} is being deleted", p.name));
+    }
+    if w.seen != w.replicas || w.status_pods != w.replicas {
         return Decision::Keep(format!(
-            "pod {pod} has no fresh idle verdict (busy, or its node cannot tell)"
+            "it should have {} pods; its status says {} and {} are seen: it is changing, or the pod cache is behind",
+            w.replicas, w.status_pods, w.seen
+        ));
+    }
+    if let Some(p) = w.pods.iter().find(|p| p.idle.is_none()) {
+        return Decision::Keep(format!(
+            "pod {} has no fresh idle verdict (busy, or its node cannot tell)",
+            p.name
         ));
     }
     match warned {
-        Some(x) if x.generation == w.generation && x.replicas == w.replicas => {
+        Some(x)
+            if x.generation == w.generation
+                && x.replicas == w.replicas
+                && x.verdicts == spells(w) =>
+        {
             if now >= x.due {
                 Decision::Act
             } else {

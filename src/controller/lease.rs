@@ -1,8 +1,9 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease in the controller's namespace, as
 //! client-go's leader election does it: the holder renews `renewTime` every third of the
-//! lease's duration; another takes the Lease over only once `renewTime + leaseDurationSeconds`
-//! has passed, and every write carries the `resourceVersion` read, so of two that try at once
-//! one gets 409 Conflict. A leader acts only until two thirds of the duration after the start
+//! lease's duration; another takes the Lease over only once the record has not changed for
+//! `leaseDurationSeconds` by its own clock (the time it last saw the record change, never the
+//! holder's `renewTime`, so clocks apart make no second leader), and every write carries the
+//! `resourceVersion` read, so of two that try at once one gets 409 Conflict. A leader acts only until two thirds of the duration after the start
 //! of its last successful renewal: one that cannot renew stops acting before its lease can
 //! expire and another take it.
 
@@ -18,6 +19,8 @@ pub struct Elector {
     duration: Duration,
     /// Until when this controller may act, if it leads.
     leading_until: std::sync::Mutex<Option<Instant>>,
+    /// The record last seen (holder and renewal), and when it was first seen by this clock.
+    observed: std::sync::Mutex<Option<(String, Instant)>>,
 }
 
 impl Elector {
@@ -28,6 +31,7 @@ impl Elector {
             identity: identity.into(),
             duration,
             leading_until: std::sync::Mutex::new(None),
+            observed: std::sync::Mutex::new(None),
         }
     }
 
@@ -88,13 +92,25 @@ impl Elector {
         };
         let spec = serde_json::to_value(&current.spec).unwrap_or_default();
         let holder = spec["holderIdentity"].as_str().unwrap_or("");
-        let renew_time = spec["renewTime"]
-            .as_str()
-            .and_then(gpuwatch_core::time::parse_rfc3339);
-        let duration = spec["leaseDurationSeconds"].as_f64().unwrap_or(0.0);
+        let record = format!("{holder}|{}", spec["renewTime"].as_str().unwrap_or(""));
+        // A Lease without a duration lasts as long as this controller's own.
+        let duration = spec["leaseDurationSeconds"]
+            .as_f64()
+            .filter(|d| *d > 0.0)
+            .map_or(self.duration, Duration::from_secs_f64);
         let transitions = spec["leaseTransitions"].as_i64().unwrap_or(0);
         let ours = holder == self.identity;
-        let expired = holder.is_empty() || renew_time.is_none_or(|t| t + duration < now);
+        let unchanged_for = {
+            let mut observed = self.observed.lock().unwrap_or_else(|e| e.into_inner());
+            match &*observed {
+                Some((seen, since)) if *seen == record => since.elapsed(),
+                _ => {
+                    *observed = Some((record, Instant::now()));
+                    Duration::ZERO
+                }
+            }
+        };
+        let expired = holder.is_empty() || unchanged_for > duration;
         if !ours && !expired {
             return Ok(false);
         }

@@ -12,6 +12,7 @@ mod round;
 pub mod verdicts;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::Context as _;
@@ -29,10 +30,14 @@ use crate::config::Config;
 /// The controller's name, as its Events report it.
 pub const NAME: &str = "gpuwatch-controller";
 
+/// The longest one API call (not a watch) may take: a hung call never stalls a round.
+pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// Connects to the cluster: the kubeconfig the config names, else `KUBECONFIG` or
-/// `~/.kube/config`, else the pod's service account. Returns the client and the controller's
-/// namespace (`POD_NAMESPACE`, else the kubeconfig context's).
-pub async fn connect(c: &ControllerConfig) -> anyhow::Result<(Client, String)> {
+/// `~/.kube/config`, else the pod's service account. Returns a client for calls (each bounded
+/// by `CALL_TIMEOUT`), one for watches (which the server ends), and the controller's namespace
+/// (`POD_NAMESPACE`, else the kubeconfig context's).
+pub async fn connect(c: &ControllerConfig) -> anyhow::Result<(Client, Client, String)> {
     let config = match &c.kubeconfig {
         Some(path) => {
             let k = kube::config::Kubeconfig::read_from(path)
@@ -49,22 +54,25 @@ pub async fn connect(c: &ControllerConfig) -> anyhow::Result<(Client, String)> {
         .ok()
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| config.default_namespace.clone());
-    let client = Client::try_from(config).context("cannot set up the Kubernetes client")?;
-    Ok((client, namespace))
+    let watches =
+        Client::try_from(config.clone()).context("cannot set up the Kubernetes client")?;
+    let mut bounded = config;
+    bounded.read_timeout = Some(CALL_TIMEOUT);
+    let calls = Client::try_from(bounded).context("cannot set up the Kubernetes client")?;
+    Ok((calls, watches, namespace))
 }
 
-/// Who this controller is, for the Lease: `POD_NAME` (the downward API), else the hostname.
+/// Who this controller is, for the Lease: `POD_NAME` (the downward API), else the hostname
+/// and the process id (two controllers on one host are two).
 pub fn identity() -> String {
-    std::env::var("POD_NAME")
-        .ok()
-        .filter(|n| !n.is_empty())
-        .or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
-                .map(|h| h.trim().to_string())
-        })
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| format!("gpuwatch-{}", std::process::id()))
+    if let Some(pod) = std::env::var("POD_NAME").ok().filter(|n| !n.is_empty()) {
+        return pod;
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let host = if host.is_empty() { "gpuwatch" } else { &host };
+    format!("{host}-{}", std::process::id())
 }
 
 /// The controller's state between rounds.
@@ -88,6 +96,10 @@ pub struct Controller {
     pub reported: BTreeSet<String>,
     /// The last failure said, so that a failure is logged once until it changes.
     pub last_failure: Option<String>,
+    /// When this round's verdicts were read.
+    pub verdicts_read: std::time::Instant,
+    /// The pods' watch has not failed since it last listed them all.
+    pub pods_healthy: Arc<AtomicBool>,
 }
 
 /// Runs the controller until `shutdown` completes.
@@ -99,7 +111,7 @@ pub async fn run(
         .controller
         .clone()
         .context("the config has no [controller] section")?;
-    let (client, namespace) = connect(&c).await?;
+    let (client, watches, namespace) = connect(&c).await?;
     let identity = identity();
     let stats = Arc::new(metrics::Shared::default());
     let mut tasks = tokio::task::JoinSet::new();
@@ -107,7 +119,7 @@ pub async fn run(
         .await
         .with_context(|| format!("cannot listen on {}", config.server.listen))?;
     let addr = listener.local_addr()?;
-    let (pods, ready) = watch_pods(&client, &stats, &mut tasks);
+    let (pods, ready, pods_healthy) = watch_pods(&watches, &stats, &mut tasks);
     serve(listener, &config, &stats, ready, &mut tasks);
     let elector = Arc::new(lease::Elector::new(
         Api::namespaced(client.clone(), &namespace),
@@ -152,6 +164,8 @@ pub async fn run(
         cronjobs: BTreeMap::new(),
         reported: BTreeSet::new(),
         last_failure: None,
+        verdicts_read: std::time::Instant::now(),
+        pods_healthy,
     };
     let mut ticker = tokio::time::interval(controller.config.poll_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -174,39 +188,51 @@ fn watch_pods(
     client: &Client,
     stats: &Arc<metrics::Shared>,
     tasks: &mut tokio::task::JoinSet<()>,
-) -> (reflector::Store<Pod>, Arc<std::sync::atomic::AtomicBool>) {
+) -> (reflector::Store<Pod>, Arc<AtomicBool>, Arc<AtomicBool>) {
     let (store, writer) = reflector::store();
-    let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ready = Arc::new(AtomicBool::new(false));
+    let healthy = Arc::new(AtomicBool::new(false));
     let api: Api<Pod> = Api::all(client.clone());
-    let stream = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
-    let (stats, flag) = (Arc::clone(stats), Arc::clone(&ready));
+    // Pods that are over hold nothing; what the controller never reads is not kept.
+    let config = watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed");
+    let stream = watcher(api, config)
+        .modify(|p| {
+            p.metadata.managed_fields = None;
+            p.metadata.annotations = None;
+        })
+        .default_backoff();
+    let stream = reflector(writer, stream);
+    let (stats, flag, fine) = (Arc::clone(stats), Arc::clone(&ready), Arc::clone(&healthy));
     tasks.spawn(async move {
         let mut stream = std::pin::pin!(stream);
-        let mut failing = false;
         while let Some(event) = stream.next().await {
             match event {
                 Ok(watcher::Event::InitDone) => {
-                    flag.store(true, std::sync::atomic::Ordering::Release);
-                    failing = false;
+                    flag.store(true, Ordering::Release);
+                    fine.store(true, Ordering::Release);
                 }
-                Ok(_) => failing = false,
+                Ok(_) => {}
                 Err(e) => {
                     stats.error("kubernetes");
-                    if !failing {
-                        tracing::warn!(error = %e, "cannot watch the cluster's pods; retrying (nothing acts on what it cannot see)");
+                    // Until the next whole list, the cache may miss a change.
+                    if fine.swap(false, Ordering::AcqRel) {
+                        tracing::warn!(error = %e, "cannot watch the cluster's pods; retrying (nothing is given back until they are listed again)");
                     }
-                    failing = true;
                 }
             }
         }
     });
-    (store, ready)
+    (store, ready, healthy)
 }
 
 /// Takes or renews the Lease every third of its duration.
 async fn elect(elector: Arc<lease::Elector>, stats: Arc<metrics::Shared>) {
     let mut said: Option<String> = None;
+    // A fixed pace from each try's start: a slow answer does not stretch the renewals.
+    let mut ticker = tokio::time::interval(elector.every());
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        ticker.tick().await;
         match elector.try_lead().await {
             Ok(_) => said = None,
             Err(e) => {
@@ -219,7 +245,6 @@ async fn elect(elector: Arc<lease::Elector>, stats: Arc<metrics::Shared>) {
             }
         }
         stats.with(|s| s.leader = elector.leads());
-        tokio::time::sleep(elector.every()).await;
     }
 }
 
@@ -228,7 +253,7 @@ fn serve(
     listener: tokio::net::TcpListener,
     config: &Config,
     stats: &Arc<metrics::Shared>,
-    ready: Arc<std::sync::atomic::AtomicBool>,
+    ready: Arc<AtomicBool>,
     tasks: &mut tokio::task::JoinSet<()>,
 ) {
     use axum::http::{header, StatusCode};
@@ -249,7 +274,7 @@ fn serve(
         .route(
             "/-/ready",
             get(move || async move {
-                if ready.load(std::sync::atomic::Ordering::Acquire) {
+                if ready.load(Ordering::Acquire) {
                     (StatusCode::OK, "ready\n").into_response()
                 } else {
                     (StatusCode::SERVICE_UNAVAILABLE, "listing the pods\n").into_response()
@@ -274,14 +299,14 @@ fn serve(
 
 impl Controller {
     /// Publishes an Event on `regarding` (at most 1 KiB of note); a failure is counted and
-    /// logged, and changes nothing else.
+    /// logged. Returns whether it was published.
     pub async fn event(
         &self,
         regarding: &ObjectReference,
         warning: bool,
         reason: &str,
         note: String,
-    ) {
+    ) -> bool {
         let note = crate::redact::brief(&note, 1000);
         let kind = regarding.kind.as_deref().unwrap_or("");
         let name = regarding.name.as_deref().unwrap_or("");
@@ -302,9 +327,13 @@ impl Controller {
             action: reason.trim_start_matches("GpuIdle").into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, regarding).await {
-            self.stats.error("events");
-            tracing::warn!(error = %cluster::says(&e), reason, "cannot publish an Event");
+        match self.recorder.publish(&event, regarding).await {
+            Ok(()) => true,
+            Err(e) => {
+                self.stats.error("events");
+                tracing::warn!(error = %cluster::says(&e), reason, "cannot publish an Event");
+                false
+            }
         }
     }
 }

@@ -3,14 +3,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::cluster::{holds_gpu, is_running, says, status_code, Key, Owner, Owners, Read};
-use super::decide::{decide, Decision, Kind, Warned};
-use super::verdicts::Verdicts;
+use super::cluster::{
+    holds_accelerator, is_live, is_terminating, says, status_code, Key, Owner, Owners, Read,
+};
+use super::decide::{decide, Decision, Kind, Pod, Warned};
+use super::verdicts::{Verdict, Verdicts};
 use super::Controller;
 use crate::config::Mode;
 
-/// A workload's GPU pods, each with the rule of its fresh verdict (none: busy).
-type Groups = BTreeMap<Key, Vec<(String, Option<String>)>>;
+/// Each workload's pods that may hold an accelerator (or are ending), and how many live pods
+/// it has in all.
+type Groups = BTreeMap<Key, (Vec<Pod>, i64)>;
 
 impl Controller {
     /// One round; a failure to read anything skips it whole, and acts on nothing.
@@ -27,14 +30,13 @@ impl Controller {
             self.rehearsed.clear();
             return;
         }
+        if !self.pods_healthy.load(std::sync::atomic::Ordering::Acquire) {
+            self.failed("the pods' watch has failed since it last listed them, so the cache may be behind: nothing is given back until it lists again".into());
+            return;
+        }
         let now = crate::time::now();
-        let read = super::verdicts::read(
-            &self.http,
-            &self.config.prometheus,
-            self.config.scrape_interval,
-            now,
-        )
-        .await;
+        self.verdicts_read = std::time::Instant::now();
+        let read = super::verdicts::read(&self.http, &self.config, now).await;
         let mut verdicts = match read {
             Ok(v) => {
                 self.stats.with(|s| {
@@ -117,19 +119,31 @@ impl Controller {
         for pod in cached {
             let ns = pod.metadata.namespace.as_deref().unwrap_or("");
             let name = pod.metadata.name.as_deref().unwrap_or("");
-            if !namespaces.contains(ns) || !holds_gpu(pod) || !is_running(pod) {
+            if !namespaces.contains(ns) || !is_live(pod) {
                 continue;
             }
-            let verdict = verdicts.fresh.get(&(ns.to_string(), name.to_string()));
+            // A node in dry-run rehearses: its verdicts give nothing back under an enforcing
+            // controller.
+            let enforcing = self.config.mode == Mode::Enforce;
+            let verdict = verdicts
+                .fresh
+                .get(&(ns.to_string(), name.to_string()))
+                .filter(|v| of_this_pod(v, pod) && !(enforcing && v.mode != "enforce"));
             match self.cluster.owner(pod, &mut memo).await? {
                 Owner::Workload(key, cronjob) => {
                     if let Some(c) = cronjob {
                         self.cronjobs.insert(key.clone(), c);
                     }
-                    groups
-                        .entry(key)
-                        .or_default()
-                        .push((name.to_string(), verdict.map(|v| v.rule.clone())));
+                    let (pods, seen) = groups.entry(key).or_default();
+                    *seen += 1;
+                    let terminating = is_terminating(pod);
+                    if holds_accelerator(pod) || terminating {
+                        pods.push(Pod {
+                            name: name.to_string(),
+                            idle: verdict.and_then(|v| Some((v.rule.clone(), v.since?))),
+                            terminating,
+                        });
+                    }
                 }
                 Owner::Other(what, reference) => {
                     if let Some(v) = verdict {
@@ -155,7 +169,7 @@ impl Controller {
                 }
             }
         }
-        groups.retain(|_, pods| pods.iter().any(|(_, v)| v.is_some()));
+        groups.retain(|_, (pods, _)| pods.iter().any(|p| p.idle.is_some()));
         // Owners reported in a namespace with no idle pod now may be reported again later.
         self.reported
             .retain(|r| namespaces.iter().any(|n| r.starts_with(&format!("{n}/"))));
@@ -181,7 +195,7 @@ impl Controller {
     async fn consider(
         &mut self,
         key: Key,
-        pods: Vec<(String, Option<String>)>,
+        (pods, seen): (Vec<Pod>, i64),
         verdicts: &Verdicts,
         now: f64,
     ) {
@@ -198,6 +212,7 @@ impl Controller {
             }
         };
         read.workload.pods = pods;
+        read.workload.seen = seen;
         let decision = decide(
             &read.workload,
             self.warned.get(&key),
@@ -215,26 +230,30 @@ impl Controller {
             }
             Decision::Wait => {}
             Decision::Warn { due } => {
+                let will = match self.config.mode {
+                    Mode::DryRun => "dry-run: gpuwatch would",
+                    Mode::Enforce => "gpuwatch will",
+                };
                 let note = format!(
-                    "{}: gpuwatch will {} {key} at {} unless a pod of it is busy again, it changes, or it is held (annotation {}: an RFC 3339 time or \"forever\")",
+                    "{}: {will} {} {key} at {} unless a pod of it is busy again, it changes, or it is held (annotation {}: an RFC 3339 time or \"forever\")",
                     idle_pods(&read, verdicts),
                     read.workload.kind.verb(),
                     gpuwatch_core::time::rfc3339(due),
                     super::cluster::HOLD,
                 );
-                self.event(&read.reference, true, "GpuIdleWarning", note)
-                    .await;
-                self.stats
-                    .with(|s| *s.warnings.entry(key.kind.as_str()).or_default() += 1);
-                self.warned.insert(
-                    key,
-                    Warned {
-                        at: now,
-                        due,
-                        generation: read.workload.generation,
-                        replicas: read.workload.replicas,
-                    },
-                );
+                // No warning on record, no action: one that could not be published is given
+                // again next round, and the action waits for it.
+                if self
+                    .event(&read.reference, true, "GpuIdleWarning", note)
+                    .await
+                {
+                    self.stats
+                        .with(|s| *s.warnings.entry(key.kind.as_str()).or_default() += 1);
+                    self.warned
+                        .insert(key, Warned::of(&read.workload, now, due));
+                } else {
+                    self.warned.remove(&key);
+                }
             }
             Decision::Act => self.act(key, &read, verdicts, now).await,
         }
@@ -242,8 +261,22 @@ impl Controller {
 
     /// Gives the workload back (or says what it would do, in dry-run).
     async fn act(&mut self, key: Key, read: &Read, verdicts: &Verdicts, now: f64) {
-        // Leadership is checked again right before the write.
+        // Leadership and the verdicts' age are checked again right before the write: a round
+        // slowed by the API server acts on nothing older than a scrape interval.
         if !self.elector.leads() {
+            return;
+        }
+        let elapsed = self.verdicts_read.elapsed().as_secs_f64();
+        let most = 2.0 * self.config.scrape_interval.as_secs_f64();
+        let ns = &read.workload.namespace;
+        let stale = read.workload.pods.iter().any(|p| {
+            verdicts
+                .fresh
+                .get(&(ns.clone(), p.name.clone()))
+                .is_none_or(|v| v.age + elapsed > most)
+        });
+        if stale {
+            tracing::info!(workload = %key, "its verdicts are older than two scrape intervals by now: it is decided again next round");
             return;
         }
         let w = &read.workload;
@@ -261,7 +294,11 @@ impl Controller {
                 super::cluster::NOTEBOOK_STOPPED
             ),
         };
-        let rules: BTreeSet<&str> = w.pods.iter().filter_map(|(_, r)| r.as_deref()).collect();
+        let rules: BTreeSet<&str> = w
+            .pods
+            .iter()
+            .filter_map(|p| Some(p.idle.as_ref()?.0.as_str()))
+            .collect();
         let rules: Vec<&str> = rules.into_iter().collect();
         let idle = idle_pods(read, verdicts);
         if self.config.mode == Mode::DryRun {
@@ -318,6 +355,7 @@ fn idle_pods(read: &Read, verdicts: &Verdicts) -> String {
     let pods = &read.workload.pods;
     let named: Vec<String> = pods
         .iter()
+        .map(|p| (&p.name, ()))
         .map(|(pod, _)| match of(pod) {
             Some(v) => format!(
                 "{pod} (rule \"{}\", {} GPUs {})",
@@ -327,7 +365,7 @@ fn idle_pods(read: &Read, verdicts: &Verdicts) -> String {
         })
         .collect();
     // The workload's cost, where every pod's is known.
-    let priced: Option<Vec<f64>> = pods.iter().map(|(p, _)| of(p)?.usd_per_hour).collect();
+    let priced: Option<Vec<f64>> = pods.iter().map(|p| of(&p.name)?.usd_per_hour).collect();
     let cost = match priced {
         Some(usd) if !usd.is_empty() => {
             format!("; their GPUs cost ${:.2} an hour", usd.iter().sum::<f64>())
@@ -342,4 +380,18 @@ fn dollars(v: &super::verdicts::Verdict) -> String {
     v.usd_per_hour
         .map(|usd| format!(", ${usd:.2} an hour"))
         .unwrap_or_default()
+}
+
+/// Whether a verdict is of this pod: given on the node the pod runs on, after the pod was
+/// created (a pod recreated under the same name is not its predecessor).
+fn of_this_pod(v: &Verdict, pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+    let created = pod
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|t| serde_json::to_value(t).ok())
+        .and_then(|t| t.as_str().and_then(gpuwatch_core::time::parse_rfc3339));
+    node.is_some_and(|n| n == v.node)
+        && matches!((v.since, created), (Some(since), Some(created)) if since >= created)
 }

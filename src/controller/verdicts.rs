@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::config::controller::VERDICT_QUERY;
+use crate::config::controller::ControllerConfig;
 use crate::config::PrometheusSource;
 use crate::spend::query::Unknown;
 
@@ -26,8 +26,17 @@ pub struct Verdict {
     pub gpus: String,
     /// The node daemon that gave it (Prometheus's `instance`).
     pub instance: String,
+    /// The node it is of, as the daemon names it (`NODE_NAME`): it counts only for a pod on
+    /// that node.
+    pub node: String,
+    /// When the daemon gave it (Unix seconds): it counts only for a pod created before.
+    pub since: Option<f64>,
+    /// The node daemon's mode (`dry-run` or `enforce`).
+    pub mode: String,
     /// Its sample's time, Unix seconds.
     pub at: f64,
+    /// Its sample's age when Prometheus answered, in seconds.
+    pub age: f64,
     /// What its GPUs cost, where the node's price is known: the node's hourly price times the
     /// pod's share of the node's GPUs.
     pub usd_per_hour: Option<f64>,
@@ -40,15 +49,22 @@ pub struct Verdicts {
     pub stale: usize,
 }
 
-/// Asks Prometheus for the verdicts standing at `now`.
+/// Asks Prometheus for the verdicts standing at `now`, and when each was given.
 pub async fn read(
     client: &reqwest::Client,
-    q: &PrometheusSource,
-    scrape_interval: Duration,
+    c: &ControllerConfig,
     now: f64,
 ) -> Result<Verdicts, Unknown> {
-    let body = crate::spend::query::fetch(client, q, VERDICT_QUERY, MAX_ANSWER_BYTES).await?;
-    parse(&body, scrape_interval, now)
+    let q = &c.prometheus;
+    let body = crate::spend::query::fetch(client, q, &c.verdict_query(), MAX_ANSWER_BYTES).await?;
+    let mut verdicts = parse(&body, c.scrape_interval, now)?;
+    let body = crate::spend::query::fetch(client, q, &c.since_query(), MAX_ANSWER_BYTES).await?;
+    let since = values(&body, &["namespace", "pod", "rule", "instance"]);
+    for ((ns, pod), v) in verdicts.fresh.iter_mut() {
+        let key = [ns.clone(), pod.clone(), v.rule.clone(), v.instance.clone()];
+        v.since = since.get(&key[..]).copied();
+    }
+    Ok(verdicts)
 }
 
 /// Each node's price per GPU-hour, by `instance`: its hourly price over its GPU count.
@@ -82,15 +98,26 @@ pub fn fill(verdicts: &mut Verdicts, prices: &BTreeMap<String, f64>) {
 
 /// The per-GPU prices of `GPU_PRICE_QUERY`'s answer, by instance.
 pub fn per_gpu(body: &[u8]) -> BTreeMap<String, f64> {
+    values(body, &["instance"])
+        .into_iter()
+        .filter_map(|(mut k, v)| Some((k.pop()?, v)))
+        .collect()
+}
+
+/// The finite values of an instant query's vector, by the values of `labels`.
+fn values(body: &[u8], labels: &[&str]) -> BTreeMap<Vec<String>, f64> {
     let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
     v["data"]["result"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|r| {
-            let instance = r["metric"]["instance"].as_str()?.to_string();
-            let usd = r["value"][1].as_str()?.parse::<f64>().ok()?;
-            Some((instance, usd))
+            let key: Option<Vec<String>> = labels
+                .iter()
+                .map(|l| r["metric"][*l].as_str().map(String::from))
+                .collect();
+            let value = r["value"][1].as_str()?.parse::<f64>().ok()?;
+            Some((key?, value).clone()).filter(|(_, v)| v.is_finite())
         })
         .collect()
 }
@@ -112,6 +139,15 @@ pub fn parse(body: &[u8], scrape_interval: Duration, now: f64) -> Result<Verdict
     let most = 2.0 * scrape_interval.as_secs_f64();
     let mut out = Verdicts::default();
     for r in results {
+        // Prometheus's own time of the query: the sample's age is judged against it, and it
+        // against this clock.
+        let evaluated = r["value"][0].as_f64().filter(|t| t.is_finite());
+        let Some(evaluated) = evaluated.filter(|t| (t - now).abs() <= MAX_SKEW) else {
+            return Err(Unknown::new(
+                "clock",
+                format!("Prometheus answered for a time more than {MAX_SKEW:.0}s from this clock ({now:.0}): are the clocks apart?"),
+            ));
+        };
         let label = |k: &str| r["metric"][k].as_str().unwrap_or("").to_string();
         let (namespace, pod) = (label("namespace"), label("pod"));
         if namespace.is_empty() || pod.is_empty() {
@@ -121,7 +157,7 @@ pub fn parse(body: &[u8], scrape_interval: Duration, now: f64) -> Result<Verdict
             .as_str()
             .and_then(|s| s.parse::<f64>().ok())
             .filter(|t| t.is_finite());
-        let Some(at) = at.filter(|at| now - at <= most && at - now <= MAX_SKEW) else {
+        let Some(at) = at.filter(|at| evaluated - at <= most && *at <= evaluated) else {
             out.stale += 1;
             continue;
         };
@@ -129,7 +165,11 @@ pub fn parse(body: &[u8], scrape_interval: Duration, now: f64) -> Result<Verdict
             rule: label("rule"),
             gpus: label("gpus"),
             instance: label("instance"),
+            node: label("node"),
+            mode: label("mode"),
+            since: None,
             at,
+            age: evaluated - at,
             usd_per_hour: None,
         };
         // Two verdicts of one pod (two rules): the newest stands for it.
@@ -152,12 +192,17 @@ mod tests {
     use super::*;
 
     fn answer(samples: &[(&str, &str, f64)]) -> Vec<u8> {
+        answer_at(samples, 10_000.0)
+    }
+
+    /// An answer Prometheus evaluated at `evaluated`.
+    fn answer_at(samples: &[(&str, &str, f64)], evaluated: f64) -> Vec<u8> {
         let result: Vec<serde_json::Value> = samples
             .iter()
             .map(|(ns, pod, at)| {
                 serde_json::json!({
                     "metric": {"namespace": ns, "pod": pod, "rule": "idle", "gpus": "0", "instance": "node-a:9400"},
-                    "value": [1000.0, format!("{at}")],
+                    "value": [evaluated, format!("{at}")],
                 })
             })
             .collect();
@@ -207,6 +252,25 @@ mod tests {
         assert_eq!(v.fresh.values().next().unwrap().usd_per_hour, Some(8.2));
         fill(&mut v, &BTreeMap::new());
         assert_eq!(v.fresh.values().next().unwrap().usd_per_hour, None);
+    }
+
+    /// A Prometheus whose clock is more than a minute from this one: its ages cannot be
+    /// trusted, and nothing is known.
+    #[test]
+    fn a_prometheus_with_another_clock_is_unknown() {
+        let now = 10_000.0;
+        let body = answer_at(&[("ml", "a", now + 100.0)], now + 110.0);
+        let e = parse(&body, Duration::from_secs(30), now).unwrap_err();
+        assert_eq!(e.reason, "clock");
+        // Within a minute, each sample's age is judged against Prometheus's own time.
+        let body = answer_at(&[("ml", "a", now + 45.0)], now + 50.0);
+        assert_eq!(
+            parse(&body, Duration::from_secs(30), now)
+                .unwrap()
+                .fresh
+                .len(),
+            1
+        );
     }
 
     #[test]

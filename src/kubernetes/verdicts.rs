@@ -28,12 +28,18 @@ pub struct Verdict {
     pub gpus: Vec<String>,
     /// Unix seconds the verdict was given.
     pub since: f64,
+    /// The node daemon's mode: a controller that enforces acts only on verdicts of nodes that
+    /// enforce too, so that a node in dry-run is a rehearsal end to end.
+    pub mode: &'static str,
 }
 
 /// The verdicts standing now, by the expanded rule's name (`rule namespace/pod`).
 #[derive(Default)]
 pub struct Verdicts {
     standing: Mutex<BTreeMap<String, Verdict>>,
+    /// The node's name (`NODE_NAME`, the DaemonSet sets it), which the controller matches with
+    /// each pod's `spec.nodeName`.
+    node: std::sync::OnceLock<String>,
     /// Verdicts given and withdrawn since the daemon started.
     counts: Mutex<(u64, u64)>,
 }
@@ -49,15 +55,38 @@ impl fmt::Debug for Verdicts {
 pub const MAX_VERDICTS: usize = 1024;
 
 impl Verdicts {
-    /// Gives (or renews) the verdict of the expanded rule `key`. Returns false when the node
-    /// already serves `MAX_VERDICTS` others.
+    /// Names the node the verdicts are of (once).
+    pub fn set_node(&self, node: String) {
+        let _ = self.node.set(node);
+    }
+
+    /// Withdraws every verdict (a hold of the node, an activity veto), saying why once.
+    pub fn withdraw_all(&self, why: &str) {
+        let mut standing = self.standing.lock().unwrap_or_else(|e| e.into_inner());
+        if standing.is_empty() {
+            return;
+        }
+        let n = standing.len() as u64;
+        standing.clear();
+        self.counts.lock().unwrap_or_else(|e| e.into_inner()).1 += n;
+        tracing::info!(verdicts = n, "{why}: every reclaim verdict is withdrawn");
+    }
+
+    /// Gives the verdict of the expanded rule `key` (or keeps the one standing, with its
+    /// time). Returns false when the node already serves `MAX_VERDICTS` others.
     pub fn give(&self, key: &str, verdict: Verdict) -> bool {
         let mut standing = self.standing.lock().unwrap_or_else(|e| e.into_inner());
         if !standing.contains_key(key) && standing.len() >= MAX_VERDICTS {
             return false;
         }
-        if standing.insert(key.to_string(), verdict).is_none() {
-            self.counts.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
+        match standing.get_mut(key) {
+            // The rule acted again while its verdict stood: the same idle spell, given when it
+            // began (the controller warns afresh only for a new one).
+            Some(v) => v.gpus = verdict.gpus,
+            None => {
+                standing.insert(key.to_string(), verdict);
+                self.counts.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
+            }
         }
         true
     }
@@ -103,13 +132,14 @@ impl Collector for VerdictCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
         let standing = self.0.standing();
         let (given, withdrawn) = *self.0.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let node = self.0.node.get().map_or("", String::as_str);
         let e = &mut enc;
         let gpus: Vec<String> = standing.iter().map(|v| v.gpus.join(",")).collect();
         gauges(
             e,
             desc(
                 "gpuwatch_pod_reclaim_verdict",
-                "1 while a reclaim rule judges every GPU of the pod idle; the cluster controller reads it (absent is busy)",
+                "1 while a reclaim rule judges every GPU of the pod idle, on this node; the cluster controller reads it (absent is busy)",
                 None,
             ),
             standing.iter().zip(&gpus).map(|(v, gpus)| {
@@ -119,6 +149,8 @@ impl Collector for VerdictCollector {
                         ("pod", Text(&v.pod)),
                         ("rule", Text(&v.rule)),
                         ("gpus", Text(gpus)),
+                        ("node", Text(node)),
+                        ("mode", Text(v.mode)),
                     ],
                     1i64,
                 )

@@ -204,7 +204,7 @@ impl Watch {
             if live.saved_durably {
                 last_durable = now;
             }
-            self.withdraw_verdicts(&judged, &obs);
+            self.withdraw_verdicts(&judged, &obs, &inputs);
             // Publish: an action withdrawn or completed above shows in this cycle's metrics.
             let rules = rule_views(&judged, &persisted, &settings, now);
             self.publish(&snap, view, &sent, rules, interruption);
@@ -215,9 +215,17 @@ impl Watch {
         let _ = self.executor.audit(AuditRecord::Stopped);
     }
 
-    /// A reclaim verdict stands while every device of its pod is idle by its rule.
-    fn withdraw_verdicts(&self, judged: &[crate::rules::Rule], obs: &Observation) {
-        self.executor.verdicts.keep(|key, _| {
+    /// A reclaim verdict stands while every device of its pod is idle by its rule, and no
+    /// hold of the node or activity veto says otherwise (holds win).
+    fn withdraw_verdicts(&self, judged: &[crate::rules::Rule], obs: &Observation, inputs: &Inputs) {
+        let verdicts = &self.executor.verdicts;
+        if inputs.hold_until.is_some_and(|t| t > obs.t) {
+            return verdicts.withdraw_all("the node is held");
+        }
+        if let Some(veto) = &obs.veto {
+            return verdicts.withdraw_all(&format!("activity on the node ({veto})"));
+        }
+        verdicts.keep(|key, _| {
             judged.iter().any(|r| {
                 r.name == key
                     && gpuwatch_core::step::verdict_stands(

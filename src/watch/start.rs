@@ -94,6 +94,9 @@ pub async fn spawn(
         .iter()
         .any(|r| r.action == crate::rules::Action::Reclaim)
     {
+        executor
+            .verdicts
+            .set_node(crate::exposition::hostname(config));
         registry.register_collector(Box::new(crate::kubernetes::verdicts::VerdictCollector(
             Arc::clone(&executor.verdicts),
         )));

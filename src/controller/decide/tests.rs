@@ -18,19 +18,16 @@ fn idle() -> Workload {
         namespace_hold: Hold::None,
         excluded: false,
         pods: vec![
-            ("train-a".into(), Some("idle".into())),
-            ("train-b".into(), Some("idle".into())),
+            Pod::idle("train-a", "idle", 10.0),
+            Pod::idle("train-b", "idle", 20.0),
         ],
+        seen: 2,
+        status_pods: 2,
     }
 }
 
 fn warned(at: f64) -> Warned {
-    Warned {
-        at,
-        due: at + WARNING.as_secs_f64(),
-        generation: 3,
-        replicas: 2,
-    }
+    Warned::of(&idle(), at, at + WARNING.as_secs_f64())
 }
 
 fn kept(d: Decision, says: &str) {
@@ -59,21 +56,61 @@ fn an_idle_workload_is_warned_then_acted_on_once_due() {
 #[test]
 fn one_busy_replica_or_one_without_a_verdict_keeps_the_whole_workload() {
     let mut w = idle();
-    w.pods[1].1 = None;
+    w.pods[1].idle = None;
     kept(
         decide(&w, Some(&warned(NOW)), NOW + 700.0, WARNING),
         "train-b",
+    );
+    let mut w = idle();
+    w.pods[0].terminating = true;
+    kept(
+        decide(&w, Some(&warned(NOW)), NOW + 700.0, WARNING),
+        "being deleted",
     );
     let mut w = idle();
     w.pods.clear();
     kept(decide(&w, None, NOW, WARNING), "no pod");
 }
 
+/// A replica the cache has not seen yet, or one more than the workload's status says, keeps
+/// it: every pod must be known to be idle.
+#[test]
+fn pods_seen_status_and_spec_must_agree() {
+    type Change = fn(&mut Workload);
+    let cases: Vec<Change> = vec![|w| w.seen = 1, |w| w.seen = 3, |w| w.status_pods = 3];
+    for change in cases {
+        let mut w = idle();
+        change(&mut w);
+        kept(
+            decide(&w, Some(&warned(NOW)), NOW + 700.0, WARNING),
+            "it should have 2 pods",
+        );
+    }
+}
+
+/// A verdict given after the warning is another idle spell: the pod was busy in between,
+/// unseen (Prometheus or the API down), and it is warned of again.
+#[test]
+fn a_new_idle_spell_is_warned_again() {
+    let mut w = idle();
+    w.pods[0].idle = Some(("idle".into(), 500.0));
+    assert_eq!(
+        decide(&w, Some(&warned(NOW)), NOW + 700.0, WARNING),
+        Decision::Warn { due: NOW + 1300.0 }
+    );
+}
+
 #[test]
 fn a_workload_changed_since_its_warning_is_warned_again() {
     for change in [
         |w: &mut Workload| w.generation += 1,
-        |w: &mut Workload| w.replicas = 3,
+        // Scaled to 3, and its third pod seen idle too.
+        |w: &mut Workload| {
+            w.replicas = 3;
+            w.status_pods = 3;
+            w.seen = 3;
+            w.pods.push(Pod::idle("train-c", "idle", 30.0));
+        },
     ] {
         let mut w = idle();
         change(&mut w);
