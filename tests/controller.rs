@@ -85,7 +85,7 @@ fn prometheus(nodes: &[&Node]) -> Prometheus {
 fn controller_config(api: &FakeApi, prom: &Prometheus, mode: &str, extra: &str) -> String {
     format!(
         "[controller]\nmode = \"{mode}\"\nprometheus_url = \"http://{prom}\"\nscrape_interval = \"2s\"\n\
-         poll_interval = \"300ms\"\nwarning = \"2s\"\nlease_duration = \"3s\"\nkubeconfig = \"{kubeconfig}\"\n{extra}",
+         poll_interval = \"300ms\"\nwarning = \"2s\"\nlease_duration = \"9s\"\nkubeconfig = \"{kubeconfig}\"\n{extra}",
         prom = prom.addr,
         kubeconfig = api.kubeconfig.display(),
     )
@@ -385,6 +385,18 @@ fn idle_workloads_are_warned_then_given_back_and_restored() {
     );
     assert!(reasons(&api, "nb").contains(&"GpuIdleStopped".to_string()));
     let _ = state;
+    // The held and the opted-out Deployments' pods were judged idle too: they are untouched
+    // for their hold and label, not for want of a verdict.
+    let verdicts = b.daemon.scrape();
+    for pod in ["held-a", "optout-a"] {
+        assert!(
+            metric("gpuwatch_pod_reclaim_verdict")
+                .label("pod", pod)
+                .get(&verdicts)
+                .is_some(),
+            "{pod}"
+        );
+    }
     // A few rounds more: the others stay untouched, and the idle one was scaled once.
     await_rounds(&c, 5.0);
     for (path, replicas) in [(&serve, 1), (&mixed, 2), (&held, 1), (&optout, 1)] {
@@ -442,6 +454,41 @@ fn idle_workloads_are_warned_then_given_back_and_restored() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("gpuwatch did not scale it down"), "{err}");
+    // The Job resumed, the Notebook started, each without gpuwatch's record.
+    for (what, said, path) in [
+        (
+            "batch/job/finetune",
+            "resumed",
+            "/apis/batch/v1/namespaces/batch/jobs/finetune",
+        ),
+        (
+            "ml/notebook/nb",
+            "started",
+            "/apis/kubeflow.org/v1/namespaces/ml/notebooks/nb",
+        ),
+    ] {
+        let out = common::gpuwatch(&[&"controller", &"restore", &what, &"--config", &config]);
+        assert!(out.contains(&format!("{what}: {said}")), "{out}");
+        let o = api.get(path).unwrap();
+        let annotations = &o["metadata"]["annotations"];
+        assert!(
+            annotations
+                .get("gpuwatch.io/given-back-by")
+                .is_none_or(Value::is_null),
+            "{o}"
+        );
+        assert!(
+            annotations
+                .get("kubeflow-resource-stopped")
+                .is_none_or(Value::is_null),
+            "{o}"
+        );
+    }
+    assert_eq!(
+        api.get("/apis/batch/v1/namespaces/batch/jobs/finetune")
+            .unwrap()["spec"]["suspend"],
+        false
+    );
 }
 
 /// Dry-run writes nothing but Events saying what it would do.
@@ -489,6 +536,12 @@ fn dry_run_writes_only_events() {
             > before
     });
     await_rounds(&c, 3.0);
+    metric("gpuwatch_controller_pods_cached")
+        .value(1.0)
+        .assert_in(&c.scrape());
+    metric("gpuwatch_controller_workloads_watched")
+        .value(1.0)
+        .assert_in(&c.scrape());
     let said = reasons(&api, "train");
     assert_eq!(
         said.iter().filter(|r| *r == "GpuIdleDryRun").count(),
@@ -636,4 +689,20 @@ fn only_the_leader_acts_and_a_conflict_is_read_again() {
         })
         .sum();
     assert_eq!(conflicts, 1.0);
+    // The leader dies: once its Lease has gone unrenewed for its duration, the other takes it.
+    let one_led = leads(&one);
+    let (mut gone, stays, successor) = if one_led {
+        (one, two, "controller-1")
+    } else {
+        (two, one, "controller-0")
+    };
+    gone.kill();
+    await_metrics(&stays, |s| {
+        metric("gpuwatch_controller_leader").get(s) == Some(1.0)
+    });
+    let lease = api
+        .get("/apis/coordination.k8s.io/v1/namespaces/gpuwatch/leases/gpuwatch-controller")
+        .unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], successor, "{lease}");
+    assert_eq!(lease["spec"]["leaseTransitions"], 1, "{lease}");
 }

@@ -410,6 +410,8 @@ fn a_reclaim_rule_serves_a_verdict_while_the_pod_stays_idle() {
 #[test]
 fn a_hold_on_the_node_withdraws_its_reclaim_verdicts() {
     let dir = tempfile::tempdir().unwrap();
+    // The daemon's own state directory, where the hold goes.
+    let daemon_dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("kubelet.sock");
     let pods = dir.path().join("pods.json");
     std::fs::write(
@@ -428,12 +430,13 @@ fn a_hold_on_the_node_withdraws_its_reclaim_verdicts() {
     let config = format!(
         "[kubernetes]\npod_resources_socket = \"{socket}\"\nrefresh = \"200ms\"\n\
          [sampling]\ninterval = \"100ms\"\n\
-         [actions]\nmode = \"enforce\"\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\n\
+         [actions]\nmode = \"enforce\"\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\nstate_dir = \"{state}\"\n\
          [[rules]]\nname = \"give-back\"\nscope = \"pod\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
          threshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 2\naction = \"reclaim\"\n",
         socket = socket.display(),
+        state = daemon_dir.path().join("state").display(),
     );
-    let d = Daemon::start("[[gpu]]\nutilization = 0\n", &config);
+    let d = Daemon::start_in(daemon_dir, "[[gpu]]\nutilization = 0\n", &config);
     let verdict = || metric("gpuwatch_pod_reclaim_verdict").label("pod", "notebook");
     d.await_scrape(LIMIT, |s| verdict().get(s).is_some());
     let path = d.dir.path().join("gpuwatch.toml");
