@@ -280,6 +280,17 @@ fn idle_workloads_are_warned_then_given_back_and_restored() {
     let optout = deployment(&api, "ml", "optout", &["node-b/optout-a"], |d| {
         d["metadata"]["labels"]["gpuwatch.io/reclaim"] = json!("false");
     });
+    // A Deployment that KServe owns (an InferenceService in raw deployment mode) is KServe's:
+    // reported, never scaled.
+    let isvc = api.put(kubeapi::inferenceservice("ml", "llm", 1));
+    let llm = deployment(&api, "ml", "llm", &["node-b/llm-a"], |d| {
+        d["metadata"]["ownerReferences"] = json!([kubeapi::owner(
+            "serving.kserve.io/v1beta1",
+            "InferenceService",
+            "llm",
+            kubeapi::uid(&isvc)
+        )]);
+    });
     let nightly = api.put(kubeapi::cronjob("batch", "nightly", "0 2 * * *", 1));
     let mut job = kubeapi::job("batch", "finetune", 1);
     job["metadata"]["ownerReferences"] = json!([kubeapi::owner(
@@ -337,6 +348,7 @@ fn idle_workloads_are_warned_then_given_back_and_restored() {
             (0, Some("ml/optout-a")),
             (0, Some("batch/finetune-x7k2p")),
             (0, Some("ml/nb-0")),
+            (0, Some("ml/llm-a")),
         ],
     );
     let prom = prometheus(&[&a, &b]);
@@ -385,6 +397,20 @@ fn idle_workloads_are_warned_then_given_back_and_restored() {
     );
     assert!(reasons(&api, "nb").contains(&"GpuIdleStopped".to_string()));
     let _ = state;
+    // The KServe-owned Deployment: an Event on its InferenceService, and a series to alert on.
+    await_reason(&api, "llm", "GpuIdleUnmanaged");
+    let note = note_of(&api, "llm", "GpuIdleUnmanaged");
+    assert!(
+        note.contains("pod llm-a of InferenceService/llm holds GPUs"),
+        "{note}"
+    );
+    await_metrics(&c, |s| {
+        metric("gpuwatch_controller_unmanaged_idle")
+            .label("namespace", "ml")
+            .label("owner", "InferenceService/llm")
+            .get(s)
+            == Some(1.0)
+    });
     // The held and the opted-out Deployments' pods were judged idle too: they are untouched
     // for their hold and label, not for want of a verdict.
     let verdicts = b.daemon.scrape();
@@ -399,7 +425,13 @@ fn idle_workloads_are_warned_then_given_back_and_restored() {
     }
     // A few rounds more: the others stay untouched, and the idle one was scaled once.
     await_rounds(&c, 5.0);
-    for (path, replicas) in [(&serve, 1), (&mixed, 2), (&held, 1), (&optout, 1)] {
+    for (path, replicas) in [
+        (&serve, 1),
+        (&mixed, 2),
+        (&held, 1),
+        (&optout, 1),
+        (&llm, 1),
+    ] {
         assert_eq!(writes_to(&api, path), Vec::<String>::new(), "{path}");
         assert_eq!(
             api.get(path).unwrap()["spec"]["replicas"],

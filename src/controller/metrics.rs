@@ -8,6 +8,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 
 use crate::metrics::encode::*;
+use crate::metrics::Text;
 
 #[derive(Debug, Default, Clone)]
 pub struct Stats {
@@ -29,6 +30,9 @@ pub struct Stats {
     pub leader: bool,
     /// Pods of the informer's cache.
     pub pods: u64,
+    /// Owners the controller never gives back whose pods are idle now, by namespace and
+    /// `Kind/name`, with what their idle GPUs cost an hour where known.
+    pub unmanaged: BTreeMap<(String, String), Option<f64>>,
 }
 
 #[derive(Default)]
@@ -133,6 +137,7 @@ impl Collector for ControllerCollector {
             ),
             s.errors.iter().map(|(w, n)| ([("what", *w)], *n)),
         )?;
+        unmanaged(e, &s)?;
         gauge(
             e,
             desc(
@@ -143,4 +148,34 @@ impl Collector for ControllerCollector {
             s.pods,
         )
     }
+}
+
+/// The owners gpuwatch never gives back whose pods are idle now, and what they cost.
+fn unmanaged(e: &mut DescriptorEncoder, s: &Stats) -> Result<(), fmt::Error> {
+    gauges(
+        e,
+        desc(
+            "gpuwatch_controller_unmanaged_idle",
+            "1 for each owner gpuwatch never gives back (an InferenceService, a bare pod, ...) whose pods' GPUs are judged idle now",
+            None,
+        ),
+        s.unmanaged.keys().map(|(ns, owner)| {
+            (
+                [("namespace", Text(ns)), ("owner", Text(owner))],
+                1i64,
+            )
+        }),
+    )?;
+    gauges(
+        e,
+        desc(
+            "gpuwatch_controller_unmanaged_idle_dollars_per_hour",
+            "What the idle GPUs of each such owner cost an hour, where every node's price is known",
+            None,
+        ),
+        s.unmanaged.iter().filter_map(|((ns, owner), usd)| {
+            Some(([("namespace", Text(ns)), ("owner", Text(owner))], (*usd)?))
+        }),
+    )?;
+    Ok(())
 }

@@ -28,6 +28,7 @@ impl Controller {
             // Another controller leads: what this one warned is its to decide again.
             self.warned.clear();
             self.rehearsed.clear();
+            self.stats.with(|s| s.unmanaged.clear());
             return;
         }
         if !self.pods_healthy.load(std::sync::atomic::Ordering::Acquire) {
@@ -115,6 +116,7 @@ impl Controller {
         let namespaces: BTreeSet<&str> = verdicts.fresh.keys().map(|(n, _)| n.as_str()).collect();
         let mut memo = Owners::new();
         self.cronjobs.clear();
+        let mut unmanaged = BTreeMap::new();
         let mut groups = Groups::new();
         for pod in cached {
             let ns = pod.metadata.namespace.as_deref().unwrap_or("");
@@ -146,14 +148,19 @@ impl Controller {
                     }
                 }
                 Owner::Other(what, reference) => {
-                    if let Some(v) = verdict {
+                    if let Some(v) = verdict.filter(|_| !self.excluded(ns)) {
+                        let cost = unmanaged
+                            .entry((ns.to_string(), what.clone()))
+                            .or_insert(Some(0.0));
+                        *cost = cost.zip(v.usd_per_hour).map(|(a, b)| a + b);
                         let said = format!("{ns}/{what}");
                         let note = format!("pod {name} of {what} holds GPUs ({} GPUs {}{}) that rule \"{}\" judges idle; gpuwatch does not give back a {}: scale it down or stop it yourself", v.instance, v.gpus, dollars(v), v.rule, reference.kind.as_deref().unwrap_or("workload"));
                         self.report(said, &reference, note).await;
                     }
                 }
                 Owner::Bare => {
-                    if let Some(v) = verdict {
+                    if let Some(v) = verdict.filter(|_| !self.excluded(ns)) {
+                        unmanaged.insert((ns.to_string(), format!("Pod/{name}")), v.usd_per_hour);
                         let reference = k8s_openapi::api::core::v1::ObjectReference {
                             api_version: Some("v1".into()),
                             kind: Some("Pod".into()),
@@ -170,6 +177,7 @@ impl Controller {
             }
         }
         groups.retain(|_, (pods, _)| pods.iter().any(|p| p.idle.is_some()));
+        self.stats.with(|s| s.unmanaged = unmanaged);
         // Owners reported in a namespace with no idle pod now may be reported again later.
         self.reported
             .retain(|r| namespaces.iter().any(|n| r.starts_with(&format!("{n}/"))));
