@@ -256,19 +256,7 @@ fn the_configmaps_config_is_valid() {
         .as_str()
         .unwrap()
         .to_string();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gpuwatch.toml");
-    std::fs::write(&path, text).unwrap();
-    let out = Command::new(common::BIN)
-        .arg("check-config")
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_valid_config(&text);
 }
 
 /// Each rule of a role as (group, resource, verb) triples.
@@ -369,9 +357,14 @@ fn the_controller_runs_unprivileged_with_a_valid_config() {
         .as_str()
         .unwrap()
         .to_string();
+    assert_valid_config(&config);
+}
+
+/// `gpuwatch check-config` takes this config text.
+fn assert_valid_config(text: &str) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gpuwatch.toml");
-    std::fs::write(&path, config).unwrap();
+    std::fs::write(&path, text).unwrap();
     let out = Command::new(common::BIN)
         .arg("check-config")
         .arg(&path)

@@ -160,34 +160,51 @@ fn a_missing_kubelet_socket_is_survived() {
     assert!(!s.text.contains("pod=\""));
 }
 
+/// A fake kubelet in `dir` serving `pods`, and a daemon's config that asks it every 200 ms,
+/// samples every 100 ms, enforces after a 1 s warning, keeps its state in `state`, and has one
+/// pod-scoped rule `rule` on GPUs under 5% for 2 periods of 1 s, with `action` (the TOML after
+/// `action = `, and any keys after it).
+fn pod_rule(
+    dir: &std::path::Path,
+    pods: serde_json::Value,
+    state: &std::path::Path,
+    rule: &str,
+    action: &str,
+) -> (common::Killed, String) {
+    let socket = dir.join("kubelet.sock");
+    let file = dir.join("pods.json");
+    std::fs::write(&file, pods.to_string()).unwrap();
+    let kubelet = fake_kubelet(&socket, &file);
+    let config = format!(
+        "[kubernetes]\npod_resources_socket = \"{socket}\"\nrefresh = \"200ms\"\n\
+         [sampling]\ninterval = \"100ms\"\n\
+         [actions]\nmode = \"enforce\"\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\nstate_dir = \"{state}\"\n\
+         [[rules]]\nname = \"{rule}\"\nscope = \"pod\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
+         threshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 2\naction = {action}\n",
+        socket = socket.display(),
+        state = state.display(),
+    );
+    (kubelet, config)
+}
+
 /// A pod-scoped rule judges each pod on the GPUs it holds: the pod that leaves its GPU idle is
 /// acted on (here `exec`, told the pod), the busy one is not, though the node is busy.
 #[test]
 fn a_pod_scoped_rule_acts_on_the_idle_pod_only() {
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("kubelet.sock");
-    let pods = dir.path().join("pods.json");
     let marker = dir.path().join("acted");
-    std::fs::write(
-        &pods,
+    let (_kubelet, config) = pod_rule(
+        dir.path(),
         serde_json::json!([
             pod("notebook", "ml", "jupyter", "nvidia.com/gpu", &[&uuid(0)]),
             pod("train", "ml", "trainer", "nvidia.com/gpu", &[&uuid(1)]),
-        ])
-        .to_string(),
-    )
-    .unwrap();
-    let _kubelet = fake_kubelet(&socket, &pods);
-    let config = format!(
-        "[kubernetes]\npod_resources_socket = \"{socket}\"\nrefresh = \"200ms\"\n\
-         [sampling]\ninterval = \"100ms\"\n\
-         [actions]\nmode = \"enforce\"\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\nstate_dir = \"{state}\"\n\
-         [[rules]]\nname = \"pod-idle\"\nscope = \"pod\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
-         threshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 2\naction = \"exec\"\n\
-         command = [\"/bin/sh\", \"-c\", \"echo \\\"$GPUWATCH_NAMESPACE/$GPUWATCH_POD $GPUWATCH_RULE\\\" >> {marker}\"]\n",
-        socket = socket.display(),
-        state = dir.path().join("state").display(),
-        marker = marker.display(),
+        ]),
+        &dir.path().join("state"),
+        "pod-idle",
+        &format!(
+            "\"exec\"\ncommand = [\"/bin/sh\", \"-c\", \"echo \\\"$GPUWATCH_NAMESPACE/$GPUWATCH_POD $GPUWATCH_RULE\\\" >> {}\"]",
+            marker.display()
+        ),
     );
     let d = Daemon::start(
         "[[gpu]]\nutilization = 0\n[[gpu]]\nutilization = 90\n",
@@ -341,26 +358,15 @@ fn an_overflowing_kubelet_is_warned_of_once() {
 #[test]
 fn a_reclaim_rule_serves_a_verdict_while_the_pod_stays_idle() {
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("kubelet.sock");
-    let pods = dir.path().join("pods.json");
-    std::fs::write(
-        &pods,
+    let (_kubelet, config) = pod_rule(
+        dir.path(),
         serde_json::json!([
             pod("notebook", "ml", "jupyter", "nvidia.com/gpu", &[&uuid(0)]),
             pod("train", "ml", "trainer", "nvidia.com/gpu", &[&uuid(1)]),
-        ])
-        .to_string(),
-    )
-    .unwrap();
-    let _kubelet = fake_kubelet(&socket, &pods);
-    let config = format!(
-        "[kubernetes]\npod_resources_socket = \"{socket}\"\nrefresh = \"200ms\"\n\
-         [sampling]\ninterval = \"100ms\"\n\
-         [actions]\nmode = \"enforce\"\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\nstate_dir = \"{state}\"\n\
-         [[rules]]\nname = \"give-back\"\nscope = \"pod\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
-         threshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 2\naction = \"reclaim\"\n",
-        socket = socket.display(),
-        state = dir.path().join("state").display(),
+        ]),
+        &dir.path().join("state"),
+        "give-back",
+        "\"reclaim\"",
     );
     // The notebook's GPU is idle until 8 s in, then busy.
     let d = Daemon::start(
@@ -412,29 +418,18 @@ fn a_hold_on_the_node_withdraws_its_reclaim_verdicts() {
     let dir = tempfile::tempdir().unwrap();
     // The daemon's own state directory, where the hold goes.
     let daemon_dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("kubelet.sock");
-    let pods = dir.path().join("pods.json");
-    std::fs::write(
-        &pods,
+    let (_kubelet, config) = pod_rule(
+        dir.path(),
         serde_json::json!([pod(
             "notebook",
             "ml",
             "jupyter",
             "nvidia.com/gpu",
             &[&uuid(0)]
-        )])
-        .to_string(),
-    )
-    .unwrap();
-    let _kubelet = fake_kubelet(&socket, &pods);
-    let config = format!(
-        "[kubernetes]\npod_resources_socket = \"{socket}\"\nrefresh = \"200ms\"\n\
-         [sampling]\ninterval = \"100ms\"\n\
-         [actions]\nmode = \"enforce\"\nboot_grace = \"0s\"\nwarning = \"1s\"\nwall = false\nstate_dir = \"{state}\"\n\
-         [[rules]]\nname = \"give-back\"\nscope = \"pod\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
-         threshold = 0.05\nperiod = \"1s\"\nevaluation_periods = 2\naction = \"reclaim\"\n",
-        socket = socket.display(),
-        state = daemon_dir.path().join("state").display(),
+        )]),
+        &daemon_dir.path().join("state"),
+        "give-back",
+        "\"reclaim\"",
     );
     let d = Daemon::start_in(daemon_dir, "[[gpu]]\nutilization = 0\n", &config);
     let verdict = || metric("gpuwatch_pod_reclaim_verdict").label("pod", "notebook");
