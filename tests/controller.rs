@@ -738,3 +738,50 @@ fn only_the_leader_acts_and_a_conflict_is_read_again() {
     assert_eq!(lease["spec"]["holderIdentity"], successor, "{lease}");
     assert_eq!(lease["spec"]["leaseTransitions"], 1, "{lease}");
 }
+
+/// A role that cannot list the pods sees none of them: nothing is given back while the watch
+/// is refused (the controller is not ready), and once the role allows it, the idle Deployment is.
+#[test]
+fn pods_it_may_not_list_give_nothing_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::start(dir.path());
+    api.put(kubeapi::namespace("ml", &[]));
+    let train = deployment(&api, "ml", "train", &["node-a/train-a"], |_| {});
+    api.deny("list", "", "pods", None);
+    api.deny("watch", "", "pods", None);
+    let a = node("node-a", &[(0, Some("ml/train-a"))]);
+    let prom = prometheus(&[&a]);
+    let c = controller(&api, &prom, "enforce", "controller-0");
+    await_metrics(&c, |s| {
+        metric("gpuwatch_controller_errors_total")
+            .label("what", "kubernetes")
+            .get(s)
+            .unwrap_or(0.0)
+            >= 3.0
+    });
+    // The node judges the pod idle all along; the controller cannot see its pods, so it
+    // reads no verdict and acts on nothing.
+    a.daemon.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_pod_reclaim_verdict")
+            .label("pod", "train-a")
+            .get(s)
+            .is_some()
+    });
+    await_metrics(&c, |s| {
+        metric("gpuwatch_controller_errors_total")
+            .label("what", "kubernetes")
+            .get(s)
+            .unwrap_or(0.0)
+            >= 4.0
+    });
+    assert_eq!(c.get("/-/ready").status, 503);
+    metric("gpuwatch_controller_pods_cached")
+        .value(0.0)
+        .assert_in(&c.scrape());
+    assert_eq!(writes_to(&api, &train), Vec::<String>::new());
+    assert_eq!(api.get(&train).unwrap()["spec"]["replicas"], 1);
+    // Allowed, it lists them, warns, and gives the Deployment back.
+    api.allow_all();
+    api.await_state(LIMIT, |s| s["objects"][&train]["spec"]["replicas"] == 0);
+    assert_eq!(c.get("/-/ready").status, 200);
+}
