@@ -378,7 +378,7 @@ fn idle_workloads_are_warned_then_given_back_and_restored() {
         "{note}"
     );
     // The Job suspended, the Notebook stopped as Kubeflow's culler stops one.
-    let state = api.await_state(LIMIT, |s| {
+    api.await_state(LIMIT, |s| {
         s["objects"]["/apis/batch/v1/namespaces/batch/jobs/finetune"]["spec"]["suspend"] == true
             && s["objects"]["/apis/kubeflow.org/v1/namespaces/ml/notebooks/nb"]["metadata"]
                 ["annotations"]["kubeflow-resource-stopped"]
@@ -396,7 +396,6 @@ fn idle_workloads_are_warned_then_given_back_and_restored() {
         Vec::<String>::new()
     );
     assert!(reasons(&api, "nb").contains(&"GpuIdleStopped".to_string()));
-    let _ = state;
     // The KServe-owned Deployment: an Event on its InferenceService, and a series to alert on.
     await_reason(&api, "llm", "GpuIdleUnmanaged");
     let note = note_of(&api, "llm", "GpuIdleUnmanaged");

@@ -363,8 +363,8 @@ fn idle_pods(read: &Read, verdicts: &Verdicts) -> String {
     let pods = &read.workload.pods;
     let named: Vec<String> = pods
         .iter()
-        .map(|p| (&p.name, ()))
-        .map(|(pod, _)| match of(pod) {
+        .map(|p| &p.name)
+        .map(|pod| match of(pod) {
             Some(v) => format!(
                 "{pod} (rule \"{}\", {} GPUs {})",
                 v.rule, v.instance, v.gpus

@@ -90,17 +90,7 @@ impl Process {
 
     /// The calls to `service` that change something (any but GET), as `METHOD path`.
     pub fn mutations(&self, service: &str) -> Vec<String> {
-        self.calls(service)
-            .iter()
-            .filter(|c| c["method"] != "GET")
-            .map(|c| {
-                format!(
-                    "{} {}",
-                    c["method"].as_str().unwrap(),
-                    c["path"].as_str().unwrap()
-                )
-            })
-            .collect()
+        mutations(&self.calls(service))
     }
 
     /// Waits until `cond` holds of the state, for at most `limit`.
@@ -115,6 +105,21 @@ impl Process {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// The calls of a fake's record that change something (any but GET), as `METHOD path`.
+pub fn mutations(calls: &[Value]) -> Vec<String> {
+    calls
+        .iter()
+        .filter(|c| c["method"] != "GET")
+        .map(|c| {
+            format!(
+                "{} {}",
+                c["method"].as_str().unwrap(),
+                c["path"].as_str().unwrap()
+            )
+        })
+        .collect()
 }
 
 /// A fake cloud the daemon can be pointed at: its config, and the name of the idle rule its

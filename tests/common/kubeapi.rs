@@ -228,17 +228,7 @@ impl FakeApi {
 
     /// The API calls other than GET, as `METHOD path`.
     pub fn writes(&self) -> Vec<String> {
-        self.calls()
-            .iter()
-            .filter(|c| c["method"] != "GET")
-            .map(|c| {
-                format!(
-                    "{} {}",
-                    c["method"].as_str().unwrap(),
-                    c["path"].as_str().unwrap()
-                )
-            })
-            .collect()
+        super::fake::mutations(&self.calls())
     }
 
     /// The stored events, core/v1 and events.k8s.io/v1 alike, in the order of their paths.
