@@ -323,11 +323,25 @@ pub fn run(cli: Cli) -> ExitCode {
             with_config(&config, None, |c| cmd::snapshot::run(&c, json))
         }
         Command::CheckConfig { path } => cmd::check_config::run(&path),
+        // The controller is an executable of its own: see `cmd::controller::exec`.
+        Command::Controller { .. } => cmd::controller::exec(),
+    }
+}
+
+/// `gpuwatch-controller`'s dispatch: the `controller` subcommand, its only one.
+pub fn run_controller(cli: Cli) -> ExitCode {
+    match cli.command {
         Command::Controller {
             config,
             listen,
             action,
         } => controller(&config, listen, action),
+        _ => {
+            eprintln!(
+                "gpuwatch-controller runs the cluster controller only; gpuwatch runs the rest"
+            );
+            cmd::exit::USAGE.into()
+        }
     }
 }
 

@@ -19,6 +19,7 @@ pub mod gpu;
 pub use gpuwatch_core::health;
 mod http;
 mod kubernetes;
+pub mod logging;
 pub mod metrics;
 mod notify;
 pub mod process_memory;

@@ -784,3 +784,47 @@ fn pods_it_may_not_list_give_nothing_back() {
     api.await_state(LIMIT, |s| s["objects"][&train]["spec"]["replicas"] == 0);
     assert_eq!(c.get("/-/ready").status, 200);
 }
+
+/// The controller is an executable of its own, so that the node daemon never maps the
+/// Kubernetes client: the node binary holds no code of `kube` or `k8s-openapi` (the
+/// controller's does, so the check can fail), and `gpuwatch controller` without its executable
+/// beside it says what is missing and exits 69 (`EX_UNAVAILABLE`).
+#[test]
+fn the_node_daemon_holds_no_kubernetes_client() {
+    fn kubernetes_code(binary: &str) -> usize {
+        let out = std::process::Command::new("nm")
+            .args(["--defined-only", binary])
+            .output()
+            .expect("nm (binutils)");
+        assert!(out.status.success(), "nm {binary}");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| {
+                let mut f = l.split_whitespace();
+                let (_, kind, name) = (f.next(), f.next(), f.next().unwrap_or(""));
+                matches!(kind, Some("T" | "t" | "W" | "w"))
+                    && (name.contains("kube_client") || name.contains("k8s_openapi"))
+            })
+            .count()
+    }
+    assert_eq!(kubernetes_code(common::BIN), 0, "{}", common::BIN);
+    assert!(kubernetes_code(common::CONTROLLER_BIN) > 100);
+
+    // Alone in a directory (a hard link: the same file system as the build).
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let alone = dir.path().join("gpuwatch");
+    std::fs::hard_link(common::BIN, &alone).unwrap();
+    let out = std::process::Command::new(&alone)
+        .args(["controller", "--config", "/nonexistent.toml"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{said}");
+    assert!(
+        said.contains(&format!(
+            "cannot run {}",
+            dir.path().join("gpuwatch-controller").display()
+        )) && said.contains("installed beside gpuwatch"),
+        "{said}"
+    );
+}

@@ -164,6 +164,10 @@ fn the_image_holds_only_gpuwatch_and_runs_on_the_hosts_nvml() {
     std::fs::create_dir_all(&out).unwrap();
     stripped(Path::new(common::BIN), &out.join("gpuwatch"));
     stripped(
+        Path::new(common::CONTROLLER_BIN),
+        &out.join("gpuwatch-controller"),
+    );
+    stripped(
         &common::fake_library(),
         &out.join("libgpuwatch_fake_nvml.so"),
     );
@@ -173,6 +177,7 @@ fn the_image_holds_only_gpuwatch_and_runs_on_the_hosts_nvml() {
     made.containers.push(base.clone());
     let base_root = PathBuf::from(buildah(&["mount", &base]));
     let mut libs = libraries(&out.join("gpuwatch"));
+    libs.extend(libraries(&out.join("gpuwatch-controller")));
     libs.extend(libraries(&out.join("libgpuwatch_fake_nvml.so")));
     libs.push("/lib64/ld-linux-x86-64.so.2".into());
     libs.sort();
@@ -245,6 +250,7 @@ fn the_image_holds_only_gpuwatch_and_runs_on_the_hosts_nvml() {
     made.containers.push(ctr.clone());
     let rootfs = PathBuf::from(buildah(&["mount", &ctr]));
     assert!(rootfs.join("usr/bin/gpuwatch").is_file());
+    assert!(rootfs.join("usr/bin/gpuwatch-controller").is_file());
     // No NVML: the fake one is for tests and `cargo run -- demo`, the real one the runtime's.
     // The check finds the fake library as the build left it, by name and by content, and passes
     // the binary.

@@ -54,11 +54,15 @@ fn build_package(dir: &Path) -> PathBuf {
     let target = dir.join("target");
     fs::create_dir_all(target.join("release")).unwrap();
     // A link: cargo-deb strips into a file of its own (`strip -o`), never in place.
-    std::os::unix::fs::symlink(
-        env!("CARGO_BIN_EXE_gpuwatch"),
-        target.join("release/gpuwatch"),
-    )
-    .unwrap();
+    for (built, name) in [
+        (env!("CARGO_BIN_EXE_gpuwatch"), "gpuwatch"),
+        (
+            env!("CARGO_BIN_EXE_gpuwatch-controller"),
+            "gpuwatch-controller",
+        ),
+    ] {
+        std::os::unix::fs::symlink(built, target.join("release").join(name)).unwrap();
+    }
     let out_dir = dir.join("deb");
     fs::create_dir_all(&out_dir).unwrap();
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
@@ -166,6 +170,7 @@ fn the_package_installs_a_working_daemon_that_is_not_enabled() {
     let files = contents(&deb);
     let mut expected: Vec<String> = [
         "/usr/bin/gpuwatch",
+        "/usr/bin/gpuwatch-controller",
         CONF,
         "/usr/lib/systemd/system/gpuwatch.service",
         "/usr/share/doc/gpuwatch/README.md",
@@ -189,7 +194,7 @@ fn the_package_installs_a_working_daemon_that_is_not_enabled() {
             .unwrap_or_else(|| panic!("the package lacks {path}; it holds:\n{listing}"));
         assert_eq!(owner, "0/0", "{path} is owned by {owner}");
         let want = match path.as_str() {
-            "/usr/bin/gpuwatch" => "-rwxr-xr-x",
+            "/usr/bin/gpuwatch" | "/usr/bin/gpuwatch-controller" => "-rwxr-xr-x",
             // It may hold webhook_url: root reads it, and hands the daemon a copy.
             CONF => "-rw-r-----",
             _ => "-rw-r--r--",

@@ -6,6 +6,35 @@ use crate::config::Config;
 use crate::controller::cluster::{Cluster, Key};
 use crate::controller::decide::Kind;
 
+/// The controller's executable, installed beside `gpuwatch`.
+pub const EXECUTABLE: &str = "gpuwatch-controller";
+
+/// `gpuwatch controller`: runs [`EXECUTABLE`], found beside this executable, in this process's
+/// place (the same PID, arguments and environment; `argv[0]` stays `gpuwatch`). The controller
+/// is an executable of its own so that the node daemon never holds the Kubernetes client: the
+/// code of `kube` and `k8s-openapi`, mapped and relocated in every process of a binary that
+/// links them, would cost each node about 0.2 MiB of anonymous and 1 MiB of file-backed memory
+/// for code it never runs. Returns only when the exec fails.
+pub fn exec() -> ExitCode {
+    use std::os::unix::process::CommandExt as _;
+    let path = match std::env::current_exe() {
+        Ok(p) => p.with_file_name(EXECUTABLE),
+        Err(e) => {
+            eprintln!("controller: cannot read this executable's path: {e}");
+            return super::exit::UNAVAILABLE.into();
+        }
+    };
+    let e = std::process::Command::new(&path)
+        .arg0("gpuwatch")
+        .args(std::env::args_os().skip(1))
+        .exec();
+    eprintln!(
+        "controller: cannot run {}: {e}. The controller is the executable {EXECUTABLE}, installed beside gpuwatch: `cargo build --release` builds both, and the package and the image hold both",
+        path.display()
+    );
+    super::exit::UNAVAILABLE.into()
+}
+
 /// Runs the controller until SIGTERM or SIGINT.
 pub fn run(config: Config) -> ExitCode {
     if config.controller.is_none() {

@@ -28,7 +28,9 @@ use serde_json::Value;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_gpuwatch");
 
-/// The fake library cargo builds beside the binary.
+/// The cluster controller's executable, which `gpuwatch controller` runs.
+pub const CONTROLLER_BIN: &str = env!("CARGO_BIN_EXE_gpuwatch-controller");
+
 /// The binary the end-to-end tests run as the daemon: `GPUWATCH_BIN` where it names one (the
 /// release binary, `GPUWATCH_BIN=target/release/gpuwatch cargo test --test alibaba`), else the
 /// one cargo built for these tests.
@@ -36,6 +38,7 @@ pub fn daemon_binary() -> PathBuf {
     std::env::var_os("GPUWATCH_BIN").map_or_else(|| PathBuf::from(BIN), PathBuf::from)
 }
 
+/// The fake library cargo builds beside the binary.
 pub fn fake_library() -> PathBuf {
     let dir = Path::new(BIN).parent().unwrap();
     // In deps/, where cargo rebuilds it with gpuwatch (the copy beside the binary is refreshed
