@@ -420,3 +420,37 @@ fn every_unsafe_block_says_why_it_is_sound_and_needed() {
         bare.join(", ")
     );
 }
+
+/// Each cloud's plan (`src/cloud/<name>/plan.rs`, beside its cloud) stays as pure as the core it
+/// was part of: it names nothing but the core's types (`gpuwatch_core`) and its own, so it does
+/// no I/O, holds no clock, and is table-tested on its own.
+#[test]
+fn every_cloud_s_plan_is_pure() {
+    let mut plans = 0;
+    for entry in std::fs::read_dir(root().join("src/cloud")).unwrap() {
+        let path = entry.unwrap().path().join("plan.rs");
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        plans += 1;
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or_default().trim();
+            let at = format!("{}:{}: {line}", path.display(), i + 1);
+            for word in [
+                "crate::", "std::", "tokio", "reqwest", "unsafe", "Instant", "env!",
+            ] {
+                assert!(!code.contains(word), "{at}: a plan names {word}");
+            }
+            if let Some(path) = code.strip_prefix("use ") {
+                // The core's, the module's own (`super::`, `self::`), or its own types' variants.
+                let root = path.split("::").next().unwrap_or_default();
+                assert!(
+                    ["gpuwatch_core", "super", "self"].contains(&root)
+                        || root.starts_with(|c: char| c.is_ascii_uppercase()),
+                    "{at}: a plan imports only the core's types and its own"
+                );
+            }
+        }
+    }
+    assert!(plans >= 4, "{plans} plans found under src/cloud/*/plan.rs");
+}

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use tokio::task::JoinSet;
 
-use crate::config::{Config, Provider};
-use crate::rules::Action;
+use crate::config::{CloudConfig, Config};
+use crate::rules::{Action, Lifecycle};
 
 pub mod alibaba;
 pub mod aws;
@@ -39,68 +39,68 @@ pub type Tags = Vec<(String, String)>;
 /// How long a cloud's operation (a deallocate, a stop) is followed to its end, at most.
 pub const FOLLOW_FOR: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
+/// One cloud, as the list of them ([`PROVIDERS`]) holds it: each cloud's folder exports one.
+pub struct Provider {
+    /// `[cloud] provider`'s value, and the `provider` label of `gpuwatch_node_info`.
+    pub name: &'static str,
+    /// Makes the cloud for the config; nothing is called until metadata is asked.
+    pub open: fn(&Config) -> Arc<dyn Cloud>,
+    /// What an action leaves the node as, as the cloud's plan says, or why it is refused:
+    /// `gpuwatch simulate`'s answer, which calls nothing. What only the cloud's API knows is
+    /// taken at its most common.
+    pub rehearse: fn(&CloudConfig, Action, Option<Lifecycle>, plan::SpotStop) -> Rehearsal,
+    /// Whether its calls start operations that gpuwatch follows to their end (for at most
+    /// [`FOLLOW_FOR`]), which an action's time limit must allow for.
+    pub follows_operations: bool,
+}
+
+/// What a rehearsed action leaves the node as, or why the plan refuses it.
+pub type Rehearsal = Result<plan::Down, String>;
+
+/// Every cloud gpuwatch acts on: the only list of them.
+pub const PROVIDERS: [&Provider; 4] = [
+    &aws::PROVIDER,
+    &azure::PROVIDER,
+    &gcp::PROVIDER,
+    &alibaba::PROVIDER,
+];
+
+/// The cloud the config names, if any.
+pub fn provider(cloud: &CloudConfig) -> Option<&'static Provider> {
+    PROVIDERS
+        .into_iter()
+        .find(|p| Some(p.name) == cloud.provider.name())
+}
+
 /// What `action` leaves the node as on the configured cloud, as its plan says, or why it is
-/// refused: `gpuwatch simulate`'s answer, which calls nothing. What only the cloud's API knows is taken at its most common: no spot request on
-/// EC2, hibernation enabled and no scale set on Azure, no local SSD on Compute Engine, an
-/// economical-mode family on ECS.
+/// refused (see [`Provider::rehearse`]). With no cloud configured, the first of the list's
+/// (EC2's, the most common: an on-demand instance, a one-time spot request refused a stop).
 pub fn rehearse(
-    cloud: &crate::config::CloudConfig,
-    action: crate::rules::Action,
-    lifecycle: Option<crate::rules::Lifecycle>,
-    spot_stop: crate::config::SpotStop,
-) -> Result<plan::Down, String> {
-    fn last<S>(
-        plan: plan::Plan<S>,
-        leaves: fn(&S) -> Option<plan::Down>,
-    ) -> Result<plan::Down, String> {
-        match plan {
-            plan::Plan::Refuse(why) => Err(why),
-            plan::Plan::Steps(steps) => {
-                Ok(steps.last().and_then(leaves).unwrap_or(plan::Down::Stopped))
-            }
-        }
+    cloud: &CloudConfig,
+    action: Action,
+    lifecycle: Option<Lifecycle>,
+    spot_stop: plan::SpotStop,
+) -> Rehearsal {
+    match provider(cloud) {
+        Some(p) => (p.rehearse)(cloud, action, lifecycle, spot_stop),
+        None => (PROVIDERS[0].rehearse)(cloud, action, lifecycle, spot_stop),
     }
-    let spot = lifecycle == Some(crate::rules::Lifecycle::Spot);
-    match cloud.provider {
-        Provider::None | Provider::Aws => last(
-            plan::aws::plan(action, lifecycle, None, spot_stop),
-            plan::aws::Step::leaves,
-        ),
-        Provider::Azure => {
-            let vm = plan::azure::Vm {
-                spot,
-                hibernation: Some(true),
-                scale_set: None,
-            };
-            last(
-                plan::azure::plan(action, &vm, spot_stop),
-                plan::azure::Step::leaves,
-            )
-        }
-        Provider::Gcp => last(
-            plan::gcp::plan(action, &plan::gcp::Vm::default(), cloud.local_ssd),
-            plan::gcp::Step::leaves,
-        ),
-        Provider::Alibaba => last(
-            plan::alibaba::plan(
-                action,
-                &plan::alibaba::Instance::default(),
-                cloud.keep_charging,
-            ),
-            plan::alibaba::Step::leaves,
-        ),
+}
+
+/// What a plan leaves the instance as: what its last step leaves, or its refusal.
+pub fn leaves<S>(plan: plan::Plan<S>, step_leaves: fn(&S) -> Option<plan::Down>) -> Rehearsal {
+    match plan {
+        plan::Plan::Refuse(why) => Err(why),
+        plan::Plan::Steps(steps) => Ok(steps
+            .last()
+            .and_then(step_leaves)
+            .unwrap_or(plan::Down::Stopped)),
     }
 }
 
 /// The one cloud the config names, or none.
 pub fn open(config: &Config) -> Option<Arc<dyn Cloud>> {
-    match config.cloud.provider {
-        Provider::None => None,
-        Provider::Aws => Some(Arc::new(aws::Aws::new(config))),
-        Provider::Azure => Some(Arc::new(azure::Azure::new(config))),
-        Provider::Gcp => Some(Arc::new(gcp::Gcp::new(config))),
-        Provider::Alibaba => Some(Arc::new(alibaba::Alibaba::new(config))),
-    }
+    provider(&config.cloud).map(|p| (p.open)(config))
 }
 
 /// What one cloud's instance metadata tells, and how its API is reached once it has named the
@@ -281,28 +281,53 @@ mod tests {
     /// hibernate.
     #[test]
     fn a_rehearsal_follows_the_configured_cloud_s_plan() {
-        let mut cloud = crate::config::Config::default().cloud;
         let spot = Some(Lifecycle::Spot);
-        let rehearse =
-            |c: &crate::config::CloudConfig, action| rehearse(c, action, spot, SpotStop::Refuse);
-        cloud.provider = Provider::Aws;
-        assert!(rehearse(&cloud, Action::Stop)
+        let rehearse = |provider: &str, action| {
+            let config = crate::config::Config::parse(
+                &format!("[cloud]\nprovider = \"{provider}\"\n"),
+                std::path::Path::new("t.toml"),
+            )
+            .unwrap();
+            rehearse(&config.cloud, action, spot, SpotStop::Refuse)
+        };
+        assert!(rehearse("aws", Action::Stop)
             .unwrap_err()
             .contains("one-time spot"));
-        cloud.provider = Provider::Azure;
-        assert_eq!(rehearse(&cloud, Action::Stop), Ok(plan::Down::Stopped));
+        assert_eq!(rehearse("azure", Action::Stop), Ok(plan::Down::Stopped));
         assert_eq!(
-            rehearse(&cloud, Action::Terminate),
+            rehearse("azure", Action::Terminate),
             Ok(plan::Down::Terminated)
         );
-        cloud.provider = Provider::Gcp;
-        assert_eq!(rehearse(&cloud, Action::Stop), Ok(plan::Down::Stopped));
-        assert!(rehearse(&cloud, Action::Hibernate).is_err());
-        cloud.provider = Provider::Alibaba;
-        assert!(rehearse(&cloud, Action::Hibernate).is_err());
+        assert_eq!(rehearse("gcp", Action::Stop), Ok(plan::Down::Stopped));
+        assert!(rehearse("gcp", Action::Hibernate).is_err());
+        assert!(rehearse("alibaba", Action::Hibernate).is_err());
         assert_eq!(
-            rehearse(&cloud, Action::Terminate),
+            rehearse("alibaba", Action::Terminate),
             Ok(plan::Down::Terminated)
         );
+    }
+
+    /// The list is the only one: every cloud on it is a `[cloud] provider` the config takes,
+    /// opened and rehearsed as itself, and no other name is taken.
+    #[test]
+    fn every_provider_on_the_list_is_one_the_config_takes() {
+        let parse = |name: &str| {
+            crate::config::Config::parse(
+                &format!("[cloud]\nprovider = \"{name}\"\n"),
+                std::path::Path::new("t.toml"),
+            )
+        };
+        for p in PROVIDERS {
+            let config = parse(p.name).unwrap();
+            assert_eq!(provider(&config.cloud).map(|q| q.name), Some(p.name));
+            assert_eq!(open(&config).unwrap().name(), p.name);
+        }
+        assert!(provider(&parse("none").unwrap().cloud).is_none());
+        assert!(parse("oracle").is_err());
+        let names: Vec<&str> = PROVIDERS.iter().map(|p| p.name).collect();
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "{names:?}");
     }
 }

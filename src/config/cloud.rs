@@ -13,10 +13,16 @@ pub enum Provider {
 }
 
 impl Provider {
-    /// Whether the cloud's calls start operations that gpuwatch follows to their end (Azure's
-    /// deallocate and delete), which an action's time limit must allow for.
-    pub fn follows_operations(self) -> bool {
-        matches!(self, Provider::Azure | Provider::Gcp | Provider::Alibaba)
+    /// Its `[cloud] provider` value, which names it on the cloud boundary's list
+    /// (`cloud::PROVIDERS`); `None` for no cloud.
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            Provider::None => None,
+            Provider::Aws => Some("aws"),
+            Provider::Azure => Some("azure"),
+            Provider::Gcp => Some("gcp"),
+            Provider::Alibaba => Some("alibaba"),
+        }
     }
 }
 
@@ -35,8 +41,9 @@ pub struct CloudConfig {
     /// Azure: the `client_id` of the user-assigned managed identity to act as; empty: the
     /// VM's system-assigned identity.
     pub client_id: String,
-    /// Compute Engine: what a stop does with local SSD data.
-    pub local_ssd: gpuwatch_core::plan::gcp::LocalSsd,
+    /// Compute Engine: whether a stop discards local SSD data (`local_ssd = "discard"`) rather
+    /// than keeping it.
+    pub discard_local_ssd: bool,
     /// Alibaba Cloud: the instance RAM role's name; empty: the one metadata names.
     pub ram_role: String,
     /// Alibaba Cloud: stop an instance that cannot stop in economical mode anyway, still billed.
@@ -82,10 +89,7 @@ impl RawCloud {
             invalid,
             "cloud.local_ssd",
             &self.local_ssd,
-            &[
-                ("keep", gpuwatch_core::plan::gcp::LocalSsd::Keep),
-                ("discard", gpuwatch_core::plan::gcp::LocalSsd::Discard),
-            ],
+            &[("keep", false), ("discard", true)],
         );
         let client_id = self.client_id.trim();
         let client_id_ok = client_id.is_empty()
@@ -140,7 +144,7 @@ impl RawCloud {
             poll_interval: poll_interval?,
             tag_poll_interval: tag_poll_interval?,
             client_id: client_id_ok.then(|| client_id.to_string())?,
-            local_ssd: local_ssd?,
+            discard_local_ssd: local_ssd?,
             ram_role: self.ram_role.trim().to_string(),
             keep_charging: self.keep_charging,
         })

@@ -210,11 +210,12 @@ impl super::Watch {
         let a = &self.config.actions;
         // Two operations may be followed (the stamp's and the action's, on Compute Engine),
         // and the result read back for ten minutes more (Azure's power state while it settles).
-        let follow = if self.config.cloud.provider.follows_operations() {
-            crate::cloud::FOLLOW_FOR * 2 + std::time::Duration::from_secs(600)
-        } else {
-            std::time::Duration::ZERO
-        };
+        let follow =
+            if crate::cloud::provider(&self.config.cloud).is_some_and(|p| p.follows_operations) {
+                crate::cloud::FOLLOW_FOR * 2 + std::time::Duration::from_secs(600)
+            } else {
+                std::time::Duration::ZERO
+            };
         a.exec_timeout.max(a.retry_for + follow) + std::time::Duration::from_secs(60)
     }
 

@@ -9,13 +9,38 @@ use tokio::task::JoinSet;
 
 use super::metadata::Session;
 use super::{Api, Call, Cloud, CloudError, Fut, Link, MetadataError, Node, Notice, NoticeKind};
-use crate::cloud::plan::{self, Plan, SpotStop};
+use crate::cloud::plan::{Down, Plan, SpotStop};
+use crate::cloud::{Provider, Rehearsal};
+use crate::config::CloudConfig;
 use crate::rules::{Action, Lifecycle};
 
 pub mod ecs;
+pub mod plan;
 pub mod sign;
 
 use ecs::Ecs;
+
+/// Alibaba Cloud, on the cloud boundary's list of clouds.
+pub const PROVIDER: Provider = Provider {
+    name: "alibaba",
+    open: |config| Arc::new(Alibaba::new(config)),
+    rehearse,
+    follows_operations: true,
+};
+
+/// ECS's plan for `action`, on an instance of a family that stops in economical mode (which
+/// only the API tells).
+fn rehearse(
+    cloud: &CloudConfig,
+    action: Action,
+    _lifecycle: Option<Lifecycle>,
+    _spot_stop: SpotStop,
+) -> Rehearsal {
+    crate::cloud::leaves(
+        plan::plan(action, &plan::Instance::default(), cloud.keep_charging),
+        plan::Step::leaves,
+    )
+}
 
 pub struct Alibaba {
     metadata: Arc<Session>,
@@ -463,12 +488,12 @@ impl Api for AlibabaApi {
                     })
                 }
             };
-            let instance = plan::alibaba::Instance {
+            let instance = plan::Instance {
                 instance_type: i["InstanceType"].as_str().unwrap_or("").to_string(),
                 prepaid,
             };
             Ok(
-                plan::alibaba::plan(action, &instance, self.keep_charging).map(|step| {
+                plan::plan(action, &instance, self.keep_charging).map(|step| {
                     Box::new(AlibabaStep {
                         ecs: Arc::clone(&self.ecs),
                         id: self.id.clone(),
@@ -517,7 +542,7 @@ use ecs::request_id;
 struct AlibabaStep {
     ecs: Arc<Ecs>,
     id: String,
-    step: plan::alibaba::Step,
+    step: plan::Step,
 }
 
 impl AlibabaStep {
@@ -595,19 +620,19 @@ impl AlibabaStep {
 impl super::Step for AlibabaStep {
     fn describe(&self) -> String {
         match self.step {
-            plan::alibaba::Step::Stop { .. } => "StopInstance".into(),
-            plan::alibaba::Step::Delete => "DeleteInstance".into(),
+            plan::Step::Stop { .. } => "StopInstance".into(),
+            plan::Step::Delete => "DeleteInstance".into(),
         }
     }
 
-    fn leaves(&self) -> Option<plan::Down> {
+    fn leaves(&self) -> Option<Down> {
         self.step.leaves()
     }
 
     fn run(&self) -> Fut<'_, Result<Call, CloudError>> {
         Box::pin(async move {
             let answer = match self.step {
-                plan::alibaba::Step::Stop { economical } => {
+                plan::Step::Stop { economical } => {
                     let mode = if economical {
                         "StopCharging"
                     } else {
@@ -627,7 +652,7 @@ impl super::Step for AlibabaStep {
                     self.stopped(economical).await?;
                     a
                 }
-                plan::alibaba::Step::Delete => {
+                plan::Step::Delete => {
                     self.ecs
                         .call(
                             "DeleteInstance",
@@ -645,48 +670,4 @@ impl super::Step for AlibabaStep {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A termination time that is present is a notice, parsed where it can be (UTC where it
-    /// names no zone), and in effect since first seen where it cannot.
-    #[test]
-    fn a_present_termination_time_is_a_notice_whether_or_not_it_parses() {
-        let seen = 1_800_000_000.0;
-        let at = crate::time::parse_rfc3339("2026-12-06T10:05:00Z").unwrap();
-        for text in [
-            "2026-12-06T10:05:00Z",
-            "2026-12-06 10:05:00Z",
-            "2026-12-06T10:05:00",
-            "2026-12-06 10:05:00",
-            " 2026-12-06T10:05:00Z\n",
-        ] {
-            let n = reclaim(text, seen);
-            assert_eq!(n.kind, NoticeKind::Interruption, "{text:?}");
-            assert_eq!(n.time, at, "{text:?}");
-        }
-        assert_eq!(
-            reclaim("2026-12-06T12:05:00+02:00", seen).time,
-            at,
-            "a zone given is kept"
-        );
-        for text in ["soon", "", "2026-13-45T99:00:00Z"] {
-            let n = reclaim(text, seen);
-            assert_eq!(n.kind, NoticeKind::Interruption, "{text:?}");
-            assert_eq!(n.time, seen, "{text:?}");
-            assert!(n.text.contains("does not parse"), "{}", n.text);
-        }
-    }
-
-    /// `DescribePrice` adds a system disk to the instance's price: the instance type's own row
-    /// is the price, where the answer breaks it down.
-    #[test]
-    fn the_instance_type_is_priced_without_its_system_disk() {
-        let answer = serde_json::json!({"TradePrice": 4.31, "DetailInfos": {"DetailInfo": [
-            {"Resource": "systemDisk", "TradePrice": 0.11},
-            {"Resource": "instanceType", "TradePrice": 4.2}]}});
-        assert_eq!(instance_alone(&answer), &serde_json::json!(4.2));
-        let whole = serde_json::json!({"TradePrice": 4.31});
-        assert_eq!(instance_alone(&whole), &serde_json::json!(4.31));
-    }
-}
+mod tests;

@@ -10,8 +10,8 @@
 //!   paid for whether it runs or not.
 //! - `hibernate` is refused: ECS hibernation is an invitational preview, not a public API.
 
-use super::{Down, Plan};
-use crate::rules::Action;
+use gpuwatch_core::plan::{Down, Plan};
+use gpuwatch_core::rules::Action;
 
 /// This instance, as metadata and `DescribeInstances` describe it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

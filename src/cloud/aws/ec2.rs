@@ -66,7 +66,7 @@ fn classify<E: ProvideErrorMetadata + std::error::Error + 'static>(
     }
 }
 
-pub use gpuwatch_core::plan::aws::SpotRequest;
+pub use super::plan::SpotRequest;
 
 /// The instance `id` among an answer's reservations.
 fn named<'a>(

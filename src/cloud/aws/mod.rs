@@ -6,18 +6,42 @@ use std::sync::Arc;
 use tokio::task::JoinSet;
 
 use super::{Api, Call, Cloud, CloudError, Fut, Link, MetadataError, Node, Notice, NoticeKind};
-use crate::cloud::plan::{self, Plan, SpotStop};
+use crate::cloud::plan::{Down, Plan, SpotStop};
+use crate::cloud::{Provider, Rehearsal};
+use crate::config::CloudConfig;
 use crate::rules::{Action, Lifecycle};
 
 pub mod cloudwatch;
 pub mod ec2;
 pub mod imds;
+pub mod plan;
 mod pollers;
 pub mod services;
 
 use ec2::Ec2;
 use imds::Imds;
 use services::{Services, Shared};
+
+/// EC2, on the cloud boundary's list of clouds.
+pub const PROVIDER: Provider = Provider {
+    name: "aws",
+    open: |config| Arc::new(Aws::new(config)),
+    rehearse,
+    follows_operations: false,
+};
+
+/// EC2's plan for `action`, with no spot request behind the instance (which only the API tells).
+fn rehearse(
+    _cloud: &CloudConfig,
+    action: Action,
+    lifecycle: Option<Lifecycle>,
+    spot_stop: SpotStop,
+) -> Rehearsal {
+    crate::cloud::leaves(
+        plan::plan(action, lifecycle, None, spot_stop),
+        plan::Step::leaves,
+    )
+}
 
 pub struct Aws {
     imds: Imds,
@@ -184,7 +208,7 @@ impl Api for AwsApi {
                 _ => None,
             };
             Ok(
-                plan::aws::plan(action, self.lifecycle, spot.as_ref(), spot_stop).map(|step| {
+                plan::plan(action, self.lifecycle, spot.as_ref(), spot_stop).map(|step| {
                     Box::new(AwsStep {
                         ec2: self.ec2.clone(),
                         step,
@@ -234,29 +258,29 @@ impl Api for AwsApi {
 
 struct AwsStep {
     ec2: Ec2,
-    step: plan::aws::Step,
+    step: plan::Step,
 }
 
 impl super::Step for AwsStep {
     fn describe(&self) -> String {
         match &self.step {
-            plan::aws::Step::CancelSpotRequest(id) => format!("CancelSpotInstanceRequests {id}"),
-            plan::aws::Step::Stop { hibernate: false } => "StopInstances".into(),
-            plan::aws::Step::Stop { hibernate: true } => "StopInstances (hibernate)".into(),
-            plan::aws::Step::Terminate => "TerminateInstances".into(),
+            plan::Step::CancelSpotRequest(id) => format!("CancelSpotInstanceRequests {id}"),
+            plan::Step::Stop { hibernate: false } => "StopInstances".into(),
+            plan::Step::Stop { hibernate: true } => "StopInstances (hibernate)".into(),
+            plan::Step::Terminate => "TerminateInstances".into(),
         }
     }
 
-    fn leaves(&self) -> Option<plan::Down> {
+    fn leaves(&self) -> Option<Down> {
         self.step.leaves()
     }
 
     fn run(&self) -> Fut<'_, Result<Call, CloudError>> {
         Box::pin(async move {
             let request_id = match &self.step {
-                plan::aws::Step::CancelSpotRequest(id) => self.ec2.cancel_spot_request(id).await,
-                plan::aws::Step::Stop { hibernate } => self.ec2.stop(*hibernate).await,
-                plan::aws::Step::Terminate => self.ec2.terminate().await,
+                plan::Step::CancelSpotRequest(id) => self.ec2.cancel_spot_request(id).await,
+                plan::Step::Stop { hibernate } => self.ec2.stop(*hibernate).await,
+                plan::Step::Terminate => self.ec2.terminate().await,
             }?;
             Ok(Call {
                 operation: self.describe(),

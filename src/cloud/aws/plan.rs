@@ -1,7 +1,7 @@
 //! EC2: which calls an instance action means on this instance, following its real lifecycle.
 
-use super::{Down, Plan, SpotStop};
-use crate::rules::{Action, Lifecycle};
+use gpuwatch_core::plan::{Down, Plan, SpotStop};
+use gpuwatch_core::rules::{Action, Lifecycle};
 
 /// The spot request behind this instance, as EC2 describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,12 +9,15 @@ use reqwest::Method;
 use tokio::task::JoinSet;
 
 use super::{Api, Call, Cloud, CloudError, Fut, Link, MetadataError, Node, Notice, NoticeKind};
-use crate::cloud::plan::{self, Plan, SpotStop};
+use crate::cloud::plan::{Down, Plan, SpotStop};
+use crate::cloud::{Provider, Rehearsal};
+use crate::config::CloudConfig;
 use crate::rules::{Action, Lifecycle};
 
 pub mod arm;
 mod budgets;
 pub mod imds;
+pub mod plan;
 pub mod prices;
 
 use arm::Arm;
@@ -24,6 +27,30 @@ use imds::{Compute, Event, Imds};
 pub const DEFAULT_ENDPOINT: &str = "https://management.azure.com";
 /// The Retail Prices API's.
 pub const DEFAULT_PRICES: &str = "https://prices.azure.com";
+
+/// Azure, on the cloud boundary's list of clouds.
+pub const PROVIDER: Provider = Provider {
+    name: "azure",
+    open: |config| Arc::new(Azure::new(config)),
+    rehearse,
+    follows_operations: true,
+};
+
+/// Azure's plan for `action`, on a VM with hibernation enabled and in no scale set (which only
+/// the API tells).
+fn rehearse(
+    _cloud: &CloudConfig,
+    action: Action,
+    lifecycle: Option<Lifecycle>,
+    spot_stop: SpotStop,
+) -> Rehearsal {
+    let vm = plan::Vm {
+        spot: lifecycle == Some(Lifecycle::Spot),
+        hibernation: Some(true),
+        scale_set: None,
+    };
+    crate::cloud::leaves(plan::plan(action, &vm, spot_stop), plan::Step::leaves)
+}
 
 pub struct Azure {
     imds: Arc<Imds>,
@@ -261,7 +288,7 @@ impl Cloud for Azure {
         }
         Arc::new(AzureApi {
             arm,
-            vm: plan::azure::Vm {
+            vm: plan::Vm {
                 spot: node.lifecycle == Some(Lifecycle::Spot),
                 hibernation: match c.additional_capabilities.hibernation_enabled.as_str() {
                     "true" | "True" => Some(true),
@@ -359,7 +386,7 @@ async fn poll_price(base: String, node: Node, readings: Arc<dyn super::Readings>
 /// Resource Manager, for this VM.
 struct AzureApi {
     arm: Arc<Arm>,
-    vm: plan::azure::Vm,
+    vm: plan::Vm,
 }
 
 impl Api for AzureApi {
@@ -378,7 +405,7 @@ impl Api for AzureApi {
         spot_stop: SpotStop,
     ) -> Fut<'_, Result<Plan<Box<dyn super::Step>>, CloudError>> {
         Box::pin(async move {
-            Ok(plan::azure::plan(action, &self.vm, spot_stop).map(|step| {
+            Ok(plan::plan(action, &self.vm, spot_stop).map(|step| {
                 Box::new(AzureStep {
                     arm: Arc::clone(&self.arm),
                     step,
@@ -464,23 +491,21 @@ fn deallocated(power: Option<String>) -> Result<(), CloudError> {
 
 struct AzureStep {
     arm: Arc<Arm>,
-    step: plan::azure::Step,
+    step: plan::Step,
 }
 
 impl super::Step for AzureStep {
     fn describe(&self) -> String {
         match self.step {
-            plan::azure::Step::Deallocate { hibernate: false } => {
-                "VirtualMachines_Deallocate".into()
-            }
-            plan::azure::Step::Deallocate { hibernate: true } => {
+            plan::Step::Deallocate { hibernate: false } => "VirtualMachines_Deallocate".into(),
+            plan::Step::Deallocate { hibernate: true } => {
                 "VirtualMachines_Deallocate (hibernate)".into()
             }
-            plan::azure::Step::Delete => "VirtualMachines_Delete".into(),
+            plan::Step::Delete => "VirtualMachines_Delete".into(),
         }
     }
 
-    fn leaves(&self) -> Option<plan::Down> {
+    fn leaves(&self) -> Option<Down> {
         self.step.leaves()
     }
 
@@ -488,7 +513,7 @@ impl super::Step for AzureStep {
         Box::pin(async move {
             let v = arm::COMPUTE_API_VERSION;
             let request_id = match self.step {
-                plan::azure::Step::Deallocate { hibernate } => {
+                plan::Step::Deallocate { hibernate } => {
                     let url = format!(
                         "{}/deallocate?api-version={v}{}",
                         self.arm.vm,
@@ -502,7 +527,7 @@ impl super::Step for AzureStep {
                     id
                 }
                 // `forceDeletion=false` said outright: left out, Azure may force the delete.
-                plan::azure::Step::Delete => {
+                plan::Step::Delete => {
                     let url = format!("{}?api-version={v}&forceDeletion=false", self.arm.vm);
                     self.arm
                         .act("VirtualMachines_Delete", Method::DELETE, &url, None)

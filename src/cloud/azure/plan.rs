@@ -10,8 +10,8 @@
 //! - A VM in a scale set is refused: the scale set owns its count, and would bring a deleted or
 //!   deallocated instance back, or fight the autoscale that should make it smaller.
 
-use super::{Down, Plan, SpotStop};
-use crate::rules::Action;
+use gpuwatch_core::plan::{Down, Plan, SpotStop};
+use gpuwatch_core::rules::Action;
 
 /// This VM, as instance metadata and Resource Manager describe it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -9,12 +9,16 @@ use reqwest::Method;
 use tokio::task::JoinSet;
 
 use super::{Api, Call, Cloud, CloudError, Fut, Link, MetadataError, Node, Notice, NoticeKind};
-use crate::cloud::plan::{self, gcp::LocalSsd, Plan, SpotStop};
+use crate::cloud::plan::{Down, Plan, SpotStop};
+use crate::cloud::{Provider, Rehearsal};
+use crate::config::CloudConfig;
 use crate::rules::{Action, Lifecycle};
+use plan::LocalSsd;
 
 pub mod compute;
 pub mod metadata;
 pub mod operation;
+pub mod plan;
 pub mod prices;
 
 use compute::Compute;
@@ -25,6 +29,36 @@ use operation::Outcome;
 pub const DEFAULT_ENDPOINT: &str = "https://compute.googleapis.com";
 /// The instance attribute that holds every action until the RFC 3339 time it gives.
 pub const HOLD_ATTRIBUTE: &str = "gpuwatch-hold";
+
+/// Compute Engine, on the cloud boundary's list of clouds.
+pub const PROVIDER: Provider = Provider {
+    name: "gcp",
+    open: |config| Arc::new(Gcp::new(config)),
+    rehearse,
+    follows_operations: true,
+};
+
+/// Compute Engine's plan for `action`, on a VM with no local SSD (which only the API tells).
+fn rehearse(
+    cloud: &CloudConfig,
+    action: Action,
+    _lifecycle: Option<Lifecycle>,
+    _spot_stop: SpotStop,
+) -> Rehearsal {
+    crate::cloud::leaves(
+        plan::plan(action, &plan::Vm::default(), local_ssd(cloud)),
+        plan::Step::leaves,
+    )
+}
+
+/// What a stop does with local SSD data, as `local_ssd` says.
+fn local_ssd(cloud: &CloudConfig) -> LocalSsd {
+    if cloud.discard_local_ssd {
+        LocalSsd::Discard
+    } else {
+        LocalSsd::Keep
+    }
+}
 
 pub struct Gcp {
     server: Arc<Server>,
@@ -53,7 +87,7 @@ impl Gcp {
             server: Arc::new(Server::new(&config.cloud.imds_endpoint)),
             me: Mutex::new(None),
             notices: Mutex::default(),
-            local_ssd: config.cloud.local_ssd,
+            local_ssd: local_ssd(&config.cloud),
             compute: OnceLock::new(),
             labels: Mutex::new(None),
             label_every: (!config.node.tag_labels.is_empty())
@@ -355,8 +389,8 @@ impl Api for GcpApi {
                     .any(|d| d.kind == "SCRATCH"),
                 _ => false,
             };
-            let vm = plan::gcp::Vm { local_ssd };
-            Ok(plan::gcp::plan(action, &vm, self.local_ssd).map(|step| {
+            let vm = plan::Vm { local_ssd };
+            Ok(plan::plan(action, &vm, self.local_ssd).map(|step| {
                 Box::new(GcpStep {
                     compute: Arc::clone(&self.compute),
                     step,
@@ -385,23 +419,23 @@ impl Api for GcpApi {
 
 struct GcpStep {
     compute: Arc<Compute>,
-    step: plan::gcp::Step,
+    step: plan::Step,
 }
 
 impl super::Step for GcpStep {
     fn describe(&self) -> String {
         match self.step {
-            plan::gcp::Step::Stop {
+            plan::Step::Stop {
                 discard_local_ssd: false,
             } => "instances.stop".into(),
-            plan::gcp::Step::Stop {
+            plan::Step::Stop {
                 discard_local_ssd: true,
             } => "instances.stop (discarding local SSD data)".into(),
-            plan::gcp::Step::Delete => "instances.delete".into(),
+            plan::Step::Delete => "instances.delete".into(),
         }
     }
 
-    fn leaves(&self) -> Option<plan::Down> {
+    fn leaves(&self) -> Option<Down> {
         self.step.leaves()
     }
 
@@ -411,12 +445,12 @@ impl super::Step for GcpStep {
             let request_id = match self.step {
                 // Said outright: Compute Engine refuses a stop of a VM with local SSDs that
                 // does not say what becomes of their data.
-                plan::gcp::Step::Stop { discard_local_ssd } => {
+                plan::Step::Stop { discard_local_ssd } => {
                     let url = format!("{}/stop?discardLocalSsd={discard_local_ssd}", c.instance);
                     c.act("instances.stop", Method::POST, &url, Outcome::Stopped)
                         .await?
                 }
-                plan::gcp::Step::Delete => {
+                plan::Step::Delete => {
                     c.act(
                         "instances.delete",
                         Method::DELETE,

@@ -8,8 +8,8 @@
 //!   refused (and refused at load, where the config can tell).
 //! - `terminate` deletes the VM; its boot and other disks go with it where `autoDelete` is set.
 
-use super::{Down, Plan};
-use crate::rules::Action;
+use gpuwatch_core::plan::{Down, Plan};
+use gpuwatch_core::rules::Action;
 
 /// What becomes of local SSD data when a VM that has them is stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,10 +1,6 @@
-//! What an instance action means on each cloud: one pure plan per cloud, table-tested in its
-//! own module. The daemon's cloud boundary carries a plan out; nothing here calls anything.
-
-pub mod alibaba;
-pub mod aws;
-pub mod azure;
-pub mod gcp;
+//! What every cloud's plan shares: a plan's steps or its refusal, what it leaves the instance
+//! as, and what a stop does to a spot instance. Each cloud's own plan (the calls an instance
+//! action means there, pure and table-tested) lives beside its cloud, in `src/cloud/`.
 
 /// What `stop` (and `hibernate`) does on a spot instance that cannot be stopped that way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
