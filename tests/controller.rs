@@ -828,3 +828,75 @@ fn the_node_daemon_holds_no_kubernetes_client() {
         "{said}"
     );
 }
+
+/// Events say what is true now: a warning with a new due time (or a failure with a new cause)
+/// on the same workload is an Event of its own, not folded into the series of the first, whose
+/// note `kube`'s recorder would keep; the same note again adds to its Event's series.
+#[test]
+fn a_new_note_is_an_event_of_its_own_and_the_same_note_a_series() {
+    use gpuwatch::controller::events::Recorders;
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use kube::runtime::events::{Event, EventType, Reporter};
+
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::start(dir.path());
+    let config = gpuwatch::config::Config::parse(
+        &format!(
+            "[controller]\nprometheus_url = \"http://127.0.0.1:9\"\nkubeconfig = \"{}\"\n",
+            api.kubeconfig.display()
+        ),
+        std::path::Path::new("t.toml"),
+    )
+    .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (client, _, _) = gpuwatch::controller::connect(config.controller.as_ref().unwrap())
+            .await
+            .unwrap();
+        let recorders = Recorders::new(
+            client,
+            Reporter {
+                controller: "gpuwatch-controller".into(),
+                instance: Some("test".into()),
+            },
+        );
+        let train = ObjectReference {
+            api_version: Some("apps/v1".into()),
+            kind: Some("Deployment".into()),
+            name: Some("train".into()),
+            namespace: Some("ml".into()),
+            uid: Some("0b7d9c0e-1d2e-4f5a-8b6c-7d8e9f0a1b2c".into()),
+            ..Default::default()
+        };
+        let warning = |due: &str| Event {
+            type_: EventType::Warning,
+            reason: "GpuIdleWarning".into(),
+            note: Some(format!("idle: scaled to 0 at {due}")),
+            action: "Warning".into(),
+            secondary: None,
+        };
+        for due in ["10:00", "10:00", "10:07"] {
+            recorders.publish(&warning(due), &train).await.unwrap();
+        }
+    });
+    let mut notes: Vec<(String, i64)> = api
+        .events()
+        .into_iter()
+        .filter(|e| e["regarding"]["name"] == "train" && e["reason"] == "GpuIdleWarning")
+        .map(|e| {
+            let count = e["series"]["count"].as_i64().unwrap_or(1);
+            (e["note"].as_str().unwrap_or_default().to_string(), count)
+        })
+        .collect();
+    notes.sort();
+    assert_eq!(
+        notes,
+        [
+            ("idle: scaled to 0 at 10:00".to_string(), 2),
+            ("idle: scaled to 0 at 10:07".to_string(), 1)
+        ]
+    );
+}

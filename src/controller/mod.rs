@@ -6,6 +6,7 @@
 
 pub mod cluster;
 pub mod decide;
+pub mod events;
 mod lease;
 pub mod metrics;
 mod round;
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::{reflector, watcher, WatchStreamExt as _};
 use kube::{Api, Client};
 
@@ -82,7 +83,7 @@ pub struct Controller {
     pub cluster: Cluster,
     pub pods: reflector::Store<Pod>,
     pub elector: Arc<lease::Elector>,
-    pub recorder: Recorder,
+    pub recorder: events::Recorders,
     pub http: reqwest::Client,
     pub stats: Arc<metrics::Shared>,
     /// Workloads warned, and what they were when warned.
@@ -132,7 +133,7 @@ pub async fn run(
         .map_err(|e| anyhow::anyhow!("controller.prometheus_url: {e}"))?;
     let mut exclude = c.exclude_namespaces.clone();
     exclude.push(namespace.clone());
-    let recorder = Recorder::new(
+    let recorder = events::Recorders::new(
         client.clone(),
         Reporter {
             controller: NAME.into(),
