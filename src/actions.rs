@@ -325,9 +325,7 @@ impl Executor {
                 Mode::DryRun => Outcome::DryRun(format!(
                     "would {action} this instance (no cloud provider is configured)"
                 )),
-                Mode::Enforce => Outcome::Refused(
-                    "no cloud provider: set [cloud] provider (\"aws\", \"azure\") to the cloud this instance runs on".into(),
-                ),
+                Mode::Enforce => Outcome::Refused(crate::cloud::no_provider()),
             };
         };
         let steps = match self

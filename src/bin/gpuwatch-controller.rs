@@ -11,6 +11,8 @@ use clap::Parser;
 use gpuwatch::cli::Cli;
 
 fn main() -> ExitCode {
+    // One malloc arena, as the node daemon has.
+    gpuwatch::process_memory::at_start();
     let mut args: Vec<OsString> = std::env::args_os().collect();
     if args.len() < 2 || args[1] != OsStr::new("controller") {
         let at = args.len().min(1);

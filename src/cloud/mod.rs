@@ -17,9 +17,13 @@ use tokio::task::JoinSet;
 use crate::config::{CloudConfig, Config};
 use crate::rules::{Action, Lifecycle};
 
+#[cfg(feature = "alibaba")]
 pub mod alibaba;
+#[cfg(feature = "aws")]
 pub mod aws;
+#[cfg(feature = "azure")]
 pub mod azure;
+#[cfg(feature = "gcp")]
 pub mod gcp;
 
 pub mod metadata;
@@ -57,34 +61,59 @@ pub struct Provider {
 /// What a rehearsed action leaves the node as, or why the plan refuses it.
 pub type Rehearsal = Result<plan::Down, String>;
 
-/// Every cloud gpuwatch acts on: the only list of them.
-pub const PROVIDERS: [&Provider; 4] = [
+/// Every cloud gpuwatch acts on, of those this build holds (each is a cargo feature): the only
+/// list of them.
+pub const PROVIDERS: &[&Provider] = &[
+    #[cfg(feature = "aws")]
     &aws::PROVIDER,
+    #[cfg(feature = "azure")]
     &azure::PROVIDER,
+    #[cfg(feature = "gcp")]
     &gcp::PROVIDER,
+    #[cfg(feature = "alibaba")]
     &alibaba::PROVIDER,
 ];
 
-/// The cloud the config names, if any.
+/// The cloud the config names, if any (and if this build holds it: the config refuses one it
+/// does not).
 pub fn provider(cloud: &CloudConfig) -> Option<&'static Provider> {
     PROVIDERS
-        .into_iter()
+        .iter()
+        .copied()
         .find(|p| Some(p.name) == cloud.provider.name())
 }
 
 /// What `action` leaves the node as on the configured cloud, as its plan says, or why it is
 /// refused (see [`Provider::rehearse`]). With no cloud configured, the first of the list's
-/// (EC2's, the most common: an on-demand instance, a one-time spot request refused a stop).
+/// (EC2's where the build holds it, the most common: an on-demand instance, a one-time spot
+/// request refused a stop), as if the config named it.
 pub fn rehearse(
     cloud: &CloudConfig,
     action: Action,
     lifecycle: Option<Lifecycle>,
     spot_stop: plan::SpotStop,
 ) -> Rehearsal {
-    match provider(cloud) {
+    match provider(cloud).or(PROVIDERS.first().copied()) {
         Some(p) => (p.rehearse)(cloud, action, lifecycle, spot_stop),
-        None => (PROVIDERS[0].rehearse)(cloud, action, lifecycle, spot_stop),
+        // A build with no cloud at all: what the action means, as no cloud refuses it.
+        None => Ok(match action {
+            Action::Hibernate => plan::Down::Hibernated,
+            Action::Terminate => plan::Down::Terminated,
+            _ => plan::Down::Stopped,
+        }),
     }
+}
+
+/// Why an instance action is refused on a node with no cloud configured.
+pub fn no_provider() -> String {
+    let names: Vec<String> = PROVIDERS
+        .iter()
+        .map(|p| format!("\"{}\"", p.name))
+        .collect();
+    format!(
+        "no cloud provider: set [cloud] provider ({}) to the cloud this instance runs on",
+        names.join(", ")
+    )
 }
 
 /// What a plan leaves the instance as: what its last step leaves, or its refusal.
@@ -273,14 +302,19 @@ pub enum ErrorKind {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::SpotStop;
-    use crate::rules::{Action, Lifecycle};
 
     /// `simulate` follows the configured cloud's plan: a spot stop is refused on EC2 (a
     /// one-time request cannot stop) and deallocates on Azure; Compute Engine and ECS never
     /// hibernate.
     #[test]
+    #[cfg(all(
+        feature = "aws",
+        feature = "azure",
+        feature = "gcp",
+        feature = "alibaba"
+    ))]
     fn a_rehearsal_follows_the_configured_cloud_s_plan() {
+        use crate::config::SpotStop;
         let spot = Some(Lifecycle::Spot);
         let rehearse = |provider: &str, action| {
             let config = crate::config::Config::parse(
@@ -323,6 +357,11 @@ mod tests {
             assert_eq!(open(&config).unwrap().name(), p.name);
         }
         assert!(provider(&parse("none").unwrap().cloud).is_none());
+        // With no cloud, an action is refused naming every cloud the build holds.
+        let refusal = no_provider();
+        assert!(PROVIDERS
+            .iter()
+            .all(|p| refusal.contains(&format!("\"{}\"", p.name))));
         assert!(parse("oracle").is_err());
         let names: Vec<&str> = PROVIDERS.iter().map(|p| p.name).collect();
         let mut unique = names.clone();

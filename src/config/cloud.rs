@@ -13,6 +13,17 @@ pub enum Provider {
 }
 
 impl Provider {
+    /// Whether this build holds the cloud (each is a cargo feature).
+    pub fn built(self) -> bool {
+        match self {
+            Provider::None => true,
+            Provider::Aws => cfg!(feature = "aws"),
+            Provider::Azure => cfg!(feature = "azure"),
+            Provider::Gcp => cfg!(feature = "gcp"),
+            Provider::Alibaba => cfg!(feature = "alibaba"),
+        }
+    }
+
     /// Its `[cloud] provider` value, which names it on the cloud boundary's list
     /// (`cloud::PROVIDERS`); `None` for no cloud.
     pub fn name(self) -> Option<&'static str> {
@@ -84,7 +95,21 @@ impl RawCloud {
                 ("gcp", Provider::Gcp),
                 ("alibaba", Provider::Alibaba),
             ],
-        );
+        )
+        .filter(|p| {
+            let built = p.built();
+            if !built {
+                invalid(
+                    "cloud.provider",
+                    format!(
+                        "\"{}\" is not built into this gpuwatch: build it with `--features {}` (the default builds every cloud)",
+                        self.provider,
+                        self.provider
+                    ),
+                );
+            }
+            built
+        });
         let local_ssd = pick(
             invalid,
             "cloud.local_ssd",
@@ -229,5 +254,44 @@ impl RawCloudWatch {
             interval: interval?,
             max_queue: max_queue?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Config;
+    use std::path::Path;
+
+    /// Each cloud is a cargo feature: a provider this build holds loads, and one it left out is
+    /// refused at load, naming the key and the feature. (`scripts/test` runs this test in a
+    /// build with one cloud alone, too.)
+    #[test]
+    fn a_cloud_left_out_of_the_build_is_refused_at_load() {
+        let built = [
+            ("aws", cfg!(feature = "aws")),
+            ("azure", cfg!(feature = "azure")),
+            ("gcp", cfg!(feature = "gcp")),
+            ("alibaba", cfg!(feature = "alibaba")),
+        ];
+        for (name, built) in built {
+            let loaded = Config::parse(
+                &format!("[cloud]\nprovider = \"{name}\"\n"),
+                Path::new("t.toml"),
+            );
+            match loaded {
+                Ok(c) => assert!(built && c.cloud.provider.name() == Some(name), "{name}"),
+                Err(e) => {
+                    let said = e.to_string();
+                    assert!(!built, "{name}: {said}");
+                    assert!(
+                        said.contains("cloud.provider")
+                            && said.contains(&format!(
+                                "\"{name}\" is not built into this gpuwatch: build it with `--features {name}`"
+                            )),
+                        "{said}"
+                    );
+                }
+            }
+        }
     }
 }
