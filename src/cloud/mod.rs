@@ -209,11 +209,14 @@ pub struct Notice {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NoticeKind {
-    /// An EC2 spot interruption notice, or an Azure `Preempt` or `Terminate` event.
+    /// The instance will be taken away: it blocks every action (each cloud's notice: see its
+    /// `interruption`).
     Interruption,
-    /// An EC2 rebalance recommendation.
-    Rebalance,
-    /// Another scheduled event (Azure's `Freeze`, `Reboot`, `Redeploy`): its type.
+    /// The cloud says the instance is at elevated risk of interruption, and advises moving its
+    /// work (EC2's rebalance recommendation): it blocks nothing.
+    AtRisk,
+    /// Another scheduled event, by the cloud's name for its type (Azure's `Freeze`, `Reboot`,
+    /// `Redeploy`).
     Event(String),
 }
 

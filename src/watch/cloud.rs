@@ -140,8 +140,8 @@ impl CloudPoller {
     }
 
     /// Notices that are advice, not interruptions: each is logged, audited and exported, and
-    /// blocks nothing. AWS may leave a rebalance recommendation in place for the instance's
-    /// whole life.
+    /// blocks nothing. A cloud may leave an at-risk notice in place for the instance's whole
+    /// life.
     async fn advice(&self, seen: &mut Seen) {
         let notices = match self.cloud.advice().await {
             Ok(n) => n,
@@ -152,17 +152,18 @@ impl CloudPoller {
         };
         let rebalance = notices
             .iter()
-            .find(|n| n.kind == NoticeKind::Rebalance)
+            .find(|n| n.kind == NoticeKind::AtRisk)
             .map(|n| n.time);
         for n in &notices {
             if seen.advice.contains(&n.key) {
                 continue;
             }
             match &n.kind {
-                NoticeKind::Rebalance => {
+                NoticeKind::AtRisk => {
                     tracing::info!(
                         at = %crate::time::rfc3339(n.time),
-                        "spot rebalance recommendation: the instance is at elevated risk of interruption; actions are not blocked"
+                        notice = %n.text,
+                        "the cloud says the instance is at elevated risk of interruption; actions are not blocked"
                     );
                     let _ = self.executor.audit(AuditRecord::SpotRebalance);
                 }

@@ -91,7 +91,7 @@ impl Cloud for Aws {
             Ok(match self.imds.rebalance().await? {
                 Some(imds::Notice::Rebalance { time }) => vec![Notice {
                     key: format!("rebalance {time}"),
-                    kind: NoticeKind::Rebalance,
+                    kind: NoticeKind::AtRisk,
                     time,
                     text: "spot rebalance recommendation".into(),
                 }],
