@@ -26,7 +26,7 @@ impl From<LifecycleArg> for crate::rules::Lifecycle {
 }
 
 #[derive(Parser)]
-#[command(name = "gpuwatch", version = VERSION, about = "NVIDIA GPU exporter for Prometheus, with idle and cost watch")]
+#[command(name = "gpuwatch", version = cmd::VERSION, about = "NVIDIA GPU exporter for Prometheus, with idle and cost watch")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -194,15 +194,6 @@ pub enum Command {
     },
 }
 
-const VERSION: &str = concat!(
-    env!("CARGO_PKG_VERSION"),
-    " (revision ",
-    env!("GPUWATCH_REVISION"),
-    "; prices as of ",
-    env!("GPUWATCH_PRICES_AS_OF"),
-    ")"
-);
-
 /// Runs the subcommand; the exit status follows sysexits (64: bad config or usage).
 /// `gpuwatch run`'s config: the file (and rules file), with `--listen` over its address.
 fn run_config(
@@ -330,6 +321,10 @@ pub fn run(cli: Cli) -> ExitCode {
 
 /// `gpuwatch-controller`'s dispatch: the `controller` subcommand, its only one.
 pub fn run_controller(cli: Cli) -> ExitCode {
+    if let Err(e) = cmd::controller::matches_caller() {
+        eprintln!("{e}");
+        return cmd::exit::UNAVAILABLE.into();
+    }
     match cli.command {
         Command::Controller {
             config,

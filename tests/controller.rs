@@ -900,3 +900,44 @@ fn a_new_note_is_an_event_of_its_own_and_the_same_note_a_series() {
         ]
     );
 }
+
+/// `gpuwatch-controller` answers `--version` as `gpuwatch` does, and refuses to run for a
+/// `gpuwatch` of another build (exit 69, naming both), so that a controller replaced by hand
+/// never runs beside a node binary of another release.
+#[test]
+fn the_controller_is_of_the_same_build_as_the_gpuwatch_that_runs_it() {
+    let version = |bin: &str| {
+        let out = std::process::Command::new(bin)
+            .arg("--version")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{bin} --version");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let ours = version(common::BIN);
+    assert!(ours.starts_with("gpuwatch "), "{ours}");
+    assert_eq!(version(common::CONTROLLER_BIN), ours);
+
+    let out = std::process::Command::new(common::CONTROLLER_BIN)
+        .args(["--config", "/nonexistent.toml"])
+        .env("GPUWATCH_CALLER_VERSION", "0.0.1 (revision older)")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{said}");
+    assert!(
+        said.contains("is not of the same build as gpuwatch 0.0.1 (revision older)"),
+        "{said}"
+    );
+    // Run by its own gpuwatch, it goes on (to a config it cannot find: 64, not 69).
+    let out = std::process::Command::new(common::BIN)
+        .args(["controller", "--config", "/nonexistent.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

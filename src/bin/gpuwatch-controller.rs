@@ -14,7 +14,9 @@ fn main() -> ExitCode {
     // One malloc arena, as the node daemon has.
     gpuwatch::process_memory::at_start();
     let mut args: Vec<OsString> = std::env::args_os().collect();
-    if args.len() < 2 || args[1] != OsStr::new("controller") {
+    let first = args.get(1).map(OsString::as_os_str);
+    let own = ["controller", "--version", "-V"].map(OsStr::new);
+    if !first.is_some_and(|a| own.contains(&a)) {
         let at = args.len().min(1);
         args.insert(at, "controller".into());
     }

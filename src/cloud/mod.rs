@@ -26,6 +26,7 @@ pub mod azure;
 #[cfg(feature = "gcp")]
 pub mod gcp;
 
+pub mod client;
 pub mod metadata;
 pub mod rest;
 

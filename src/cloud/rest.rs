@@ -1,21 +1,15 @@
 //! A cloud's REST API with bearer tokens, for every cloud that has one (Azure Resource
-//! Manager, Compute Engine): one client made on the first call, with timeouts and no
-//! redirects (a token goes only to the endpoint), tokens kept until five minutes before they
-//! expire and fetched again after a 401, and answers read with a cap. No token is ever logged
-//! or put in an error.
+//! Manager, Compute Engine), on the shared client (`client.rs`: one HTTP client, a cap on
+//! answers, tokens kept until shortly before they expire), a token fetched again after a 401.
+//! No token is ever logged or put in an error.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use reqwest::header::{HeaderMap, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 use reqwest::{Method, StatusCode};
 
+use super::client::{Cached, Http, MAX_BODY};
 use super::{CloudError, ErrorKind, Fut};
-
-/// The largest answer read; real ones are a few KiB.
-const MAX_BODY: usize = 1024 * 1024;
-/// A token is renewed this long before it expires.
-const RENEW_BEFORE: f64 = 300.0;
 
 /// A bearer token, and when it expires (Unix seconds).
 #[derive(Clone)]
@@ -73,8 +67,8 @@ pub struct Rest {
     /// The endpoint, without a trailing slash.
     pub base: String,
     tokens: TokenSource,
-    token: tokio::sync::Mutex<Option<Token>>,
-    http: OnceLock<reqwest::Client>,
+    token: Cached<String>,
+    http: Http,
 }
 
 impl Rest {
@@ -82,43 +76,20 @@ impl Rest {
         Rest {
             base: base.trim_end_matches('/').to_string(),
             tokens,
-            token: tokio::sync::Mutex::new(None),
-            http: OnceLock::new(),
+            token: Cached::default(),
+            http: Http::default(),
         }
-    }
-
-    fn http(&self) -> Result<&reqwest::Client, CloudError> {
-        if let Some(c) = self.http.get() {
-            return Ok(c);
-        }
-        let client = crate::client::http_client()
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(30))
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| CloudError {
-                operation: "Client",
-                kind: ErrorKind::Other,
-                message: e.to_string(),
-                request_id: None,
-                retry_after: None,
-            })?;
-        Ok(self.http.get_or_init(|| client))
     }
 
     /// A token, renewed before it expires (or now, after a 401).
     async fn bearer(&self, operation: &'static str, renew: bool) -> Result<String, CloudError> {
-        let mut cached = self.token.lock().await;
-        let now = crate::time::now();
-        match cached.as_ref() {
-            Some(t) if !renew && t.expires_on - RENEW_BEFORE > now => return Ok(t.value.clone()),
-            _ => {}
-        }
-        let token = (self.tokens)(operation).await?;
-        crate::redact::hold_secret(&token.value);
-        let value = token.value.clone();
-        *cached = Some(token);
-        Ok(value)
+        self.token
+            .get(renew, || async {
+                let token = (self.tokens)(operation).await?;
+                crate::redact::hold_secret(&token.value);
+                Ok((token.value, token.expires_on))
+            })
+            .await
     }
 
     /// Sends one request to `url` (a path under the endpoint, or a URL on it), with a token;
@@ -154,7 +125,8 @@ impl Rest {
         loop {
             let token = self.bearer(operation, renew).await?;
             let mut request = self
-                .http()?
+                .http
+                .get(operation)?
                 .request(method.clone(), &url)
                 .header(AUTHORIZATION, format!("Bearer {token}"));
             request = match body {

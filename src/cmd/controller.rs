@@ -6,6 +6,21 @@ use crate::config::Config;
 use crate::controller::cluster::{Cluster, Key};
 use crate::controller::decide::Kind;
 
+/// Where `gpuwatch controller` runs `gpuwatch-controller`, the version it expects of it.
+pub const CALLER_VERSION: &str = "GPUWATCH_CALLER_VERSION";
+
+/// `gpuwatch-controller` run by a `gpuwatch` of another build (one of the two replaced by
+/// hand): refused, so that a controller never acts with another build's code.
+pub fn matches_caller() -> Result<(), String> {
+    match std::env::var(CALLER_VERSION) {
+        Ok(caller) if caller != super::VERSION => Err(format!(
+            "controller: gpuwatch-controller {} is not of the same build as gpuwatch {caller}: install both from one build",
+            super::VERSION
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The controller's executable, installed beside `gpuwatch`.
 pub const EXECUTABLE: &str = "gpuwatch-controller";
 
@@ -27,6 +42,7 @@ pub fn exec() -> ExitCode {
     let e = std::process::Command::new(&path)
         .arg0("gpuwatch")
         .args(std::env::args_os().skip(1))
+        .env(CALLER_VERSION, super::VERSION)
         .exec();
     eprintln!(
         "controller: cannot run {}: {e}. The controller is the executable {EXECUTABLE}, installed beside gpuwatch: `cargo build --release` builds both, and the package and the image hold both",

@@ -30,3 +30,13 @@ pub(crate) fn config_failure(e: &ConfigErrors) -> std::process::ExitCode {
     eprintln!("{e}");
     exit::USAGE.into()
 }
+
+/// This build's version: the package's, its revision, and its price table's date.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (revision ",
+    env!("GPUWATCH_REVISION"),
+    "; prices as of ",
+    env!("GPUWATCH_PRICES_AS_OF"),
+    ")"
+);

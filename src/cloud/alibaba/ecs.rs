@@ -4,13 +4,13 @@
 //! logged or put in an error. `RAM_ACTIONS` and `config/alibaba-ram-policy.json` list the same
 //! actions; a test keeps them in step.
 
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::sign;
+use crate::cloud::client::{Cached, Http, MAX_BODY};
 use crate::cloud::metadata::{MetadataError, Session};
 use crate::cloud::{CloudError, ErrorKind};
 
@@ -35,10 +35,6 @@ pub fn ram_action(action: &str) -> &'static str {
         .find(|(a, _)| *a == action)
         .map_or("", |(_, r)| r)
 }
-
-const MAX_BODY: usize = 1024 * 1024;
-/// Credentials are fetched again this long before they expire.
-const RENEW_BEFORE: f64 = 180.0;
 
 /// The RAM role's STS credentials, as metadata gives them.
 #[derive(Deserialize, Clone)]
@@ -75,8 +71,8 @@ pub struct Ecs {
     metadata: Arc<Session>,
     /// The RAM role's name, if the config gives it; else metadata names it.
     role: String,
-    credentials: tokio::sync::Mutex<Option<(Credentials, f64)>>,
-    http: OnceLock<reqwest::Client>,
+    credentials: Cached<Credentials>,
+    http: Http,
 }
 
 impl Ecs {
@@ -86,8 +82,8 @@ impl Ecs {
             region: region.to_string(),
             metadata,
             role: role.to_string(),
-            credentials: tokio::sync::Mutex::new(None),
-            http: OnceLock::new(),
+            credentials: Cached::default(),
+            http: Http::default(),
         }
     }
 
@@ -111,13 +107,16 @@ impl Ecs {
         action: &'static str,
         renew: bool,
     ) -> Result<Credentials, CloudError> {
-        let mut cached = self.credentials.lock().await;
-        let now = crate::time::now();
-        if let Some((c, expires)) = cached.as_ref() {
-            if !renew && expires - RENEW_BEFORE > now {
-                return Ok(c.clone());
-            }
-        }
+        self.credentials
+            .get(renew, || self.fetch_credentials(action))
+            .await
+    }
+
+    /// The RAM role's STS credentials from metadata, and when they expire.
+    async fn fetch_credentials(
+        &self,
+        action: &'static str,
+    ) -> Result<(Credentials, f64), CloudError> {
         let no = |e: MetadataError| {
             Self::fail(
                 action,
@@ -175,21 +174,7 @@ impl Ecs {
         for secret in [&c.access_key_id, &c.access_key_secret, &c.security_token] {
             crate::redact::hold_secret(secret);
         }
-        *cached = Some((c.clone(), expires));
-        Ok(c)
-    }
-
-    fn http(&self) -> Result<&reqwest::Client, CloudError> {
-        if let Some(c) = self.http.get() {
-            return Ok(c);
-        }
-        let client = crate::client::http_client()
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(30))
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| Self::fail("Client", ErrorKind::Other, e.to_string()))?;
-        Ok(self.http.get_or_init(|| client))
+        Ok((c, expires))
     }
 
     /// A `POST` of `action` to `url` (on `host`) with `query`, signed with `c`.
@@ -226,7 +211,8 @@ impl Ecs {
             &c.access_key_secret,
         );
         let mut request = self
-            .http()?
+            .http
+            .get(action)?
             .post(url)
             .header("authorization", signed.authorization);
         for (k, v) in headers.iter().filter(|(k, _)| k != "host") {
