@@ -23,8 +23,9 @@ pub struct PollerReadings {
     pub pricing_api: Mutex<Option<f64>>,
     /// A cloud's own dated table's on-demand price (Compute Engine's).
     pub table: Mutex<Option<f64>>,
-    /// AWS Budgets readings, by gpuwatch budget name.
-    pub aws_budgets: Mutex<BTreeMap<String, AwsReading>>,
+    /// Cloud budgets' readings (AWS Budgets, Azure Consumption budgets), by gpuwatch budget
+    /// name.
+    pub cloud_budgets: Mutex<BTreeMap<String, CloudBudgetReading>>,
     /// Prometheus budgets' answers, by gpuwatch budget name.
     pub prometheus: Arc<query::QueryReadings>,
     /// The instance's lifecycle, where the cloud's API told it after identity.
@@ -50,13 +51,13 @@ fn kind_name(kind: crate::cloud::PriceKind) -> &'static str {
 /// One cloud budget's last answer (AWS Budgets, Azure Consumption budgets): its reading, when it
 /// came, and when its period ends.
 #[derive(Debug, Clone, PartialEq)]
-pub struct AwsReading {
+pub struct CloudBudgetReading {
     pub reading: Reading,
     pub at: f64,
     pub period_end: f64,
 }
 
-impl AwsReading {
+impl CloudBudgetReading {
     /// The reading, while it is of the current period and no older than two poll intervals;
     /// else why it is no reading. An old answer must not keep a budget exhausted, nor a new
     /// period's thresholds from crossing.
@@ -169,7 +170,7 @@ impl Tracker {
         inputs.price = price;
         let aws = self
             .readings
-            .aws_budgets
+            .cloud_budgets
             .lock()
             .map(|m| m.clone())
             .unwrap_or_default();
@@ -255,12 +256,12 @@ impl crate::cloud::Readings for PollerReadings {
     }
 
     fn budget(&self, name: &str, reading: Reading, period_end: f64) {
-        let answer = AwsReading {
+        let answer = CloudBudgetReading {
             reading,
             at: crate::time::now(),
             period_end,
         };
-        if let Ok(mut m) = self.aws_budgets.lock() {
+        if let Ok(mut m) = self.cloud_budgets.lock() {
             m.insert(name.to_string(), answer);
         }
     }
@@ -353,7 +354,7 @@ mod tests {
 
     #[test]
     fn an_aws_budgets_answer_counts_in_its_period_while_fresh() {
-        let answer = AwsReading {
+        let answer = CloudBudgetReading {
             reading: Reading {
                 spent: 120.0,
                 forecast: None,
@@ -425,9 +426,9 @@ mod tests {
             period_start: 1_000.0,
         };
         for name in ["azure", "aws"] {
-            readings.aws_budgets.lock().unwrap().insert(
+            readings.cloud_budgets.lock().unwrap().insert(
                 name.into(),
-                AwsReading {
+                CloudBudgetReading {
                     reading: reading.clone(),
                     at: 5_000.0,
                     period_end: 100_000.0,
