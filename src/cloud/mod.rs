@@ -303,6 +303,21 @@ pub enum ErrorKind {
     Other,
 }
 
+impl ErrorKind {
+    /// What an HTTP status means by itself, on an API that speaks HTTP as its spec says
+    /// (Resource Manager, Compute Engine): throttling (429) and 5xx are retried, 401 and 403
+    /// are permissions, the rest is the instance's state or the request. Each cloud reads its
+    /// own error codes first (another operation in the way, a tag limit, a spent rate quota);
+    /// ECS, which answers 403 for an instance's state, reads its codes alone.
+    pub fn of_status(status: u16) -> ErrorKind {
+        match status {
+            429 | 500..=599 => ErrorKind::Retryable,
+            401 | 403 => ErrorKind::AccessDenied,
+            _ => ErrorKind::Other,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -343,6 +358,24 @@ mod tests {
             rehearse("alibaba", Action::Terminate),
             Ok(plan::Down::Terminated)
         );
+    }
+
+    #[test]
+    fn a_status_means_what_http_says() {
+        for (status, kind) in [
+            (429, ErrorKind::Retryable),
+            (500, ErrorKind::Retryable),
+            (503, ErrorKind::Retryable),
+            (599, ErrorKind::Retryable),
+            (401, ErrorKind::AccessDenied),
+            (403, ErrorKind::AccessDenied),
+            (400, ErrorKind::Other),
+            (404, ErrorKind::Other),
+            (409, ErrorKind::Other),
+            (600, ErrorKind::Other),
+        ] {
+            assert_eq!(ErrorKind::of_status(status), kind, "{status}");
+        }
     }
 
     /// The list is the only one: every cloud on it is a `[cloud] provider` the config takes,

@@ -190,13 +190,11 @@ pub fn classify(operation: &'static str, answer: &Answer) -> CloudError {
     let status = answer.status.as_u16();
     let (code, message) = error_text(&answer.body);
     let kind = match status {
-        429 | 500..=599 => ErrorKind::Retryable,
-        401 | 403 => ErrorKind::AccessDenied,
         409 if another_operation_runs(&code, &message) => ErrorKind::Retryable,
         400 | 409 if operation == "Tags_UpdateAtScope" && too_many_tags(&code, &message) => {
             ErrorKind::Limit
         }
-        _ => ErrorKind::Other,
+        _ => ErrorKind::of_status(status),
     };
     let mut message = format!(
         "{} (HTTP {status}): {}",

@@ -116,11 +116,9 @@ pub fn classify(method: &'static str, answer: &Answer) -> CloudError {
     let rate_limited = e.says(RATE_LIMITED);
     let quota = !rate_limited && e.says(QUOTA_SPENT);
     let kind = match status {
-        429 | 500..=599 => ErrorKind::Retryable,
         _ if rate_limited => ErrorKind::Retryable,
         403 if quota => ErrorKind::Other,
-        401 | 403 => ErrorKind::AccessDenied,
-        _ => ErrorKind::Other,
+        _ => ErrorKind::of_status(status),
     };
     let mut message = format!(
         "{} (HTTP {status}): {}",
