@@ -57,6 +57,7 @@ pub fn run(config: Config) -> ExitCode {
         eprintln!("controller: [controller] prometheus_url is not set{}: the controller reads the node daemons' verdicts from the fleet's Prometheus", shown(&config.path));
         return super::exit::USAGE.into();
     }
+    tracing::info!(version = super::VERSION, "gpuwatch-controller");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

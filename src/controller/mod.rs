@@ -142,7 +142,6 @@ pub async fn run(
     );
     tracing::info!(
         mode = c.mode.as_str(),
-        version = concat!(env!("CARGO_PKG_VERSION"), " (revision ", env!("GPUWATCH_REVISION"), ")"),
         namespace = %namespace,
         identity = %identity,
         prometheus = %c.prometheus.url,
