@@ -364,7 +364,7 @@ fn with_config(path: &Path, rules: Option<&Path>, f: impl FnOnce(Config) -> Exit
 /// `with_config` for the commands that need only the state directory (`hold`, `release`,
 /// `audit`): see `Config::load_for_state`.
 fn with_state_config(path: &Path, f: impl FnOnce(Config) -> ExitCode) -> ExitCode {
-    match load_with(path, None, Config::load_for_state) {
+    match load_with(path, None, crate::cloud::load_config_for_state) {
         Ok(c) => f(c),
         Err(code) => code,
     }
@@ -374,7 +374,7 @@ fn with_state_config(path: &Path, f: impl FnOnce(Config) -> ExitCode) -> ExitCod
 /// (so a certificate or key that cannot be loaded is a config error for every command that
 /// reads the whole config); `Err` is the exit status, the errors reported.
 fn load_config(path: &Path, rules: Option<&Path>) -> Result<(Config, Option<Tls>), ExitCode> {
-    let config = load_with(path, rules, Config::load)?;
+    let config = load_with(path, rules, crate::cloud::load_config)?;
     match crate::http::tls::load(config.server.web.as_ref()) {
         Ok(tls) => Ok((config, tls)),
         Err(e) => Err(config_failure(&e)),
@@ -398,6 +398,9 @@ fn load_with(
     let loaded = loaded.and_then(|mut c| {
         if let Some(r) = rules {
             c.add_rules_file(r)?;
+        }
+        for warning in &c.warnings {
+            tracing::warn!("config: {}: {warning}", path.display());
         }
         Ok(c)
     });

@@ -296,16 +296,11 @@ fn spot_hibernation_and_scale_set_instances_are_refused_with_their_reason() {
 fn an_identity_the_vm_lacks_fails_the_action_and_no_token_is_shown() {
     let fake = Fake::start();
     let dir = tempfile::tempdir().unwrap();
-    let config = fake
-        .config(
-            dir.path(),
-            "mode = \"enforce\"\nwarning = \"1s\"",
-            &rule("idle", "stop"),
-        )
-        .replace(
-            "poll_interval = \"200ms\"",
-            "poll_interval = \"200ms\"\nclient_id = \"be5947ed-0000-4000-8000-000000000000\"",
-        );
+    let config = fake.config(
+        dir.path(),
+        "mode = \"enforce\"\nwarning = \"1s\"",
+        &rule("idle", "stop"),
+    ) + "\n[cloud.azure]\nclient_id = \"be5947ed-0000-4000-8000-000000000000\"\n";
     let d = Daemon::start_scenario(dir, IDLE, &config);
     d.await_scrape(LIMIT, |s| actions(s, "stop", "failed") == 1.0);
     let token = fake

@@ -20,7 +20,7 @@ fn invalid_fixtures_give_their_exact_errors() {
         let want = std::fs::read_to_string(path.with_extension("err"))
             .unwrap()
             .replace("{path}", &path.display().to_string());
-        let got = Config::load(&path).expect_err(&path.display().to_string());
+        let got = gpuwatch::cloud::load_config(&path).expect_err(&path.display().to_string());
         assert_eq!(format!("{got}\n"), want, "{}", path.display());
     }
 }
@@ -28,13 +28,13 @@ fn invalid_fixtures_give_their_exact_errors() {
 #[test]
 fn valid_fixtures_load() {
     for path in fixtures("valid") {
-        Config::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        gpuwatch::cloud::load_config(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }
     for shipped in ["config/gpuwatch.toml", "config/aws-spot.toml"] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(shipped);
-        Config::load(&path).unwrap_or_else(|e| panic!("{shipped}: {e}"));
+        gpuwatch::cloud::load_config(&path).unwrap_or_else(|e| panic!("{shipped}: {e}"));
     }
-    let full = Config::load(
+    let full = gpuwatch::cloud::load_config(
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/data/config/valid/full.toml")
             .as_path(),
@@ -95,14 +95,24 @@ fn run_with_bad_config_exits_64_before_serving() {
 #[test]
 fn example_config_is_every_key_at_its_default() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/gpuwatch.toml");
-    let mut loaded = Config::load(&path).unwrap();
+    let mut loaded = gpuwatch::cloud::load_config(&path).unwrap();
     assert_eq!(loaded.path, path);
     loaded.path = Default::default();
     assert_eq!(loaded, Config::default());
 
     let text = std::fs::read_to_string(&path).unwrap();
     let example: toml::Value = toml::from_str(&text).unwrap();
-    let defaults = toml::Value::try_from(RawConfig::default()).unwrap();
+    let mut defaults = toml::Value::try_from(RawConfig::default()).unwrap();
+    // Each cloud's table, with its keys at their defaults, where it has any.
+    for listed in gpuwatch::cloud::listed() {
+        let keys = (listed.keys.unwrap().defaults)();
+        if !keys.is_empty() {
+            defaults["cloud"]
+                .as_table_mut()
+                .unwrap()
+                .insert(listed.name.into(), keys.into());
+        }
+    }
     assert_eq!(
         keys(&example, ""),
         keys(&defaults, ""),
@@ -202,7 +212,7 @@ fn a_budget_gate_names_a_budget_whichever_file_the_rule_is_in() {
     std::fs::write(&config, "[[budgets]]\nname = \"team\"\nlimit_usd = 100.0\n").unwrap();
     let want = "rules[0].budget.name: \"nowhere\" is not the name of a [[budgets]] entry";
     // Through --rules.
-    let mut loaded = Config::load(&config).unwrap();
+    let mut loaded = gpuwatch::cloud::load_config(&config).unwrap();
     let err = loaded.add_rules_file(&rules).unwrap_err().to_string();
     assert!(err.contains(want), "{err}");
     // Through rules_file.
@@ -211,7 +221,9 @@ fn a_budget_gate_names_a_budget_whichever_file_the_rule_is_in() {
         "rules_file = \"more.toml\"\n[[budgets]]\nname = \"team\"\nlimit_usd = 100.0\n",
     )
     .unwrap();
-    let err = Config::load(&config).unwrap_err().to_string();
+    let err = gpuwatch::cloud::load_config(&config)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains(want), "{err}");
     // And simulate refuses it with exit 64.
     std::fs::write(dir.path().join("empty.csv"), "").unwrap();
@@ -239,7 +251,7 @@ fn the_webhook_url_can_come_from_a_file() {
     )
     .unwrap();
     write("[actions]\nwebhook_url_file = \"webhook-url\"\n");
-    let c = Config::load(&config).unwrap();
+    let c = gpuwatch::cloud::load_config(&config).unwrap();
     assert_eq!(
         c.actions.webhook_url.as_deref(),
         Some("https://hooks.example/T0/SECRET")
@@ -330,10 +342,68 @@ fn every_files_problems_are_reported_at_once() {
         "rules_file = \"rules.toml\"\n[server]\nweb_config_file = \"web.yml\"\n",
     )
     .unwrap();
-    let err = Config::load(&config).unwrap_err().to_string();
+    let err = gpuwatch::cloud::load_config(&config)
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("\"sideways\"") && err.contains("server.web_config_file"),
         "{err}"
     );
     assert!(!err.contains("sampling.interval"), "{err}");
+}
+
+/// A cloud's key written in `[cloud]` itself, from before the cloud had a table, still works
+/// for one release: it is read as if it were in the table, and `check-config` says where it
+/// goes now. Written in the table, it loads without a word.
+#[test]
+fn a_cloud_s_key_left_in_cloud_works_and_says_where_it_goes_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("old.toml");
+    std::fs::write(
+        &old,
+        "[cloud]\nprovider = \"alibaba\"\nkeep_charging = true\nram_role = \"GpuRole\"\n",
+    )
+    .unwrap();
+    let new = dir.path().join("new.toml");
+    std::fs::write(
+        &new,
+        "[cloud]\nprovider = \"alibaba\"\n[cloud.alibaba]\nkeep_charging = true\nram_role = \"GpuRole\"\n",
+    )
+    .unwrap();
+    let read = |path: &Path| {
+        let config = gpuwatch::cloud::load_config(path).unwrap();
+        let settings: gpuwatch::cloud::alibaba::settings::Settings =
+            config.cloud.section.settings();
+        (settings.keep_charging, settings.ram_role, config.warnings)
+    };
+    let (keep, role, warnings) = read(&old);
+    assert!(keep);
+    assert_eq!(role, "GpuRole");
+    assert_eq!(
+        warnings,
+        [
+            "cloud.keep_charging has moved to [cloud.alibaba]: write `keep_charging = true` under a [cloud.alibaba] table (it is read from [cloud] for this release only)",
+            "cloud.ram_role has moved to [cloud.alibaba]: write `ram_role = \"GpuRole\"` under a [cloud.alibaba] table (it is read from [cloud] for this release only)",
+        ]
+    );
+    assert_eq!(read(&new), (true, "GpuRole".to_string(), Vec::new()));
+
+    let check = |path: &Path| {
+        let out = Command::new(common::BIN)
+            .arg("check-config")
+            .arg(path)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let said = check(&old);
+    assert!(
+        said.contains(&format!(
+            "config: {}: warning: cloud.keep_charging has moved to [cloud.alibaba]: write `keep_charging = true`",
+            old.display()
+        )),
+        "{said}"
+    );
+    assert_eq!(check(&new), "");
 }

@@ -840,7 +840,7 @@ fn a_new_note_is_an_event_of_its_own_and_the_same_note_a_series() {
 
     let dir = tempfile::tempdir().unwrap();
     let api = FakeApi::start(dir.path());
-    let config = gpuwatch::config::Config::parse(
+    let config = gpuwatch::cloud::parse_config(
         &format!(
             "[controller]\nprometheus_url = \"http://127.0.0.1:9\"\nkubeconfig = \"{}\"\n",
             api.kubeconfig.display()

@@ -217,16 +217,11 @@ fn a_stale_fingerprint_is_read_again_and_local_ssd_data_is_kept_by_default() {
     let fake = Fake::start();
     fake.set(json!({"local_ssd": true}));
     let dir = tempfile::tempdir().unwrap();
-    let config = fake
-        .config(
-            dir.path(),
-            "mode = \"enforce\"\nwarning = \"1s\"",
-            &rule("Idle 2h", "stop"),
-        )
-        .replace(
-            "provider = \"gcp\"",
-            "provider = \"gcp\"\nlocal_ssd = \"discard\"",
-        );
+    let config = fake.config(
+        dir.path(),
+        "mode = \"enforce\"\nwarning = \"1s\"",
+        &rule("Idle 2h", "stop"),
+    ) + "\n[cloud.gcp]\nlocal_ssd = \"discard\"\n";
     let d = Daemon::start_scenario(dir, IDLE, &config);
     d.await_scrape(LIMIT, |s| actions(s, "stop", "done") == 1.0);
     assert_eq!(

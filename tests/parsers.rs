@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use gpuwatch::config::{Config, MAX_EVALUATION_PERIODS};
+use gpuwatch::config::MAX_EVALUATION_PERIODS;
 use gpuwatch::state::{HoldStatus, StateDir};
 use proptest::prelude::*;
 
@@ -73,7 +73,7 @@ proptest! {
 
     #[test]
     fn config_text_never_panics(text in "\\PC{0,400}") {
-        let _ = Config::parse(&text, Path::new("fuzz.toml"));
+        let _ = gpuwatch::cloud::parse_config(&text, Path::new("fuzz.toml"));
     }
 
     #[test]
@@ -100,7 +100,7 @@ proptest! {
         if let Some(g) = gate {
             text.push_str(&format!("budget = {{ name = \"b\", spent_at_least = {g} }}\n"));
         }
-        if let Ok(c) = Config::parse(&text, Path::new("fuzz.toml")) {
+        if let Ok(c) = gpuwatch::cloud::parse_config(&text, Path::new("fuzz.toml")) {
             for rule in &c.rules {
                 let r = rule.condition().expect("a [[rules]] rule has a GPU condition");
                 prop_assert!(r.threshold.is_finite());

@@ -95,7 +95,7 @@ period = "1h"
 evaluation_periods = 2
 action = "terminate"
 "#;
-    let from_toml = Config::parse(toml, Path::new("t.toml")).unwrap();
+    let from_toml = gpuwatch::cloud::parse_config(toml, Path::new("t.toml")).unwrap();
     assert_eq!(from_json.rules, from_toml.rules);
 
     // And the replay of the same trace is the same, event for event.
@@ -411,7 +411,7 @@ fn the_daemon_and_simulate_withdraw_and_withhold_the_same() {
         }
     });
     let span = from.zip(until).expect("the state was unwritable a while");
-    let config = Config::load(&d.dir.path().join("gpuwatch.toml")).unwrap();
+    let config = gpuwatch::cloud::load_config(&d.dir.path().join("gpuwatch.toml")).unwrap();
     let rows = gpuwatch::simulate::parse_trace(&trace).unwrap();
     let options = gpuwatch::simulate::Options {
         state_unwritable: Some(span),
@@ -463,7 +463,7 @@ fn the_daemon_and_simulate_withdraw_and_withhold_the_same() {
 /// out at the first step after it, once.
 #[test]
 fn an_unwritable_state_withdraws_the_action_and_withholds_the_alert() {
-    let config = Config::parse(
+    let config = gpuwatch::cloud::parse_config(
         "[actions]\nboot_grace = \"0s\"\nwarning = \"10m\"\n\
          [[budgets]]\nname = \"team\"\nlimit_usd = 100\nthresholds = [0.5]\n\
          [[rules]]\nname = \"idle\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
@@ -545,7 +545,7 @@ fn an_unwritable_state_withdraws_the_action_and_withholds_the_alert() {
 #[test]
 fn an_instance_action_takes_the_node_down_once() {
     let rules = |action: &str, spot_stop: &str| {
-        Config::parse(
+        gpuwatch::cloud::parse_config(
             &format!(
                 "[actions]\nboot_grace = \"10m\"\nwarning = \"10m\"\nspot_stop = \"{spot_stop}\"\n\
                  [[rules]]\nname = \"idle-2h\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
@@ -659,7 +659,7 @@ fn simulate_refuses_prices_that_are_not_amounts() {
 /// holds an idle GPU is alerted about, by name, though the node as a whole is busy.
 #[test]
 fn pod_scoped_rules_replay_per_pod() {
-    let config = Config::parse(
+    let config = gpuwatch::cloud::parse_config(
         "[actions]\nboot_grace = \"0s\"\nwarning = \"5m\"\n\
          [[rules]]\nname = \"pod-idle\"\nscope = \"pod\"\nmetric = \"gpu_utilization\"\n\
          comparison = \"less_than\"\nthreshold = 0.05\nperiod = \"10m\"\nevaluation_periods = 2\naction = \"alert\"\n",
@@ -695,7 +695,7 @@ fn pod_scoped_rules_replay_per_pod() {
         "{reports:#?}"
     );
     // An instance action is refused for a pod-scoped rule, naming the key.
-    let err = Config::parse(
+    let err = gpuwatch::cloud::parse_config(
         "[[rules]]\nname = \"p\"\nscope = \"pod\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
          threshold = 0.05\nperiod = \"10m\"\naction = \"terminate\"\n",
         Path::new("pod.toml"),
@@ -707,7 +707,7 @@ fn pod_scoped_rules_replay_per_pod() {
         "{err}"
     );
     // `reclaim` is a pod's: on a node-scoped rule it is refused, naming the key and the value.
-    let err = Config::parse(
+    let err = gpuwatch::cloud::parse_config(
         "[[rules]]\nname = \"n\"\nmetric = \"gpu_utilization\"\ncomparison = \"less_than\"\n\
          threshold = 0.05\nperiod = \"10m\"\naction = \"reclaim\"\n",
         Path::new("node.toml"),
@@ -721,7 +721,7 @@ fn pod_scoped_rules_replay_per_pod() {
     );
     // A reclaim verdict judges idleness: a rule that breaches above its threshold cannot give
     // one, nor can one gated on a budget.
-    let err = Config::parse(
+    let err = gpuwatch::cloud::parse_config(
         "[[rules]]\nname = \"p\"\nscope = \"pod\"\nmetric = \"gpu_utilization\"\ncomparison = \"greater_than\"\n\
          threshold = 0.05\nperiod = \"10m\"\naction = \"reclaim\"\nbudget = { name = \"team\", spent_at_least = 0.5 }\n",
         Path::new("above.toml"),
@@ -812,7 +812,7 @@ fn job_and_user_rules_replay_per_job_and_per_user() {
              comparison = \"less_than\"\nthreshold = 0.05\nperiod = \"10m\"\nevaluation_periods = 2\naction = \"alert\"\n"
         )
     };
-    let config = Config::parse(
+    let config = gpuwatch::cloud::parse_config(
         &format!(
             "[actions]\nboot_grace = \"0s\"\nwarning = \"5m\"\n[slurm]\nenabled = true\n{}{}",
             rule("job"),

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use tokio::task::JoinSet;
 
-use crate::config::{CloudConfig, Config};
+use crate::config::{CloudConfig, CloudKeys, Config, ConfigErrors, Listed};
 use crate::rules::{Action, Lifecycle};
 
 #[cfg(feature = "alibaba")]
@@ -44,7 +44,7 @@ pub type Tags = Vec<(String, String)>;
 /// How long a cloud's operation (a deallocate, a stop) is followed to its end, at most.
 pub const FOLLOW_FOR: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
-/// One cloud, as the list of them ([`PROVIDERS`]) holds it: each cloud's folder exports one.
+/// One cloud, as the list of them ([`CLOUDS`]) holds it: each cloud's folder exports one.
 pub struct Provider {
     /// `[cloud] provider`'s value, and the `provider` label of `gpuwatch_node_info`.
     pub name: &'static str,
@@ -57,31 +57,71 @@ pub struct Provider {
     /// Whether its calls start operations that gpuwatch follows to their end (for at most
     /// [`FOLLOW_FOR`]), which an action's time limit must allow for.
     pub follows_operations: bool,
+    /// Its own keys, `[cloud.<name>]`: the config hands it its table at load, and it reads its
+    /// settings from the section when it opens.
+    pub keys: CloudKeys,
 }
 
 /// What a rehearsed action leaves the node as, or why the plan refuses it.
 pub type Rehearsal = Result<plan::Down, String>;
 
-/// Every cloud gpuwatch acts on, of those this build holds (each is a cargo feature): the only
-/// list of them.
-pub const PROVIDERS: &[&Provider] = &[
-    #[cfg(feature = "aws")]
-    &aws::PROVIDER,
-    #[cfg(feature = "azure")]
-    &azure::PROVIDER,
-    #[cfg(feature = "gcp")]
-    &gcp::PROVIDER,
-    #[cfg(feature = "alibaba")]
-    &alibaba::PROVIDER,
+/// A cloud on the list: its name, and the cloud where the build holds it (`$feature` is both
+/// its cargo feature and its `[cloud] provider` value).
+macro_rules! listed {
+    ($feature:literal, $folder:ident) => {{
+        #[cfg(feature = $feature)]
+        const BUILT: Option<&Provider> = Some(&$folder::PROVIDER);
+        #[cfg(not(feature = $feature))]
+        const BUILT: Option<&Provider> = None;
+        ($feature, BUILT)
+    }};
+}
+
+/// Every cloud gpuwatch acts on, and the cloud itself where this build holds it (each is a
+/// cargo feature): the only list of them.
+pub const CLOUDS: &[(&str, Option<&Provider>)] = &[
+    listed!("aws", aws),
+    listed!("azure", azure),
+    listed!("gcp", gcp),
+    listed!("alibaba", alibaba),
 ];
+
+/// The clouds this build holds, in the list's order.
+pub fn providers() -> impl Iterator<Item = &'static Provider> {
+    CLOUDS.iter().filter_map(|(_, p)| *p)
+}
+
+/// The list as the config reads it: each cloud's name and, where built, its keys.
+pub fn listed() -> Vec<Listed> {
+    CLOUDS
+        .iter()
+        .map(|(name, p)| Listed {
+            name,
+            keys: p.map(|p| &p.keys),
+        })
+        .collect()
+}
+
+/// Reads and checks the config file at `path`, each cloud's section by the cloud.
+pub fn load_config(path: &std::path::Path) -> Result<Config, ConfigErrors> {
+    Config::load(path, &listed())
+}
+
+/// Checks config text (`path` names it in messages), each cloud's section by the cloud.
+pub fn parse_config(text: &str, path: &std::path::Path) -> Result<Config, ConfigErrors> {
+    Config::parse(text, path, &listed())
+}
+
+/// Reads the config for a command that needs only the state directory (see
+/// [`Config::load_for_state`]).
+pub fn load_config_for_state(path: &std::path::Path) -> Result<Config, ConfigErrors> {
+    Config::load_for_state(path, &listed())
+}
 
 /// The cloud the config names, if any (and if this build holds it: the config refuses one it
 /// does not).
 pub fn provider(cloud: &CloudConfig) -> Option<&'static Provider> {
-    PROVIDERS
-        .iter()
-        .copied()
-        .find(|p| Some(p.name) == cloud.provider.name())
+    providers().find(|p| Some(p.name) == cloud.provider)
 }
 
 /// What `action` leaves the node as on the configured cloud, as its plan says, or why it is
@@ -94,7 +134,7 @@ pub fn rehearse(
     lifecycle: Option<Lifecycle>,
     spot_stop: plan::SpotStop,
 ) -> Rehearsal {
-    match provider(cloud).or(PROVIDERS.first().copied()) {
+    match provider(cloud).or(providers().next()) {
         Some(p) => (p.rehearse)(cloud, action, lifecycle, spot_stop),
         // A build with no cloud at all: what the action means, as no cloud refuses it.
         None => Ok(match action {
@@ -107,10 +147,7 @@ pub fn rehearse(
 
 /// Why an instance action is refused on a node with no cloud configured.
 pub fn no_provider() -> String {
-    let names: Vec<String> = PROVIDERS
-        .iter()
-        .map(|p| format!("\"{}\"", p.name))
-        .collect();
+    let names: Vec<String> = providers().map(|p| format!("\"{}\"", p.name)).collect();
     format!(
         "no cloud provider: set [cloud] provider ({}) to the cloud this instance runs on",
         names.join(", ")
@@ -336,7 +373,7 @@ mod tests {
         use crate::config::SpotStop;
         let spot = Some(Lifecycle::Spot);
         let rehearse = |provider: &str, action| {
-            let config = crate::config::Config::parse(
+            let config = parse_config(
                 &format!("[cloud]\nprovider = \"{provider}\"\n"),
                 std::path::Path::new("t.toml"),
             )
@@ -383,12 +420,12 @@ mod tests {
     #[test]
     fn every_provider_on_the_list_is_one_the_config_takes() {
         let parse = |name: &str| {
-            crate::config::Config::parse(
+            parse_config(
                 &format!("[cloud]\nprovider = \"{name}\"\n"),
                 std::path::Path::new("t.toml"),
             )
         };
-        for p in PROVIDERS {
+        for p in providers() {
             let config = parse(p.name).unwrap();
             assert_eq!(provider(&config.cloud).map(|q| q.name), Some(p.name));
             assert_eq!(open(&config).unwrap().name(), p.name);
@@ -396,14 +433,48 @@ mod tests {
         assert!(provider(&parse("none").unwrap().cloud).is_none());
         // With no cloud, an action is refused naming every cloud the build holds.
         let refusal = no_provider();
-        assert!(PROVIDERS
-            .iter()
-            .all(|p| refusal.contains(&format!("\"{}\"", p.name))));
+        assert!(providers().all(|p| refusal.contains(&format!("\"{}\"", p.name))));
         assert!(parse("oracle").is_err());
-        let names: Vec<&str> = PROVIDERS.iter().map(|p| p.name).collect();
+        let names: Vec<&str> = CLOUDS.iter().map(|(name, _)| *name).collect();
+        for (name, p) in CLOUDS {
+            assert!(p.is_none_or(|p| p.name == *name), "{name}");
+        }
         let mut unique = names.clone();
         unique.sort_unstable();
         unique.dedup();
         assert_eq!(unique.len(), names.len(), "{names:?}");
+    }
+
+    /// Each cloud is a cargo feature: a provider this build holds loads, and one it left out
+    /// is refused at load, naming the key and the feature. (`scripts/test` runs this test in
+    /// a build with one cloud alone, too.)
+    #[test]
+    fn a_cloud_left_out_of_the_build_is_refused_at_load() {
+        let built = [
+            ("aws", cfg!(feature = "aws")),
+            ("azure", cfg!(feature = "azure")),
+            ("gcp", cfg!(feature = "gcp")),
+            ("alibaba", cfg!(feature = "alibaba")),
+        ];
+        for (name, built) in built {
+            let loaded = parse_config(
+                &format!("[cloud]\nprovider = \"{name}\"\n"),
+                std::path::Path::new("t.toml"),
+            );
+            match loaded {
+                Ok(c) => assert!(built && c.cloud.provider == Some(name), "{name}"),
+                Err(e) => {
+                    let said = e.to_string();
+                    assert!(!built, "{name}: {said}");
+                    assert!(
+                        said.contains("cloud.provider")
+                            && said.contains(&format!(
+                                "\"{name}\" is not built into this gpuwatch: build it with `--features {name}`"
+                            )),
+                        "{said}"
+                    );
+                }
+            }
+        }
     }
 }

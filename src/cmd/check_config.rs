@@ -14,11 +14,11 @@ use crate::gpu::GpuSource;
 
 pub fn run(path: &Path) -> ExitCode {
     // The certificates and keys are loaded as the daemon loads them at start.
-    let loaded = Config::load(path)
+    let loaded = crate::cloud::load_config(path)
         .and_then(|config| crate::http::tls::load(config.server.web.as_ref()).map(|_| config));
     match loaded {
         Ok(config) => {
-            for warning in gpm_warnings(&config) {
+            for warning in config.warnings.iter().cloned().chain(gpm_warnings(&config)) {
                 eprintln!("config: {}: warning: {warning}", path.display());
             }
             println!("config: {}: ok", path.display());

@@ -4,7 +4,6 @@ use std::io::Write as _;
 use std::process::ExitCode;
 
 use super::exit;
-use crate::config::Config;
 
 /// The demo's rules: short periods, so that within two minutes GPU 3 goes idle, the warning
 /// comes, and the dry-run "would stop" follows; and one on GPM's SM activity, which catches
@@ -98,7 +97,7 @@ pub fn run(listen: &str) -> ExitCode {
         eprintln!("demo: cannot write {}: {e}", path.display());
         return ExitCode::FAILURE;
     }
-    let config = match Config::load(&path) {
+    let config = match crate::cloud::load_config(&path) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("demo: {e}");

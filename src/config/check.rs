@@ -49,7 +49,7 @@ pub(super) fn duration(
 }
 
 /// The value among `options` that `value` names, or an error listing them.
-pub(super) fn pick<T: Copy>(
+pub fn pick<T: Copy>(
     invalid: &mut impl FnMut(&str, String),
     key: &str,
     value: &str,

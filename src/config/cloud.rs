@@ -1,45 +1,13 @@
 //! `[cloud]`, `[cost]` and `[cloudwatch]`: the provider and its endpoints, the price and budget
 //! period, and CloudWatch publishing.
 
+use super::sections::{self, CloudKeys, Clouds, Listed, Section};
 use super::*;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Provider {
-    None,
-    Aws,
-    Azure,
-    Gcp,
-    Alibaba,
-}
-
-impl Provider {
-    /// Whether this build holds the cloud (each is a cargo feature).
-    pub fn built(self) -> bool {
-        match self {
-            Provider::None => true,
-            Provider::Aws => cfg!(feature = "aws"),
-            Provider::Azure => cfg!(feature = "azure"),
-            Provider::Gcp => cfg!(feature = "gcp"),
-            Provider::Alibaba => cfg!(feature = "alibaba"),
-        }
-    }
-
-    /// Its `[cloud] provider` value, which names it on the cloud boundary's list
-    /// (`cloud::PROVIDERS`); `None` for no cloud.
-    pub fn name(self) -> Option<&'static str> {
-        match self {
-            Provider::None => None,
-            Provider::Aws => Some("aws"),
-            Provider::Azure => Some("azure"),
-            Provider::Gcp => Some("gcp"),
-            Provider::Alibaba => Some("alibaba"),
-        }
-    }
-}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct CloudConfig {
-    pub provider: Provider,
+    /// `[cloud] provider`: a name on the cloud boundary's list, or `None` for no cloud.
+    pub provider: Option<&'static str>,
     pub imds_endpoint: String,
     /// The EC2 API endpoint; `None` is the SDK's own.
     pub endpoint_url: Option<String>,
@@ -49,16 +17,11 @@ pub struct CloudConfig {
     pub poll_interval: Duration,
     /// How often DescribeInstances reads the `gpuwatch:hold` tag when metadata tags are off.
     pub tag_poll_interval: Duration,
-    /// Azure: the `client_id` of the user-assigned managed identity to act as; empty: the
-    /// VM's system-assigned identity.
-    pub client_id: String,
-    /// Compute Engine: whether a stop discards local SSD data (`local_ssd = "discard"`) rather
-    /// than keeping it.
-    pub discard_local_ssd: bool,
-    /// Alibaba Cloud: the instance RAM role's name; empty: the one metadata names.
-    pub ram_role: String,
-    /// Alibaba Cloud: stop an instance that cannot stop in economical mode anyway, still billed.
-    pub keep_charging: bool,
+    /// The configured cloud's own keys, `[cloud.<name>]`, checked by the cloud at load and
+    /// read by it when it opens.
+    pub section: Section,
+    /// The configured cloud's keys, as the list gave them (`None`: no cloud).
+    pub keys: Option<&'static CloudKeys>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -83,61 +46,54 @@ pub struct CloudWatchConfig {
 }
 
 impl RawCloud {
-    pub(super) fn validate(&self, invalid: &mut impl FnMut(&str, String)) -> Option<CloudConfig> {
-        let provider = pick(
-            invalid,
-            "cloud.provider",
-            &self.provider,
-            &[
-                ("none", Provider::None),
-                ("aws", Provider::Aws),
-                ("azure", Provider::Azure),
-                ("gcp", Provider::Gcp),
-                ("alibaba", Provider::Alibaba),
-            ],
-        )
-        .filter(|p| {
-            let built = p.built();
-            if !built {
+    pub(super) fn validate(
+        &self,
+        clouds: Clouds,
+        invalid: &mut impl FnMut(&str, String),
+        warnings: &mut Vec<String>,
+    ) -> Option<CloudConfig> {
+        let mut ok = true;
+        let mut invalid = |key: &str, message: String| {
+            ok = false;
+            invalid(key, message)
+        };
+        let listed = clouds.iter().find(|c| c.name == self.provider);
+        let provider = match listed {
+            _ if self.provider == "none" => Some(None),
+            Some(Listed {
+                keys: Some(keys), ..
+            }) => Some(Some((listed?.name, *keys))),
+            Some(Listed { keys: None, name }) => {
                 invalid(
                     "cloud.provider",
                     format!(
-                        "\"{}\" is not built into this gpuwatch: build it with `--features {}` (the default builds every cloud)",
-                        self.provider,
-                        self.provider
+                        "\"{name}\" is not built into this gpuwatch: build it with `--features {name}` (the default builds every cloud)"
                     ),
                 );
+                None
             }
-            built
-        });
-        let local_ssd = pick(
-            invalid,
-            "cloud.local_ssd",
-            &self.local_ssd,
-            &[("keep", false), ("discard", true)],
+            None => {
+                let names: Vec<String> = std::iter::once("none")
+                    .chain(clouds.iter().map(|c| c.name))
+                    .map(|n| format!("\"{n}\""))
+                    .collect();
+                invalid(
+                    "cloud.provider",
+                    format!(
+                        "\"{}\" is not one of {}",
+                        crate::redact::brief(&self.provider, 32),
+                        names.join(", ")
+                    ),
+                );
+                None
+            }
+        };
+        let mut imds_endpoint = url(
+            &mut invalid,
+            "cloud.imds_endpoint",
+            &self.imds_endpoint,
+            true,
         );
-        let client_id = self.client_id.trim();
-        let client_id_ok = client_id.is_empty()
-            || (client_id.len() <= 64
-                && client_id.chars().all(|c| c.is_ascii_hexdigit() || c == '-'));
-        if !client_id_ok {
-            invalid(
-                "cloud.client_id",
-                format!(
-                    "\"{}\" is not the client ID (a GUID) of a user-assigned managed identity",
-                    crate::redact::brief(&self.client_id, 80)
-                ),
-            );
-        } else if !client_id.is_empty() && self.provider != "azure" {
-            invalid(
-                "cloud.client_id",
-                format!(
-                    "\"{client_id}\" names an Azure managed identity, but provider = \"{}\"",
-                    crate::redact::brief(&self.provider, 32)
-                ),
-            );
-        }
-        let mut imds_endpoint = url(invalid, "cloud.imds_endpoint", &self.imds_endpoint, true);
         if self.imds_endpoint.starts_with("https://") {
             invalid(
                 "cloud.imds_endpoint",
@@ -148,30 +104,43 @@ impl RawCloud {
             );
             imds_endpoint = None;
         }
-        let endpoint_url = url(invalid, "cloud.endpoint_url", &self.endpoint_url, false);
+        let endpoint_url = url(
+            &mut invalid,
+            "cloud.endpoint_url",
+            &self.endpoint_url,
+            false,
+        );
         let poll_interval = duration(
-            invalid,
+            &mut invalid,
             "cloud.poll_interval",
             &self.poll_interval,
             Duration::from_millis(10)..=Duration::from_secs(3600),
         );
         let tag_poll_interval = duration(
-            invalid,
+            &mut invalid,
             "cloud.tag_poll_interval",
             &self.tag_poll_interval,
             Duration::from_millis(10)..=DAY,
         );
+        let section = sections::split(
+            &self.provider,
+            &self.clouds,
+            clouds,
+            RawCloud::OWN,
+            &mut invalid,
+            warnings,
+        );
+        let provider = provider?;
+        ok.then_some(())?;
         Some(CloudConfig {
-            provider: provider?,
+            provider: provider.map(|(name, _)| name),
             imds_endpoint: imds_endpoint??.trim_end_matches('/').to_string(),
             endpoint_url: endpoint_url?,
             region: (!self.region.trim().is_empty()).then(|| self.region.clone()),
             poll_interval: poll_interval?,
             tag_poll_interval: tag_poll_interval?,
-            client_id: client_id_ok.then(|| client_id.to_string())?,
-            discard_local_ssd: local_ssd?,
-            ram_role: self.ram_role.trim().to_string(),
-            keep_charging: self.keep_charging,
+            section,
+            keys: provider.map(|(_, keys)| keys),
         })
     }
 }
@@ -254,44 +223,5 @@ impl RawCloudWatch {
             interval: interval?,
             max_queue: max_queue?,
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::Config;
-    use std::path::Path;
-
-    /// Each cloud is a cargo feature: a provider this build holds loads, and one it left out is
-    /// refused at load, naming the key and the feature. (`scripts/test` runs this test in a
-    /// build with one cloud alone, too.)
-    #[test]
-    fn a_cloud_left_out_of_the_build_is_refused_at_load() {
-        let built = [
-            ("aws", cfg!(feature = "aws")),
-            ("azure", cfg!(feature = "azure")),
-            ("gcp", cfg!(feature = "gcp")),
-            ("alibaba", cfg!(feature = "alibaba")),
-        ];
-        for (name, built) in built {
-            let loaded = Config::parse(
-                &format!("[cloud]\nprovider = \"{name}\"\n"),
-                Path::new("t.toml"),
-            );
-            match loaded {
-                Ok(c) => assert!(built && c.cloud.provider.name() == Some(name), "{name}"),
-                Err(e) => {
-                    let said = e.to_string();
-                    assert!(!built, "{name}: {said}");
-                    assert!(
-                        said.contains("cloud.provider")
-                            && said.contains(&format!(
-                                "\"{name}\" is not built into this gpuwatch: build it with `--features {name}`"
-                            )),
-                        "{said}"
-                    );
-                }
-            }
-        }
     }
 }

@@ -19,6 +19,7 @@ pub mod json;
 mod node;
 mod raw;
 mod rules;
+mod sections;
 mod server;
 pub mod slurm;
 pub mod web;
@@ -28,8 +29,8 @@ pub use budgets::{
     read_ca, read_secret, BudgetConfig, BudgetSource, PrometheusSource, QueryAuth, RawBudget,
 };
 use check::*;
-pub use check::{file_path, read_config_file, MAX_FILE_BYTES, MAX_SECRET_BYTES};
-pub use cloud::{CloudConfig, CloudWatchConfig, CostConfig, Provider};
+pub use check::{file_path, pick, read_config_file, MAX_FILE_BYTES, MAX_SECRET_BYTES};
+pub use cloud::{CloudConfig, CloudWatchConfig, CostConfig};
 pub use error::{ConfigError, ConfigErrors};
 pub use health::RawHealth;
 pub use node::{
@@ -40,6 +41,7 @@ pub use raw::{
     RawNvml, RawSampling, RawServer, RawSpot, RawVetoes,
 };
 pub use rules::{RawGate, RawRule, MAX_EVALUATION_PERIODS};
+pub use sections::{CloudKeys, Clouds, Keys, Listed, Section};
 pub use server::{
     ExpositionConfig, HostnameLabel, Names, NvmlConfig, SamplingConfig, ServerConfig,
 };
@@ -84,20 +86,25 @@ pub struct Config {
     /// The file it was read from (empty for the built-in defaults): what `gpuwatch hold`
     /// must be given to find the same state directory.
     pub path: std::path::PathBuf,
+    /// What the file still says in a way that works for now (a cloud's key in `[cloud]` where
+    /// its table now holds it): logged at start, printed by `check-config`.
+    pub warnings: Vec<String>,
 }
 
 impl Default for Config {
     fn default() -> Self {
         RawConfig::default()
-            .validate()
+            .validate(&[])
             .expect("the built-in defaults are valid")
     }
 }
 
 impl Config {
-    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    /// Reads and checks the config file at `path`, each cloud's section by the cloud as
+    /// `clouds` lists them (the cloud boundary's list: `cloud::load_config` passes it).
+    pub fn load(path: &Path, clouds: Clouds) -> Result<Config, ConfigErrors> {
         let text = read_config_file(path)?;
-        Config::parse(&text, path)
+        Config::parse(&text, path, clouds)
     }
 
     /// Parses config text; `path` is used in messages, and a relative `rules_file` is
@@ -106,7 +113,7 @@ impl Config {
     /// Every problem is reported at once: those of the main file, of the rules file, of the web
     /// config and of the webhook URL file, in that order (the budgets' files are read only once
     /// the rest is valid, as their keys must be first).
-    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigErrors> {
+    pub fn parse(text: &str, path: &Path, clouds: Clouds) -> Result<Config, ConfigErrors> {
         let mut raw = RawConfig::parse(text, path)?;
         let base = path.parent().unwrap_or(Path::new("."));
         let mut errors = Vec::new();
@@ -144,7 +151,7 @@ impl Config {
         if let Some(Some(rules)) = rules {
             raw.rules.extend(rules);
         }
-        let validated = raw.validate();
+        let validated = raw.validate(clouds);
         // The main file's problems first, then the other files'.
         let mut config = match validated {
             Ok(config) if errors.is_empty() => config,
@@ -172,13 +179,13 @@ impl Config {
     /// `audit`): the rules file, the web config (and its certificates) and the webhook URL file
     /// are not read, so that a broken certificate or secret never keeps an operator from
     /// holding the node's actions.
-    pub fn load_for_state(path: &Path) -> Result<Config, ConfigErrors> {
+    pub fn load_for_state(path: &Path, clouds: Clouds) -> Result<Config, ConfigErrors> {
         let text = read_config_file(path)?;
         let mut raw = RawConfig::parse(&text, path)?;
         raw.rules_file.clear();
         raw.server.web_config_file.clear();
         raw.actions.webhook_url_file.clear();
-        let mut config = raw.validate()?;
+        let mut config = raw.validate(clouds)?;
         config.path = path.to_path_buf();
         Ok(config)
     }
@@ -187,6 +194,9 @@ impl Config {
     pub fn add_rules_file(&mut self, file: &Path) -> Result<(), ConfigErrors> {
         let raw = load_rules_file(file)?;
         let mut errors = Vec::new();
+        let actions = raw.iter().enumerate();
+        let actions = actions.map(|(i, r)| (format!("rules[{i}].action"), r.action.clone()));
+        sections::refused(self.cloud.keys, actions, &mut errors);
         add_rules(&mut self.rules, raw, &self.budgets, &mut errors);
         check_unique(&self.rules, &mut errors);
         let owners = self.sampling.process_owners;
@@ -249,8 +259,9 @@ impl RawConfig {
         })
     }
 
-    pub fn validate(self) -> Result<Config, ConfigErrors> {
+    pub fn validate(self, clouds: Clouds) -> Result<Config, ConfigErrors> {
         let mut errors = Vec::new();
+        let mut warnings = Vec::new();
         let mut invalid = |key: &str, message: String| {
             errors.push(ConfigError::Invalid {
                 key: key.to_string(),
@@ -260,7 +271,7 @@ impl RawConfig {
         let server = self.server.validate(&mut invalid);
         let nvml = self.nvml.validate(&mut invalid);
         let sampling = self.sampling.validate(&mut invalid);
-        let cloud = self.cloud.validate(&mut invalid);
+        let cloud = self.cloud.validate(clouds, &mut invalid, &mut warnings);
         let actions = self.actions.validate(&mut invalid);
         let vetoes = self.vetoes.validate(&mut invalid);
         let spot = self.spot.validate(&mut invalid);
@@ -283,7 +294,7 @@ impl RawConfig {
 
         let budgets = validate_budgets(&self.budgets, &mut errors);
         let controller = self.controller.validate(&mut errors);
-        refuse_what_the_cloud_cannot(&self, &mut errors);
+        refuse_what_the_cloud_cannot(&self, clouds, &mut errors);
         let mut rules = Vec::new();
         add_rules(&mut rules, self.rules, &budgets, &mut errors);
         for b in &budgets {
@@ -335,35 +346,23 @@ impl RawConfig {
                 rules,
                 controller,
                 path: std::path::PathBuf::new(),
+                warnings,
             }),
             _ => Err(ConfigErrors(errors)),
         }
     }
 }
 
-/// An action the configured cloud can never carry out on a GPU node is refused at load, naming
-/// the key: Compute Engine does not suspend a VM with GPUs, and ECS offers no public
-/// hibernation, so `hibernate` cannot run there.
-fn refuse_what_the_cloud_cannot(raw: &RawConfig, errors: &mut Vec<ConfigError>) {
-    let why = match raw.cloud.provider.as_str() {
-        "gcp" => "\"hibernate\" suspends the VM, which Compute Engine does not do for a VM with GPUs: use \"stop\"",
-        "alibaba" => "\"hibernate\" is not a public ECS API (an invitational preview): use \"stop\", which stops the instance in economical mode",
-        _ => return,
-    };
+/// An action the configured cloud's plan refuses on every instance is refused at load, in the
+/// plan's words, naming the key.
+fn refuse_what_the_cloud_cannot(raw: &RawConfig, clouds: Clouds, errors: &mut Vec<ConfigError>) {
+    let named = clouds.iter().find(|c| c.name == raw.cloud.provider);
     let rules = raw.rules.iter().enumerate();
-    let hibernating = rules
-        .filter(|(_, r)| r.action == "hibernate")
-        .map(|(i, _)| format!("rules[{i}].action"));
+    let rules = rules.map(|(i, r)| (format!("rules[{i}].action"), r.action.clone()));
     let budgets = raw.budgets.iter().enumerate();
-    let exhausted = budgets
-        .filter(|(_, b)| b.on_exhausted == "hibernate")
-        .map(|(i, _)| format!("budgets[{i}].on_exhausted"));
-    for key in hibernating.chain(exhausted) {
-        errors.push(ConfigError::Invalid {
-            key,
-            message: why.into(),
-        });
-    }
+    let exhausted =
+        budgets.map(|(i, b)| (format!("budgets[{i}].on_exhausted"), b.on_exhausted.clone()));
+    sections::refused(named.and_then(|c| c.keys), rules.chain(exhausted), errors);
 }
 
 /// Validates the budgets, each named once.
@@ -474,7 +473,7 @@ mod tests {
 
     #[test]
     fn empty_file_is_the_defaults() {
-        let mut c = Config::parse("", Path::new("x.toml")).unwrap();
+        let mut c = Config::parse("", Path::new("x.toml"), &[]).unwrap();
         assert_eq!(c.path, Path::new("x.toml"));
         c.path = PathBuf::new();
         assert_eq!(c, Config::default());
@@ -485,14 +484,14 @@ mod tests {
     #[test]
     fn a_rule_on_health_defaults_to_any_gpu_unhealthy() {
         let toml = "[[rules]]\nname = \"broken\"\nmetric = \"gpu_unhealthy\"\nperiod = \"5m\"\nevaluation_periods = 3\naction = \"stop\"\n";
-        let from_toml = Config::parse(toml, Path::new("x.toml")).unwrap().rules;
+        let from_toml = Config::parse(toml, Path::new("x.toml"), &[]).unwrap().rules;
         let json = r#"{"Rules": [{"Description": "broken", "Actions": [{"Type": "Stop"}],
             "Trigger": {"Metric": "GPUHealth", "Period": 300, "EvaluationPeriods": 3}}]}"#;
         let raw = RawConfig {
             rules: json::parse(json, "rules.json").unwrap(),
             ..RawConfig::default()
         };
-        let from_json = raw.validate().unwrap().rules;
+        let from_json = raw.validate(&[]).unwrap().rules;
         for rules in [from_toml, from_json] {
             let c = rules[0].condition().unwrap();
             assert_eq!(

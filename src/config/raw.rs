@@ -50,8 +50,10 @@ pub struct RawCloudWatch {
     pub max_queue: String,
 }
 
+/// `[cloud]`: what every cloud shares. Each cloud's own keys are its `[cloud.<name>]` table,
+/// which the cloud checks (see `sections.rs`); serde keeps them as written in `clouds`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct RawCloud {
     pub provider: String,
     pub imds_endpoint: String,
@@ -59,16 +61,25 @@ pub struct RawCloud {
     pub region: String,
     pub poll_interval: String,
     pub tag_poll_interval: String,
-    /// Azure: the client ID of a user-assigned managed identity.
-    pub client_id: String,
-    /// Compute Engine: "keep" (the default) or "discard" local SSD data when the VM stops.
-    pub local_ssd: String,
-    /// Alibaba Cloud: the instance RAM role's name; empty: the one metadata names.
-    pub ram_role: String,
-    /// Alibaba Cloud: stop an instance that cannot stop in economical mode anyway.
-    pub keep_charging: bool,
     /// Instance tags copied onto `gpuwatch_node_info` as labels.
     pub tag_labels: Vec<String>,
+    /// Every other key: the clouds' `[cloud.<name>]` tables, and a cloud's key still written
+    /// here from before it had a table.
+    #[serde(flatten)]
+    pub clouds: toml::Table,
+}
+
+impl RawCloud {
+    /// `[cloud]`'s own keys, which no cloud's section may take.
+    pub const OWN: &'static [&'static str] = &[
+        "provider",
+        "imds_endpoint",
+        "endpoint_url",
+        "region",
+        "poll_interval",
+        "tag_poll_interval",
+        "tag_labels",
+    ];
 }
 
 /// `[exposition]`: which names the GPU series carry.
@@ -190,11 +201,8 @@ impl Default for RawConfig {
                 region: String::new(),
                 poll_interval: "5s".to_string(),
                 tag_poll_interval: "1m".to_string(),
-                client_id: String::new(),
-                local_ssd: "keep".to_string(),
-                ram_role: String::new(),
-                keep_charging: false,
                 tag_labels: Vec::new(),
+                clouds: toml::Table::new(),
             },
             node: RawNode::default(),
             exposition: RawExposition::default(),

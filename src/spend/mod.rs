@@ -416,7 +416,7 @@ mod tests {
         let text = "[cloud]\nprovider = \"azure\"\n\
             [[budgets]]\nname = \"azure\"\nsource = \"azure_budgets\"\nscope = \"/subscriptions/8d10da13-8125-4ba9-a717-bf7490507b3d\"\npoll_interval = \"5s\"\n\
             [[budgets]]\nname = \"aws\"\nsource = \"aws_budgets\"\naccount_id = \"123456789012\"\npoll_interval = \"5s\"\n";
-        let config = crate::config::Config::parse(text, std::path::Path::new("gpuwatch.toml"))
+        let config = crate::cloud::parse_config(text, std::path::Path::new("gpuwatch.toml"))
             .unwrap_or_else(|e| panic!("{e:?}"));
         let readings = Arc::new(PollerReadings::default());
         let reading = Reading {

@@ -579,7 +579,7 @@ mod tests {
 
     fn budget() -> BudgetConfig {
         let text = "[[budgets]]\nname = \"team-ml\"\nsource = \"prometheus\"\nurl = \"http://127.0.0.1:9090\"\nquery = \"sum(x)\"\nlimit_usd = 100\npoll_interval = \"60s\"\n";
-        crate::config::Config::parse(text, std::path::Path::new("gpuwatch.toml"))
+        crate::cloud::parse_config(text, std::path::Path::new("gpuwatch.toml"))
             .unwrap()
             .budgets
             .remove(0)

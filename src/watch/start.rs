@@ -12,7 +12,7 @@ use super::metrics::{NodeLabel, SharedWatchView, WatchCollector};
 use super::progress::Progress;
 use super::{NodeSignals, Watch};
 use crate::actions::Executor;
-use crate::config::{Config, Provider};
+use crate::config::Config;
 use crate::gpu::sampler::Snapshots;
 use crate::kubernetes::view::SharedKubernetesView;
 use crate::spend::metrics::{CostCollector, SharedCostView};
@@ -72,10 +72,7 @@ pub async fn spawn(
         task: None,
         holders: held.holders.clone(),
     };
-    if config.rules.is_empty()
-        && config.budgets.is_empty()
-        && config.cloud.provider == Provider::None
-    {
+    if config.rules.is_empty() && config.budgets.is_empty() && config.cloud.provider.is_none() {
         // A price alone keeps the watch on, to account spend and idle dollars.
         if config.cost.hourly_price_usd.is_none() {
             tracing::info!("no rules, no budgets, no price and no cloud: the cost watch is off");
@@ -260,16 +257,16 @@ async fn identify(
 
 /// Says which settings of another cloud's do nothing here.
 fn warn_unused(config: &Config) {
-    if config.cloudwatch.enabled && config.cloud.provider != Provider::Aws {
+    if config.cloudwatch.enabled && config.cloud.provider != Some("aws") {
         tracing::warn!("[cloudwatch] enabled is set, but gpuwatch is not on EC2 with provider = \"aws\": nothing is published");
     }
     for b in &config.budgets {
-        if config.cloud.provider != Provider::Aws
+        if config.cloud.provider != Some("aws")
             && matches!(b.source, crate::config::BudgetSource::AwsBudgets { .. })
         {
             tracing::warn!(budget = %b.name, "an aws_budgets budget needs provider = \"aws\" on EC2; it stays unknown");
         }
-        if config.cloud.provider != Provider::Azure
+        if config.cloud.provider != Some("azure")
             && matches!(b.source, crate::config::BudgetSource::AzureBudgets { .. })
         {
             tracing::warn!(budget = %b.name, "an azure_budgets budget needs provider = \"azure\" on an Azure VM; it stays unknown");

@@ -11,11 +11,14 @@ use super::metadata::Session;
 use super::{Api, Call, Cloud, CloudError, Fut, Link, MetadataError, Node, Notice, NoticeKind};
 use crate::cloud::plan::{Down, Plan, SpotStop};
 use crate::cloud::{Provider, Rehearsal};
-use crate::config::CloudConfig;
+use crate::config::{CloudConfig, CloudKeys};
 use crate::rules::{Action, Lifecycle};
 
 pub mod ecs;
 pub mod plan;
+pub mod settings;
+
+use settings::Settings;
 pub mod sign;
 
 use ecs::Ecs;
@@ -26,6 +29,7 @@ pub const PROVIDER: Provider = Provider {
     open: |config| Arc::new(Alibaba::new(config)),
     rehearse,
     follows_operations: true,
+    keys: CloudKeys::of::<Settings>(&["ram_role", "keep_charging"], plan::refused_everywhere),
 };
 
 /// ECS's plan for `action`, on an instance of a family that stops in economical mode (which
@@ -37,7 +41,11 @@ fn rehearse(
     _spot_stop: SpotStop,
 ) -> Rehearsal {
     crate::cloud::leaves(
-        plan::plan(action, &plan::Instance::default(), cloud.keep_charging),
+        plan::plan(
+            action,
+            &plan::Instance::default(),
+            cloud.section.settings::<Settings>().keep_charging,
+        ),
         plan::Step::leaves,
     )
 }
@@ -55,6 +63,7 @@ pub struct Alibaba {
 
 impl Alibaba {
     pub fn new(config: &crate::config::Config) -> Alibaba {
+        let settings: Settings = config.cloud.section.settings();
         Alibaba {
             metadata: Arc::new(Session::new(
                 &config.cloud.imds_endpoint,
@@ -63,8 +72,8 @@ impl Alibaba {
             )),
             ecs: Mutex::new(None),
             endpoint_url: config.cloud.endpoint_url.clone(),
-            ram_role: config.cloud.ram_role.clone(),
-            keep_charging: config.cloud.keep_charging,
+            ram_role: settings.ram_role.trim().to_string(),
+            keep_charging: settings.keep_charging,
             notice: Mutex::new(None),
         }
     }

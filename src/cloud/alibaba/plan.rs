@@ -4,7 +4,7 @@
 //!   memory stop billing; disks still bill). Where economical mode does not apply (a
 //!   subscription instance; the families with local disks or persistent memory: `i`, `d`,
 //!   `gn5`, `re6p`, `ebmre6p`), ECS would stop the instance and keep billing it without a
-//!   word, so the stop is refused, unless `[cloud] keep_charging = true` asks for it anyway.
+//!   word, so the stop is refused, unless `[cloud.alibaba] keep_charging = true` asks for it anyway.
 //! - `terminate` is `DeleteInstance` with `Force=true`, refused for a subscription instance:
 //!   ECS releases one only once it has expired (`ChargeTypeViolation` before), and its time is
 //!   paid for whether it runs or not.
@@ -61,7 +61,12 @@ impl Step {
 
 /// Why `hibernate` is never planned on ECS.
 pub const NO_HIBERNATE: &str =
-    "ECS hibernation is an invitational preview, not a public API; use stop, which stops the instance in economical mode";
+    "\"hibernate\" is not a public ECS API (an invitational preview): use \"stop\", which stops the instance in economical mode";
+
+/// What the plan refuses on every instance, and why: refused at load.
+pub fn refused_everywhere(action: Action) -> Option<&'static str> {
+    (action == Action::Hibernate).then_some(NO_HIBERNATE)
+}
 
 /// Maps an instance action to ECS calls (see the module's rules).
 pub fn plan(action: Action, instance: &Instance, keep_charging: bool) -> Plan<Step> {
@@ -76,7 +81,7 @@ pub fn plan(action: Action, instance: &Instance, keep_charging: bool) -> Plan<St
         Action::Stop if instance.economical() => Plan::Steps(vec![Step::Stop { economical: true }]),
         Action::Stop if keep_charging => Plan::Steps(vec![Step::Stop { economical: false }]),
         Action::Stop => Plan::Refuse(format!(
-            "{} cannot stop in economical mode ({}), and a stop that keeps billing is not what an idle rule is for; set [cloud] keep_charging = true to stop it anyway",
+            "{} cannot stop in economical mode ({}), and a stop that keeps billing is not what an idle rule is for; set [cloud.alibaba] keep_charging = true to stop it anyway",
             instance.instance_type,
             if instance.prepaid {
                 "a subscription instance"

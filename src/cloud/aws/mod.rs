@@ -8,7 +8,7 @@ use tokio::task::JoinSet;
 use super::{Api, Call, Cloud, CloudError, Fut, Link, MetadataError, Node, Notice, NoticeKind};
 use crate::cloud::plan::{Down, Plan, SpotStop};
 use crate::cloud::{Provider, Rehearsal};
-use crate::config::CloudConfig;
+use crate::config::{CloudConfig, CloudKeys};
 use crate::rules::{Action, Lifecycle};
 
 pub mod cloudwatch;
@@ -28,7 +28,15 @@ pub const PROVIDER: Provider = Provider {
     open: |config| Arc::new(Aws::new(config)),
     rehearse,
     follows_operations: false,
+    keys: CloudKeys::of::<Settings>(&[], |_| None),
 };
+
+/// `[cloud.aws]`: EC2 has no keys of its own yet (its endpoints and region are `[cloud]`'s).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {}
+
+impl crate::config::Keys for Settings {}
 
 /// EC2's plan for `action`, with no spot request behind the instance (which only the API tells).
 fn rehearse(

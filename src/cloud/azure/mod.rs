@@ -11,13 +11,16 @@ use tokio::task::JoinSet;
 use super::{Api, Call, Cloud, CloudError, Fut, Link, MetadataError, Node, Notice, NoticeKind};
 use crate::cloud::plan::{Down, Plan, SpotStop};
 use crate::cloud::{Provider, Rehearsal};
-use crate::config::CloudConfig;
+use crate::config::{CloudConfig, CloudKeys};
 use crate::rules::{Action, Lifecycle};
 
 pub mod arm;
 mod budgets;
 pub mod imds;
 pub mod plan;
+pub mod settings;
+
+use settings::Settings;
 pub mod prices;
 
 use arm::Arm;
@@ -34,6 +37,7 @@ pub const PROVIDER: Provider = Provider {
     open: |config| Arc::new(Azure::new(config)),
     rehearse,
     follows_operations: true,
+    keys: CloudKeys::of::<Settings>(&["client_id"], |_| None),
 };
 
 /// Azure's plan for `action`, on a VM with hibernation enabled and in no scale set (which only
@@ -91,7 +95,7 @@ impl Azure {
         Azure {
             imds: Arc::new(Imds::new(
                 &config.cloud.imds_endpoint,
-                &config.cloud.client_id,
+                config.cloud.section.settings::<Settings>().client_id(),
                 &imds::resource_for(config.cloud.endpoint_url.as_deref()),
             )),
             compute: Mutex::new(None),

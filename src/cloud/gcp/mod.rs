@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 use super::{Api, Call, Cloud, CloudError, Fut, Link, MetadataError, Node, Notice, NoticeKind};
 use crate::cloud::plan::{Down, Plan, SpotStop};
 use crate::cloud::{Provider, Rehearsal};
-use crate::config::CloudConfig;
+use crate::config::{CloudConfig, CloudKeys};
 use crate::rules::{Action, Lifecycle};
 use plan::LocalSsd;
 
@@ -19,6 +19,9 @@ pub mod compute;
 pub mod metadata;
 pub mod operation;
 pub mod plan;
+pub mod settings;
+
+use settings::Settings;
 pub mod prices;
 
 use compute::Compute;
@@ -36,6 +39,7 @@ pub const PROVIDER: Provider = Provider {
     open: |config| Arc::new(Gcp::new(config)),
     rehearse,
     follows_operations: true,
+    keys: CloudKeys::of::<Settings>(&["local_ssd"], plan::refused_everywhere),
 };
 
 /// Compute Engine's plan for `action`, on a VM with no local SSD (which only the API tells).
@@ -51,13 +55,9 @@ fn rehearse(
     )
 }
 
-/// What a stop does with local SSD data, as `local_ssd` says.
+/// What a stop does with local SSD data, as `[cloud.gcp] local_ssd` says.
 fn local_ssd(cloud: &CloudConfig) -> LocalSsd {
-    if cloud.discard_local_ssd {
-        LocalSsd::Discard
-    } else {
-        LocalSsd::Keep
-    }
+    cloud.section.settings::<Settings>().local_ssd()
 }
 
 pub struct Gcp {

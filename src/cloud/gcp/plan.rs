@@ -47,7 +47,12 @@ impl Step {
 
 /// Why `hibernate` is never planned on Compute Engine.
 pub const NO_SUSPEND: &str =
-    "Compute Engine does not suspend a VM with GPUs; use stop, which stops it";
+    "\"hibernate\" suspends the VM, which Compute Engine does not do for a VM with GPUs: use \"stop\"";
+
+/// What the plan refuses on every VM, and why: refused at load.
+pub fn refused_everywhere(action: Action) -> Option<&'static str> {
+    (action == Action::Hibernate).then_some(NO_SUSPEND)
+}
 
 /// Maps an instance action to Compute Engine calls on `vm` (see the module's rules).
 pub fn plan(action: Action, vm: &Vm, local_ssd: LocalSsd) -> Plan<Step> {

@@ -505,7 +505,7 @@ mod tests {
         let text = format!(
             "[cost]\nperiod = \"week\"\n[[budgets]]\nname = \"team-ml\"\nsource = \"prometheus\"\nurl = \"https://prom:9090/\"\nquery = \"sum(x)\"\nlimit_usd = 10\n{extra}"
         );
-        Config::parse(&text, &dir.join("gpuwatch.toml")).map_err(|e| e.to_string())
+        Config::parse(&text, &dir.join("gpuwatch.toml"), &[]).map_err(|e| e.to_string())
     }
 
     fn source(c: &Config) -> &PrometheusSource {

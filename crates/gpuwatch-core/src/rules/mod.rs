@@ -401,6 +401,9 @@ impl Action {
 }
 
 impl Action {
+    /// The actions that take the instance down.
+    pub const INSTANCE: [Action; 3] = [Action::Stop, Action::Hibernate, Action::Terminate];
+
     /// Whether the action takes the instance down (stop, hibernate, terminate).
     pub fn is_instance_action(self) -> bool {
         matches!(self, Action::Stop | Action::Hibernate | Action::Terminate)

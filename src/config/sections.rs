@@ -1,0 +1,270 @@
+//! `[cloud.<name>]`: each cloud's own keys, which only its folder reads. The config knows no
+//! cloud: it is handed the cloud boundary's list ([`Listed`]) to check `[cloud] provider`
+//! against, hands each cloud its table as written, and keeps the configured cloud's
+//! ([`Section`]) for it to read its settings from when it opens.
+
+use std::collections::BTreeSet;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::ConfigError;
+use crate::rules::Action;
+
+/// What the config is told of one cloud on the cloud boundary's list: its name, and, where the
+/// build holds it (each cloud is a cargo feature), its keys.
+#[derive(Clone, Copy)]
+pub struct Listed {
+    /// `[cloud] provider`'s value and the section's name, `[cloud.<name>]`.
+    pub name: &'static str,
+    /// `None`: the cloud is on the list, but this build left it out.
+    pub keys: Option<&'static CloudKeys>,
+}
+
+/// The cloud boundary's list, as the config reads it.
+pub type Clouds<'a> = &'a [Listed];
+
+/// Where a check gives each problem: the key as written, and what is wrong with it.
+pub type Invalid<'a> = &'a mut dyn FnMut(&str, String);
+
+/// One cloud's keys, as its folder describes them: made with [`CloudKeys::of`] from the serde
+/// struct the cloud reads its section into.
+#[derive(Debug)]
+pub struct CloudKeys {
+    /// Checks a section, giving each problem with the key as written; the second argument is
+    /// `[cloud] provider`'s value.
+    pub check: fn(&Section, &str, Invalid),
+    /// The section with every key at its default (the example config shows them).
+    pub defaults: fn() -> toml::Table,
+    /// Keys the cloud once read from `[cloud]` itself: they still work there, for one release,
+    /// with a warning that names their new place.
+    pub moved: &'static [&'static str],
+    /// What the cloud's plan refuses on every instance, and why: a rule or budget with that
+    /// action is refused at load, in the plan's own words.
+    pub refuses: fn(Action) -> Option<&'static str>,
+}
+
+/// A cloud's settings struct: serde's, with its defaults, and checks of its values beyond
+/// their types.
+pub trait Keys: Default + Serialize + DeserializeOwned {
+    /// Checks values that parsed: `key` names one as written, for `invalid`.
+    fn check(&self, _key: &dyn Fn(&str) -> String, _invalid: &mut dyn FnMut(&str, String)) {}
+
+    /// Why `key = value`, still written in `[cloud]` itself, is wrong where `provider` is
+    /// another cloud: it was meant for this one.
+    fn misplaced(key: &str, value: &toml::Value, provider: &str) -> String {
+        let _ = key;
+        format!("{value} is a key of another cloud's, but provider = \"{provider}\"")
+    }
+}
+
+impl CloudKeys {
+    /// The keys of the settings struct `K`.
+    pub const fn of<K: Keys>(
+        moved: &'static [&'static str],
+        refuses: fn(Action) -> Option<&'static str>,
+    ) -> CloudKeys {
+        CloudKeys {
+            check: check::<K>,
+            defaults: defaults::<K>,
+            moved,
+            refuses,
+        }
+    }
+}
+
+impl PartialEq for CloudKeys {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+fn check<K: Keys>(section: &Section, provider: &str, invalid: &mut dyn FnMut(&str, String)) {
+    match section.parse::<K>() {
+        Ok(keys) => keys.check(&|k| section.key(k), invalid),
+        Err(e) => invalid(&e.0, e.1),
+    }
+    if section.name != provider {
+        for key in &section.moved {
+            let why = K::misplaced(key, &section.table[key.as_str()], provider);
+            invalid(&section.key(key), why);
+        }
+    }
+}
+
+fn defaults<K: Keys>() -> toml::Table {
+    toml::Table::try_from(K::default()).expect("a cloud's defaults serialize as a table")
+}
+
+/// One cloud's section as written: `[cloud.<name>]`, and any of its keys still written in
+/// `[cloud]` itself.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Section {
+    name: String,
+    table: toml::Table,
+    /// The keys of `table` that were written in `[cloud]`.
+    moved: BTreeSet<String>,
+}
+
+impl Section {
+    /// The cloud's name (`none` where no cloud is configured).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A key of the section as the file names it: `cloud.<name>.<key>`, or `cloud.<key>` for
+    /// one still written in `[cloud]`.
+    pub fn key(&self, key: &str) -> String {
+        if self.moved.contains(key) {
+            format!("cloud.{key}")
+        } else {
+            format!("cloud.{}.{key}", self.name)
+        }
+    }
+
+    /// The section read into the cloud's settings struct, or the first problem, as its key and
+    /// message.
+    pub fn parse<K: Keys>(&self) -> Result<K, (String, String)> {
+        let value = toml::Value::Table(self.table.clone());
+        serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            let key = path.trim_start_matches('.');
+            // toml's own words, without the line it adds to name the key (named here).
+            let message = e.into_inner().to_string();
+            let message = message
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .replace('`', "\"");
+            let key = if key.is_empty() {
+                format!("cloud.{}", self.name)
+            } else {
+                self.key(key)
+            };
+            (key, super::check::unknown_key_message(message.trim()))
+        })
+    }
+
+    /// The settings the cloud reads when it opens: its checked section, or, where no config
+    /// checked it (the built-in defaults), the defaults.
+    pub fn settings<K: Keys>(&self) -> K {
+        self.parse().unwrap_or_default()
+    }
+}
+
+/// Splits `[cloud]`'s keys that are not its own into the clouds' sections: each
+/// `[cloud.<name>]` table is checked by the cloud it names, and each moved key goes, with a
+/// warning, to the cloud that reads it. Returns the configured cloud's section.
+pub(super) fn split(
+    provider: &str,
+    rest: &toml::Table,
+    clouds: Clouds,
+    own: &[&str],
+    invalid: &mut dyn FnMut(&str, String),
+    warnings: &mut Vec<String>,
+) -> Section {
+    let mut sections: Vec<Section> = Vec::new();
+    let names = || {
+        let names: Vec<String> = clouds.iter().map(|c| format!("\"{}\"", c.name)).collect();
+        names.join(", ")
+    };
+    // The tables first, then the keys written in `[cloud]` itself, whatever their order.
+    let (tables, keys): (Vec<_>, Vec<_>) = rest.iter().partition(|(_, v)| v.is_table());
+    for (key, value) in tables {
+        match (value, clouds.iter().find(|c| c.name == key)) {
+            (toml::Value::Table(table), Some(cloud)) => sections.push(Section {
+                name: cloud.name.to_string(),
+                table: table.clone(),
+                moved: BTreeSet::new(),
+            }),
+            _ => invalid(
+                &format!("cloud.{key}"),
+                format!(
+                    "\"{key}\" is not a cloud gpuwatch knows; expected one of {}",
+                    names()
+                ),
+            ),
+        }
+    }
+    for (key, value) in keys {
+        let owner = clouds
+            .iter()
+            .find(|c| c.keys.is_some_and(|k| k.moved.contains(&&**key)));
+        match owner {
+            Some(owner) => {
+                let name = owner.name;
+                warnings.push(format!(
+                    "cloud.{key} has moved to [cloud.{name}]: write `{key} = {value}` under a [cloud.{name}] table (it is read from [cloud] for this release only)"
+                ));
+                let at = sections.iter().position(|s| s.name == name);
+                let at = at.unwrap_or_else(|| {
+                    sections.push(Section {
+                        name: name.to_string(),
+                        ..Section::default()
+                    });
+                    sections.len() - 1
+                });
+                let section = &mut sections[at];
+                if section.table.contains_key(key) {
+                    let why = format!("{value} is set in [cloud.{name}] too: write it there alone");
+                    invalid(&format!("cloud.{key}"), why);
+                } else {
+                    section.table.insert(key.clone(), value.clone());
+                    section.moved.insert(key.clone());
+                }
+            }
+            None => {
+                let expected: Vec<String> = own
+                    .iter()
+                    .copied()
+                    .chain(clouds.iter().map(|c| c.name))
+                    .map(|k| format!("\"{k}\""))
+                    .collect();
+                let why = format!(
+                    "\"{key}\" is not a known key; expected one of {}",
+                    expected.join(", ")
+                );
+                invalid(&format!("cloud.{key}"), why);
+            }
+        }
+    }
+    for section in &sections {
+        let keys = clouds
+            .iter()
+            .find(|c| c.name == section.name)
+            .and_then(|c| c.keys);
+        // A cloud this build left out cannot read its keys: they are not read (and where the
+        // provider names it, that is refused).
+        if let Some(keys) = keys {
+            (keys.check)(section, provider, invalid);
+        }
+    }
+    sections
+        .into_iter()
+        .find(|s| s.name == provider)
+        .unwrap_or_else(|| Section {
+            name: provider.to_string(),
+            ..Section::default()
+        })
+}
+
+/// The keys of a rule or budget that ask for an action the configured cloud's plan refuses on
+/// every instance, with the plan's reason.
+pub(super) fn refused(
+    keys: Option<&CloudKeys>,
+    actions: impl Iterator<Item = (String, String)>,
+    errors: &mut Vec<ConfigError>,
+) {
+    let Some(keys) = keys else {
+        return;
+    };
+    for (key, action) in actions {
+        let named = Action::INSTANCE.iter().find(|a| a.as_str() == action);
+        if let Some(why) = named.and_then(|a| (keys.refuses)(*a)) {
+            errors.push(ConfigError::Invalid {
+                key,
+                message: why.to_string(),
+            });
+        }
+    }
+}
