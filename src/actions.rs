@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::cloud::plan::Plan;
-use crate::cloud::{Api, Call, CloudError, ErrorKind, Node};
+use crate::cloud::{Call, CloudError, ControlPlane, ErrorKind, Node};
 use crate::config::{ActionsConfig, Mode, SpotStop};
 use crate::rules::{Action, Rule, Scope};
 use crate::state::{AuditLog, AuditRecord};
@@ -39,9 +39,9 @@ impl Outcome {
 
 /// This instance and its cloud's API, once instance metadata has named it.
 #[derive(Clone)]
-pub struct Cloud {
+pub struct Connected {
     pub node: Node,
-    pub api: Arc<dyn Api>,
+    pub api: Arc<dyn ControlPlane>,
 }
 
 pub struct Executor {
@@ -52,7 +52,7 @@ pub struct Executor {
     pub retry_for: Duration,
     pub audit: Arc<AuditLog>,
     /// This instance, once instance metadata has named it (at start, or later).
-    cloud: std::sync::OnceLock<Cloud>,
+    cloud: std::sync::OnceLock<Connected>,
     pub notifier: crate::notify::Notifier,
     denied_reported: AtomicBool,
     /// `gpuwatch:action` stamps the cloud refused for its own limits, whose actions went on.
@@ -97,12 +97,12 @@ impl Executor {
     }
 
     /// This instance and its cloud's API, once known.
-    pub fn cloud(&self) -> Option<&Cloud> {
+    pub fn cloud(&self) -> Option<&Connected> {
         self.cloud.get()
     }
 
     /// Acts on `cloud` from now on. The instance is named once: a second call changes nothing.
-    pub fn set_cloud(&self, cloud: Cloud) {
+    pub fn set_cloud(&self, cloud: Connected) {
         let _ = self.cloud.set(cloud);
     }
 
@@ -320,7 +320,7 @@ impl Executor {
     }
 
     async fn instance_action(&self, rule: &Rule, action: Action, recheck: Recheck<'_>) -> Outcome {
-        let Some(Cloud { api, .. }) = self.cloud() else {
+        let Some(Connected { api, .. }) = self.cloud() else {
             return match self.mode {
                 Mode::DryRun => Outcome::DryRun(format!(
                     "would {action} this instance (no cloud provider is configured)"
@@ -418,7 +418,7 @@ impl Executor {
     async fn retry<T, F, Fut>(
         &self,
         recheck: Recheck<'_>,
-        api: &Arc<dyn Api>,
+        api: &Arc<dyn ControlPlane>,
         call: F,
     ) -> Result<T, Stopped>
     where

@@ -32,13 +32,13 @@ pub enum MetadataError {
 
 /// An answer: its status, its headers and its body (at most `MAX_BODY` bytes, or the cap the
 /// request gave).
-pub struct Answer {
+pub struct MetadataAnswer {
     pub status: u16,
     pub headers: hyper::HeaderMap,
     pub body: Bytes,
 }
 
-impl Answer {
+impl MetadataAnswer {
     /// The body as text, for the answer to `path`.
     pub fn text(self, path: &str) -> Result<String, MetadataError> {
         String::from_utf8(self.body.into()).map_err(|_| MetadataError::Invalid {
@@ -88,7 +88,7 @@ impl Endpoint {
         path: &str,
         headers: &[(&'static str, &str)],
         timeout: Duration,
-    ) -> Result<Answer, MetadataError> {
+    ) -> Result<MetadataAnswer, MetadataError> {
         self.request_up_to(method, path, headers, timeout, MAX_BODY)
             .await
     }
@@ -102,7 +102,7 @@ impl Endpoint {
         headers: &[(&'static str, &str)],
         timeout: Duration,
         max_body: usize,
-    ) -> Result<Answer, MetadataError> {
+    ) -> Result<MetadataAnswer, MetadataError> {
         let unreachable = |source| MetadataError::Unreachable {
             endpoint: self.base.clone(),
             source,
@@ -138,13 +138,13 @@ impl Endpoint {
             let status = answer.status().as_u16();
             let headers = answer.headers().clone();
             match Limited::new(answer.into_body(), max_body).collect().await {
-                Ok(body) => Ok(Answer {
+                Ok(body) => Ok(MetadataAnswer {
                     status,
                     headers,
                     body: body.to_bytes(),
                 }),
                 // An error's body is only ever a message: the status says enough.
-                Err(_) if !(200..300).contains(&status) => Ok(Answer {
+                Err(_) if !(200..300).contains(&status) => Ok(MetadataAnswer {
                     status,
                     headers,
                     body: Bytes::new(),
@@ -176,23 +176,23 @@ const TOKEN_TTL_SECS: u64 = 21_600;
 /// token from `PUT /latest/api/token` (its lifetime in the `ttl_header`), sent in the
 /// `token_header` of every `GET /latest/meta-data/...`, and fetched again before it expires or
 /// once a read answers 401.
-pub struct Session {
+pub struct TokenSession {
     endpoint: Endpoint,
     ttl_header: &'static str,
     token_header: &'static str,
-    token: tokio::sync::Mutex<Option<Token>>,
+    token: tokio::sync::Mutex<Option<SessionToken>>,
 }
 
 /// A session token and when it was fetched, by the monotonic clock and by the wall clock: the
 /// monotonic clock does not advance across a suspend (a hibernate and resume), the wall clock
 /// does, so a token expires by whichever says it is older.
-struct Token {
+struct SessionToken {
     value: String,
     at: std::time::Instant,
     wall: f64,
 }
 
-impl Token {
+impl SessionToken {
     fn fresh(&self) -> bool {
         let max = (TOKEN_TTL_SECS - 60) as f64;
         let wall_age = crate::time::now() - self.wall;
@@ -200,9 +200,13 @@ impl Token {
     }
 }
 
-impl Session {
-    pub fn new(endpoint: &str, ttl_header: &'static str, token_header: &'static str) -> Session {
-        Session {
+impl TokenSession {
+    pub fn new(
+        endpoint: &str,
+        ttl_header: &'static str,
+        token_header: &'static str,
+    ) -> TokenSession {
+        TokenSession {
             endpoint: Endpoint::new(endpoint),
             ttl_header,
             token_header,
@@ -236,7 +240,7 @@ impl Session {
                 message: "the token is empty".into(),
             });
         }
-        *cached = Some(Token {
+        *cached = Some(SessionToken {
             value: token.clone(),
             at: std::time::Instant::now(),
             wall: crate::time::now(),
@@ -262,7 +266,7 @@ impl Session {
         }
     }
 
-    async fn send_get(&self, path: &str) -> Result<Answer, MetadataError> {
+    async fn send_get(&self, path: &str) -> Result<MetadataAnswer, MetadataError> {
         let token = self.token().await?;
         self.endpoint
             .request(

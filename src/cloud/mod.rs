@@ -1,7 +1,8 @@
-//! The cloud boundary. Each cloud is one folder behind one interface ([`Cloud`], [`Api`],
-//! [`Step`]): what instance metadata says about this instance (identity, notices, tags), what
-//! the cloud's API does for an action (a pure plan of the core's, carried out step by step),
-//! and the pollers its prices and budgets need. The decision step, the safety order, holds,
+//! The cloud boundary. Each cloud is one folder behind one interface: [`InstanceMetadata`], what
+//! instance metadata says about this instance (identity, notices, tags); [`ControlPlane`], what
+//! the instance's control plane (the cloud's API) does for an action (a pure plan of the
+//! core's), each call an [`Operation`] carried out and followed to its end; and the pollers its
+//! prices and budgets need. The decision step, the safety order, holds,
 //! the audit log and `simulate` know no cloud: the executor and the watch speak only this.
 //!
 //! Nothing of a cloud is set up before it is configured: [`open`] makes the one the config
@@ -49,7 +50,7 @@ pub struct Provider {
     /// `[cloud] provider`'s value, and the `provider` label of `gpuwatch_node_info`.
     pub name: &'static str,
     /// Makes the cloud for the config; nothing is called until metadata is asked.
-    pub open: fn(&Config) -> Arc<dyn Cloud>,
+    pub open: fn(&Config) -> Arc<dyn InstanceMetadata>,
     /// What an action leaves the node as, as the cloud's plan says, or why it is refused:
     /// `gpuwatch simulate`'s answer, which calls nothing. What only the cloud's API knows is
     /// taken at its most common.
@@ -166,13 +167,13 @@ pub fn leaves<S>(plan: plan::Plan<S>, step_leaves: fn(&S) -> Option<plan::Down>)
 }
 
 /// The one cloud the config names, or none.
-pub fn open(config: &Config) -> Option<Arc<dyn Cloud>> {
+pub fn open(config: &Config) -> Option<Arc<dyn InstanceMetadata>> {
     provider(&config.cloud).map(|p| (p.open)(config))
 }
 
 /// What one cloud's instance metadata tells, and how its API is reached once it has named the
 /// instance.
-pub trait Cloud: Send + Sync {
+pub trait InstanceMetadata: Send + Sync {
     /// `aws`, `azure`: the `provider` label of `gpuwatch_node_info`.
     fn name(&self) -> &'static str;
     /// This instance, as instance metadata names it.
@@ -184,7 +185,7 @@ pub trait Cloud: Send + Sync {
     /// logged and audited once.
     fn advice(&self) -> Fut<'_, Result<Vec<Notice>, MetadataError>>;
     /// The instance's tags, as metadata has them; empty when metadata carries none (then the
-    /// API's [`Api::tags`] is read, where the cloud has one).
+    /// API's [`ControlPlane::tags`] is read, where the cloud has one).
     fn tags(&self) -> Fut<'_, Result<Tags, MetadataError>>;
     /// Where the instance's tags are read from, for people (`instance metadata tags, or
     /// ec2:DescribeInstances`).
@@ -195,7 +196,12 @@ pub trait Cloud: Send + Sync {
     }
     /// Starts the API for `node`, and the price, budget and metric pollers the config asks of
     /// this cloud, in `tasks`.
-    fn connect(&self, node: &Node, link: Link<'_>, tasks: &mut JoinSet<()>) -> Arc<dyn Api>;
+    fn connect(
+        &self,
+        node: &Node,
+        link: Link<'_>,
+        tasks: &mut JoinSet<()>,
+    ) -> Arc<dyn ControlPlane>;
 }
 
 /// What a cloud's pollers are handed when it connects.
@@ -258,8 +264,8 @@ pub enum NoticeKind {
     Event(String),
 }
 
-/// A cloud's API for this one instance.
-pub trait Api: Send + Sync {
+/// The instance's control plane: the cloud's API, for this one instance.
+pub trait ControlPlane: Send + Sync {
     /// The instance's tags read through the API, for a cloud whose metadata may carry none
     /// (EC2 with metadata tags off); `None` where metadata is the only source.
     fn tags(&self) -> Option<Fut<'_, Result<Tags, CloudError>>>;
@@ -271,7 +277,7 @@ pub trait Api: Send + Sync {
         &self,
         action: Action,
         spot_stop: plan::SpotStop,
-    ) -> Fut<'_, Result<plan::Plan<Box<dyn Step>>, CloudError>>;
+    ) -> Fut<'_, Result<plan::Plan<Box<dyn Operation>>, CloudError>>;
     /// Stamps the instance with `gpuwatch:action` and `gpuwatch:rule`, before it acts.
     fn tag_action<'a>(
         &'a self,
@@ -293,8 +299,9 @@ pub trait Api: Send + Sync {
     fn grant_hint(&self) -> &'static str;
 }
 
-/// One call of a plan, carried out.
-pub trait Step: Send + Sync {
+/// One operation: a call of a plan, carried out (and followed to its end where the cloud
+/// answers with an operation of its own).
+pub trait Operation: Send + Sync {
     /// The call, as the audit log names it (`StopInstances (hibernate)`, `Deallocate`).
     fn describe(&self) -> String;
     /// What the instance is once it has run, for `simulate` and the log.

@@ -13,13 +13,13 @@ use super::{CloudError, ErrorKind, Fut};
 
 /// A bearer token, and when it expires (Unix seconds).
 #[derive(Clone)]
-pub struct Token {
+pub struct BearerToken {
     pub value: String,
     pub expires_on: f64,
 }
 
 /// Never shown: a token is a secret.
-impl std::fmt::Debug for Token {
+impl std::fmt::Debug for BearerToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Token(expires_on: {})", self.expires_on)
     }
@@ -27,16 +27,16 @@ impl std::fmt::Debug for Token {
 
 /// Fetches a new token, for the operation that needs it.
 pub type TokenSource =
-    Box<dyn Fn(&'static str) -> Fut<'static, Result<Token, CloudError>> + Send + Sync>;
+    Box<dyn Fn(&'static str) -> Fut<'static, Result<BearerToken, CloudError>> + Send + Sync>;
 
 /// An answer: its status, headers and body.
-pub struct Answer {
+pub struct RestAnswer {
     pub status: StatusCode,
     pub headers: HeaderMap,
     pub body: Vec<u8>,
 }
 
-impl Answer {
+impl RestAnswer {
     /// A header's value, when it is text.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name)?.to_str().ok()
@@ -100,7 +100,7 @@ impl Rest {
         method: Method,
         url: &str,
         body: Option<&serde_json::Value>,
-    ) -> Result<Answer, CloudError> {
+    ) -> Result<RestAnswer, CloudError> {
         let url = if url.starts_with('/') {
             format!("{}{url}", self.base)
         } else {
@@ -153,7 +153,7 @@ impl Rest {
                 renew = true;
                 continue;
             }
-            return Ok(Answer {
+            return Ok(RestAnswer {
                 status,
                 headers,
                 body,

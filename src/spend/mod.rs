@@ -292,7 +292,7 @@ pub fn send_alert(
     c: &Crossing,
     budget: Option<&BudgetConfig>,
     executor: &std::sync::Arc<crate::actions::Executor>,
-    api: Option<&std::sync::Arc<dyn crate::cloud::Api>>,
+    api: Option<&std::sync::Arc<dyn crate::cloud::ControlPlane>>,
     publishes: &mut tokio::task::JoinSet<()>,
 ) -> bool {
     let text = format!("gpuwatch: {}", gpuwatch_core::step::alert_text(c));

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::metrics::{NodeLabel, SharedWatchView};
 use super::NodeSignals;
 use crate::actions::Executor;
-use crate::cloud::{Api, Cloud, MetadataError, NoticeKind};
+use crate::cloud::{ControlPlane, InstanceMetadata, MetadataError, NoticeKind};
 use crate::config::{TagLabel, MAX_LABEL_VALUE};
 use crate::state::{AuditRecord, HoldStatus};
 
@@ -23,8 +23,8 @@ fn tags_stale_after(every: Duration, tag_every: Duration) -> Duration {
 
 /// The notice and tag poller: instance metadata notices, and `gpuwatch:hold` tags.
 pub struct CloudPoller {
-    pub cloud: Arc<dyn Cloud>,
-    pub api: Option<Arc<dyn Api>>,
+    pub cloud: Arc<dyn InstanceMetadata>,
+    pub api: Option<Arc<dyn ControlPlane>>,
     pub signals: Arc<NodeSignals>,
     pub executor: Arc<Executor>,
     pub metrics: Arc<SharedWatchView>,

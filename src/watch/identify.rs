@@ -15,8 +15,8 @@ use tokio::task::JoinSet;
 
 use super::metrics::SharedWatchView;
 use super::NodeSignals;
-use crate::actions::{Cloud, Executor};
-use crate::cloud::{Api, Node};
+use crate::actions::{Connected, Executor};
+use crate::cloud::{ControlPlane, Node};
 use crate::config::Config;
 use crate::gpu::sampler::Snapshots;
 use crate::spend::PollerReadings;
@@ -28,13 +28,13 @@ const FIRST_RETRY: Duration = Duration::from_secs(1);
 /// cloud's API (budget alerts to a topic, the instance's state).
 pub struct Identified {
     pub node: Node,
-    pub api: Arc<dyn Api>,
+    pub api: Arc<dyn ControlPlane>,
 }
 
 /// What the cloud side of the watch needs once the instance is known.
 pub struct Link {
     pub config: Config,
-    pub cloud: Arc<dyn crate::cloud::Cloud>,
+    pub cloud: Arc<dyn crate::cloud::InstanceMetadata>,
     pub snapshots: Snapshots,
     pub readings: Arc<PollerReadings>,
     pub metrics: Arc<SharedWatchView>,
@@ -57,7 +57,7 @@ impl Link {
             readings: Arc::clone(&self.readings) as Arc<dyn crate::cloud::Readings>,
         };
         let api = self.cloud.connect(&node, link, tasks);
-        self.executor.set_cloud(Cloud {
+        self.executor.set_cloud(Connected {
             node: node.clone(),
             api: Arc::clone(&api),
         });
@@ -71,7 +71,7 @@ impl Link {
 
     /// Starts the notice and tag poller, last: no tag is read (and no action can run) before
     /// the executor and the decision loop know the instance.
-    pub fn watch_tags(&self, api: Arc<dyn Api>, tasks: &mut JoinSet<()>) {
+    pub fn watch_tags(&self, api: Arc<dyn ControlPlane>, tasks: &mut JoinSet<()>) {
         let config = &self.config;
         tasks.spawn(super::poll_cloud(super::CloudPoller {
             cloud: Arc::clone(&self.cloud),

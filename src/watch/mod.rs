@@ -88,7 +88,7 @@ pub struct Watch {
     pub health_seed: Option<crate::gpu::health::Seed>,
     pub tracker: crate::spend::Tracker,
     /// The cloud's API for this instance, once metadata has named it.
-    pub api: Option<std::sync::Arc<dyn crate::cloud::Api>>,
+    pub api: Option<std::sync::Arc<dyn crate::cloud::ControlPlane>>,
     /// The instance, when instance metadata did not answer at start: it is asked again in the
     /// background, and the loop takes the instance in once it answers.
     pub identified: Option<tokio::sync::oneshot::Receiver<identify::Identified>>,

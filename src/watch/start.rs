@@ -191,7 +191,7 @@ fn open_state(
 
 /// The node's signals at start: on a cloud, the tag hold is unknown until the instance's tags
 /// are read, since a `gpuwatch:hold` tag may be there.
-fn signals(cloud: Option<&dyn crate::cloud::Cloud>) -> NodeSignals {
+fn signals(cloud: Option<&dyn crate::cloud::InstanceMetadata>) -> NodeSignals {
     let mut signals = NodeSignals::default();
     if let Some(cloud) = cloud {
         signals.tag_hold = std::sync::Mutex::new(crate::state::HoldStatus::Unknown(format!(

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::sign;
 use crate::cloud::client::{Cached, Http, MAX_BODY};
-use crate::cloud::metadata::{MetadataError, Session};
+use crate::cloud::metadata::{MetadataError, TokenSession};
 use crate::cloud::{CloudError, ErrorKind};
 
 pub const VERSION: &str = "2014-05-26";
@@ -68,7 +68,7 @@ pub struct Ecs {
     /// The endpoint, without a trailing slash.
     base: String,
     region: String,
-    metadata: Arc<Session>,
+    metadata: Arc<TokenSession>,
     /// The RAM role's name, if the config gives it; else metadata names it.
     role: String,
     credentials: Cached<Credentials>,
@@ -76,7 +76,7 @@ pub struct Ecs {
 }
 
 impl Ecs {
-    pub fn new(base: &str, region: &str, metadata: Arc<Session>, role: &str) -> Ecs {
+    pub fn new(base: &str, region: &str, metadata: Arc<TokenSession>, role: &str) -> Ecs {
         Ecs {
             base: base.trim_end_matches('/').to_string(),
             region: region.to_string(),

@@ -7,8 +7,11 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinSet;
 
-use super::metadata::Session;
-use super::{Api, Call, Cloud, CloudError, Fut, Link, MetadataError, Node, Notice, NoticeKind};
+use super::metadata::TokenSession;
+use super::{
+    Call, CloudError, ControlPlane, Fut, InstanceMetadata, Link, MetadataError, Node, Notice,
+    NoticeKind,
+};
 use crate::cloud::plan::{Down, Plan, SpotStop};
 use crate::cloud::{Provider, Rehearsal};
 use crate::config::{CloudConfig, CloudKeys};
@@ -51,7 +54,7 @@ fn rehearse(
 }
 
 pub struct Alibaba {
-    metadata: Arc<Session>,
+    metadata: Arc<TokenSession>,
     /// The API, made when identity is first read (the region names the default endpoint).
     ecs: Mutex<Option<Arc<Ecs>>>,
     endpoint_url: Option<String>,
@@ -65,7 +68,7 @@ impl Alibaba {
     pub fn new(config: &crate::config::Config) -> Alibaba {
         let settings: Settings = config.cloud.section.settings();
         Alibaba {
-            metadata: Arc::new(Session::new(
+            metadata: Arc::new(TokenSession::new(
                 &config.cloud.imds_endpoint,
                 "X-aliyun-ecs-metadata-token-ttl-seconds",
                 "X-aliyun-ecs-metadata-token",
@@ -96,7 +99,7 @@ fn name(path: &str, value: String) -> Result<String, MetadataError> {
     }
 }
 
-impl Cloud for Alibaba {
+impl InstanceMetadata for Alibaba {
     fn name(&self) -> &'static str {
         "alibaba"
     }
@@ -170,7 +173,12 @@ impl Cloud for Alibaba {
         "ecs:DescribeInstances"
     }
 
-    fn connect(&self, node: &Node, link: Link<'_>, tasks: &mut JoinSet<()>) -> Arc<dyn Api> {
+    fn connect(
+        &self,
+        node: &Node,
+        link: Link<'_>,
+        tasks: &mut JoinSet<()>,
+    ) -> Arc<dyn ControlPlane> {
         let config = link.config;
         tracing::info!(
             instance = %node.instance_id,
@@ -447,7 +455,7 @@ struct AlibabaApi {
     keep_charging: bool,
 }
 
-impl Api for AlibabaApi {
+impl ControlPlane for AlibabaApi {
     fn tags(&self) -> Option<Fut<'_, Result<super::Tags, CloudError>>> {
         Some(Box::pin(async {
             let i = self.ecs.instance(&self.id).await?;
@@ -476,7 +484,7 @@ impl Api for AlibabaApi {
         &self,
         action: Action,
         _spot_stop: SpotStop,
-    ) -> Fut<'_, Result<Plan<Box<dyn super::Step>>, CloudError>> {
+    ) -> Fut<'_, Result<Plan<Box<dyn super::Operation>>, CloudError>> {
         Box::pin(async move {
             let i = self.ecs.instance(&self.id).await?;
             // How the instance is billed decides the plan: a value ECS does not document is
@@ -507,7 +515,7 @@ impl Api for AlibabaApi {
                         ecs: Arc::clone(&self.ecs),
                         id: self.id.clone(),
                         step,
-                    }) as Box<dyn super::Step>
+                    }) as Box<dyn super::Operation>
                 }),
             )
         })
@@ -626,7 +634,7 @@ impl AlibabaStep {
     }
 }
 
-impl super::Step for AlibabaStep {
+impl super::Operation for AlibabaStep {
     fn describe(&self) -> String {
         match self.step {
             plan::Step::Stop { .. } => "StopInstance".into(),

@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use crate::rules::Lifecycle;
 
-use crate::cloud::metadata::{MetadataError as ImdsError, Session};
+use crate::cloud::metadata::{MetadataError as ImdsError, TokenSession};
 
 pub use gpuwatch_core::node::Node;
 
@@ -32,16 +32,16 @@ struct RebalanceNotice {
     notice_time: String,
 }
 
-pub struct Imds {
-    session: Session,
+pub struct Ec2Metadata {
+    session: TokenSession,
 }
 
-impl Imds {
+impl Ec2Metadata {
     /// `endpoint` is an `http://` URL (the config checks it); anything else fails every request
     /// as unreachable.
-    pub fn new(endpoint: &str) -> Imds {
-        Imds {
-            session: Session::new(
+    pub fn new(endpoint: &str) -> Ec2Metadata {
+        Ec2Metadata {
+            session: TokenSession::new(
                 endpoint,
                 "X-aws-ec2-metadata-token-ttl-seconds",
                 "X-aws-ec2-metadata-token",
@@ -195,7 +195,7 @@ mod tests {
         let mut answer = b"HTTP/1.1 200 OK\r\ncontent-length: 70000\r\n\r\n".to_vec();
         answer.resize(answer.len() + 70_000, b'a');
         let (endpoint, server) = serve_once(Some(answer)).await;
-        let imds = Imds::new(&endpoint);
+        let imds = Ec2Metadata::new(&endpoint);
         let err = imds.token().await.unwrap_err();
         assert!(
             err.to_string()
@@ -208,7 +208,7 @@ mod tests {
             b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nAQ==\n".to_vec(),
         ))
         .await;
-        let imds = Imds::new(&endpoint);
+        let imds = Ec2Metadata::new(&endpoint);
         assert_eq!(imds.token().await.unwrap(), "AQ==");
         server.await.unwrap();
     }
@@ -217,7 +217,7 @@ mod tests {
     async fn a_silent_endpoint_is_unreachable_after_the_timeout_and_saw_the_token_request() {
         let (endpoint, server) = serve_once(None).await;
         let started = Instant::now();
-        let err = Imds::new(&endpoint).token().await.unwrap_err();
+        let err = Ec2Metadata::new(&endpoint).token().await.unwrap_err();
         assert!(started.elapsed() >= TIMEOUT);
         assert!(
             matches!(&err, ImdsError::Unreachable { source, .. } if source.kind() == std::io::ErrorKind::TimedOut),

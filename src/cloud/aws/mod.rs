@@ -5,7 +5,10 @@ use std::sync::Arc;
 
 use tokio::task::JoinSet;
 
-use super::{Api, Call, Cloud, CloudError, Fut, Link, MetadataError, Node, Notice, NoticeKind};
+use super::{
+    Call, CloudError, ControlPlane, Fut, InstanceMetadata, Link, MetadataError, Node, Notice,
+    NoticeKind,
+};
 use crate::cloud::plan::{Down, Plan, SpotStop};
 use crate::cloud::{Provider, Rehearsal};
 use crate::config::{CloudConfig, CloudKeys};
@@ -19,7 +22,7 @@ mod pollers;
 pub mod services;
 
 use ec2::Ec2;
-use imds::Imds;
+use imds::Ec2Metadata;
 use services::{Services, Shared};
 
 /// EC2, on the cloud boundary's list of clouds.
@@ -52,7 +55,7 @@ fn rehearse(
 }
 
 pub struct Aws {
-    imds: Imds,
+    imds: Ec2Metadata,
     /// CloudWatch publishing's counters, for its series.
     cloudwatch: Arc<cloudwatch::Counters>,
     publishes: bool,
@@ -61,14 +64,14 @@ pub struct Aws {
 impl Aws {
     pub fn new(config: &crate::config::Config) -> Aws {
         Aws {
-            imds: Imds::new(&config.cloud.imds_endpoint),
+            imds: Ec2Metadata::new(&config.cloud.imds_endpoint),
             cloudwatch: Arc::default(),
             publishes: config.cloudwatch.enabled,
         }
     }
 }
 
-impl Cloud for Aws {
+impl InstanceMetadata for Aws {
     fn name(&self) -> &'static str {
         "aws"
     }
@@ -125,7 +128,12 @@ impl Cloud for Aws {
         )));
     }
 
-    fn connect(&self, node: &Node, link: Link<'_>, tasks: &mut JoinSet<()>) -> Arc<dyn Api> {
+    fn connect(
+        &self,
+        node: &Node,
+        link: Link<'_>,
+        tasks: &mut JoinSet<()>,
+    ) -> Arc<dyn ControlPlane> {
         let config = link.config;
         tracing::info!(
             instance = %node.instance_id,
@@ -190,7 +198,7 @@ struct AwsApi {
     lifecycle: Option<Lifecycle>,
 }
 
-impl Api for AwsApi {
+impl ControlPlane for AwsApi {
     fn tags(&self) -> Option<Fut<'_, Result<super::Tags, CloudError>>> {
         Some(Box::pin(self.ec2.tags()))
     }
@@ -203,7 +211,7 @@ impl Api for AwsApi {
         &self,
         action: Action,
         spot_stop: SpotStop,
-    ) -> Fut<'_, Result<Plan<Box<dyn super::Step>>, CloudError>> {
+    ) -> Fut<'_, Result<Plan<Box<dyn super::Operation>>, CloudError>> {
         Box::pin(async move {
             // The spot request decides whether a stop is possible, and what else to cancel.
             let spot = match self.lifecycle {
@@ -220,7 +228,7 @@ impl Api for AwsApi {
                     Box::new(AwsStep {
                         ec2: self.ec2.clone(),
                         step,
-                    }) as Box<dyn super::Step>
+                    }) as Box<dyn super::Operation>
                 }),
             )
         })
@@ -269,7 +277,7 @@ struct AwsStep {
     step: plan::Step,
 }
 
-impl super::Step for AwsStep {
+impl super::Operation for AwsStep {
     fn describe(&self) -> String {
         match &self.step {
             plan::Step::CancelSpotRequest(id) => format!("CancelSpotInstanceRequests {id}"),

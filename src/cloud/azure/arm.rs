@@ -12,9 +12,9 @@ use reqwest::header::{HeaderMap, RETRY_AFTER};
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 
-use super::imds::Imds;
+use super::imds::AzureMetadata;
 use crate::cloud::metadata::MetadataError;
-use crate::cloud::rest::{same_origin, Answer, Rest, Token};
+use crate::cloud::rest::{same_origin, BearerToken, Rest, RestAnswer};
 use crate::cloud::{CloudError, ErrorKind};
 
 pub const COMPUTE_API_VERSION: &str = "2024-11-01";
@@ -102,7 +102,7 @@ use crate::cloud::FOLLOW_FOR;
 /// status reads a minute per resource.
 const DEFAULT_POLL: Duration = Duration::from_secs(5);
 
-fn request_id(answer: &Answer) -> Option<String> {
+fn request_id(answer: &RestAnswer) -> Option<String> {
     answer
         .header("x-ms-request-id")
         .map(|v| crate::redact::brief(v, 128))
@@ -186,7 +186,7 @@ fn too_many_tags(code: &str, message: &str) -> bool {
 /// What a failed answer means: throttling, 5xx and another operation on the VM in the way are
 /// retried; 401 and 403 are permissions; a tag set full is the VM's limit; the rest (404, 409)
 /// is the VM's state or the request.
-pub fn classify(operation: &'static str, answer: &Answer) -> CloudError {
+pub fn classify(operation: &'static str, answer: &RestAnswer) -> CloudError {
     let status = answer.status.as_u16();
     let (code, message) = error_text(&answer.body);
     let kind = match status {
@@ -230,7 +230,7 @@ pub struct Arm {
 }
 
 impl Arm {
-    pub fn new(base: &str, vm: String, imds: Arc<Imds>) -> Arm {
+    pub fn new(base: &str, vm: String, imds: Arc<AzureMetadata>) -> Arm {
         let tokens: crate::cloud::rest::TokenSource = Box::new(move |operation| {
             let imds = Arc::clone(&imds);
             Box::pin(async move { token(&imds, operation).await })
@@ -248,7 +248,7 @@ impl Arm {
         method: Method,
         url: &str,
         body: Option<&serde_json::Value>,
-    ) -> Result<Answer, CloudError> {
+    ) -> Result<RestAnswer, CloudError> {
         self.rest.send(operation, method, url, body).await
     }
 
@@ -418,7 +418,7 @@ fn retry_after(headers: &HeaderMap) -> Duration {
 }
 
 /// A token of the VM's managed identity, for `operation`.
-async fn token(imds: &Imds, operation: &'static str) -> Result<Token, CloudError> {
+async fn token(imds: &AzureMetadata, operation: &'static str) -> Result<BearerToken, CloudError> {
     imds.token().await.map_err(|e| CloudError {
         operation,
         // No identity (400, 403) will not come by retrying; metadata that is updating (404,
@@ -443,7 +443,7 @@ mod tests {
 
     #[test]
     fn errors_say_their_code_and_message_and_name_the_permission() {
-        let answer = |status: u16, body: &str| Answer {
+        let answer = |status: u16, body: &str| RestAnswer {
             status: StatusCode::from_u16(status).unwrap(),
             headers: HeaderMap::new(),
             body: body.as_bytes().to_vec(),
@@ -511,12 +511,12 @@ mod tests {
         assert_eq!(retry_after(&h), DEFAULT_POLL);
     }
 
-    fn answer(status: u16, body: &str, retry_after: Option<&str>) -> Answer {
+    fn answer(status: u16, body: &str, retry_after: Option<&str>) -> RestAnswer {
         let mut headers = HeaderMap::new();
         if let Some(r) = retry_after {
             headers.insert(RETRY_AFTER, r.parse().unwrap());
         }
-        Answer {
+        RestAnswer {
             status: StatusCode::from_u16(status).unwrap(),
             headers,
             body: body.as_bytes().to_vec(),

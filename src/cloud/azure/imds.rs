@@ -8,7 +8,7 @@ use hyper::Method;
 use serde::Deserialize;
 
 use crate::cloud::metadata::{Endpoint, MetadataError, MAX_BODY, TIMEOUT};
-use crate::cloud::rest::Token;
+use crate::cloud::rest::BearerToken;
 
 /// The instance document's version: the first with every field read here
 /// (`additionalCapabilities.hibernationEnabled` came last).
@@ -53,7 +53,7 @@ pub fn resource_for(endpoint_url: Option<&str>) -> String {
 /// an empty string.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase", default)]
-pub struct Compute {
+pub struct VmDocument {
     pub subscription_id: String,
     pub resource_group_name: String,
     pub name: String,
@@ -92,7 +92,7 @@ pub struct Tag {
     pub value: String,
 }
 
-impl Compute {
+impl VmDocument {
     /// The VM's tags: `tagsList`, or, where the document has none, the `tags` string.
     pub fn tag_pairs(&self) -> Vec<(String, String)> {
         if !self.tags_list.is_empty() {
@@ -174,7 +174,7 @@ pub struct Events {
     pub events: Vec<Event>,
 }
 
-pub struct Imds {
+pub struct AzureMetadata {
     endpoint: Endpoint,
     /// `client_id` of a user-assigned identity; empty: the VM's system-assigned one.
     client_id: String,
@@ -182,9 +182,9 @@ pub struct Imds {
     resource: String,
 }
 
-impl Imds {
-    pub fn new(endpoint: &str, client_id: &str, resource: &str) -> Imds {
-        Imds {
+impl AzureMetadata {
+    pub fn new(endpoint: &str, client_id: &str, resource: &str) -> AzureMetadata {
+        AzureMetadata {
             endpoint: Endpoint::new(endpoint),
             client_id: client_id.to_string(),
             resource: resource.to_string(),
@@ -212,13 +212,13 @@ impl Imds {
     }
 
     /// `compute` of the instance document, read alone: the rest (the network) is not needed.
-    pub async fn compute(&self) -> Result<Compute, MetadataError> {
+    pub async fn compute(&self) -> Result<VmDocument, MetadataError> {
         let path = format!("/metadata/instance/compute?api-version={INSTANCE_API_VERSION}");
         let (status, body) = self.get(&path, TIMEOUT, COMPUTE_MAX_BODY).await?;
         if status != 200 {
             return Err(MetadataError::Status { path, status });
         }
-        let c: Compute = serde_json::from_str(&body).map_err(|e| MetadataError::Invalid {
+        let c: VmDocument = serde_json::from_str(&body).map_err(|e| MetadataError::Invalid {
             path: path.clone(),
             message: format!("the instance document does not parse: {e}"),
         })?;
@@ -241,7 +241,7 @@ impl Imds {
     }
 
     /// A token for Resource Manager, of the VM's managed identity.
-    pub async fn token(&self) -> Result<Token, MetadataError> {
+    pub async fn token(&self) -> Result<BearerToken, MetadataError> {
         let mut path = format!(
             "/metadata/identity/oauth2/token?api-version={TOKEN_API_VERSION}&resource={}",
             crate::cloud::rest::encode(&self.resource)
@@ -286,7 +286,7 @@ impl Imds {
         let expires_on = number(&answer.expires_on)
             .or_else(|| number(&answer.expires_in).map(|s| now + s))
             .ok_or_else(|| invalid("the token's expiry is missing".into()))?;
-        Ok(Token {
+        Ok(BearerToken {
             value: answer.access_token,
             expires_on,
         })
@@ -336,7 +336,7 @@ mod tests {
             "vmSize": "Standard_A3", "zone": "", "additionalCapabilities": {"hibernationEnabled": "true"}},
             "network": {"interface": []}}"#;
         let doc: serde_json::Value = serde_json::from_str(doc).unwrap();
-        let c: Compute = serde_json::from_value(doc["compute"].clone()).unwrap();
+        let c: VmDocument = serde_json::from_value(doc["compute"].clone()).unwrap();
         assert_eq!(c.priority, "Spot");
         assert_eq!(c.vm_scale_set_name, "crpteste9vflji9");
         assert_eq!(c.additional_capabilities.hibernation_enabled, "true");
@@ -353,12 +353,12 @@ mod tests {
     /// first where it has one.
     #[test]
     fn tags_are_read_from_tags_list_or_else_the_tags_string() {
-        let mut c = Compute {
+        let mut c = VmDocument {
             tags: "team:ml;gpuwatch:hold:2026-12-24T00:00:00Z;GPUWatch:Rule:idle;bare;note:a:b"
                 .into(),
-            ..Compute::default()
+            ..VmDocument::default()
         };
-        let pairs = |c: &Compute| -> Vec<(String, String)> { c.tag_pairs() };
+        let pairs = |c: &VmDocument| -> Vec<(String, String)> { c.tag_pairs() };
         let own = |n: &str, v: &str| (n.to_string(), v.to_string());
         assert_eq!(
             pairs(&c),

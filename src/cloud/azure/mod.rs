@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use tokio::task::JoinSet;
 
-use super::{Api, Call, Cloud, CloudError, Fut, Link, MetadataError, Node, Notice, NoticeKind};
+use super::{
+    Call, CloudError, ControlPlane, Fut, InstanceMetadata, Link, MetadataError, Node, Notice,
+    NoticeKind,
+};
 use crate::cloud::plan::{Down, Plan, SpotStop};
 use crate::cloud::{Provider, Rehearsal};
 use crate::config::{CloudConfig, CloudKeys};
@@ -24,7 +27,7 @@ use settings::Settings;
 pub mod prices;
 
 use arm::Arm;
-use imds::{Compute, Event, Imds};
+use imds::{AzureMetadata, Event, VmDocument};
 
 /// Resource Manager's public endpoint.
 pub const DEFAULT_ENDPOINT: &str = "https://management.azure.com";
@@ -57,9 +60,9 @@ fn rehearse(
 }
 
 pub struct Azure {
-    imds: Arc<Imds>,
+    imds: Arc<AzureMetadata>,
     /// The instance document's `compute`, once read.
-    compute: Mutex<Option<Compute>>,
+    compute: Mutex<Option<VmDocument>>,
     /// The last Scheduled Events answer, kept by the events poller.
     events: Arc<Mutex<Scheduled>>,
     /// How often Scheduled Events are read.
@@ -93,7 +96,7 @@ impl Default for Scheduled {
 impl Azure {
     pub fn new(config: &crate::config::Config) -> Azure {
         Azure {
-            imds: Arc::new(Imds::new(
+            imds: Arc::new(AzureMetadata::new(
                 &config.cloud.imds_endpoint,
                 config.cloud.section.settings::<Settings>().client_id(),
                 &imds::resource_for(config.cloud.endpoint_url.as_deref()),
@@ -180,7 +183,7 @@ fn lifecycle(priority: &str) -> Option<Lifecycle> {
     }
 }
 
-impl Cloud for Azure {
+impl InstanceMetadata for Azure {
     fn name(&self) -> &'static str {
         "azure"
     }
@@ -218,7 +221,12 @@ impl Cloud for Azure {
         "the instance metadata's tagsList (or its tags string)"
     }
 
-    fn connect(&self, node: &Node, link: Link<'_>, tasks: &mut JoinSet<()>) -> Arc<dyn Api> {
+    fn connect(
+        &self,
+        node: &Node,
+        link: Link<'_>,
+        tasks: &mut JoinSet<()>,
+    ) -> Arc<dyn ControlPlane> {
         let config = link.config;
         let c = self
             .compute
@@ -310,7 +318,12 @@ impl Cloud for Azure {
 /// the service on the first request, which can take minutes); after it, a short timeout. Only
 /// the events whose `Resources` name this VM (`name`) are kept: an availability set's events
 /// list every VM of the set.
-async fn poll_events(imds: Arc<Imds>, kept: Arc<Mutex<Scheduled>>, name: String, every: Duration) {
+async fn poll_events(
+    imds: Arc<AzureMetadata>,
+    kept: Arc<Mutex<Scheduled>>,
+    name: String,
+    every: Duration,
+) {
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
@@ -393,7 +406,7 @@ struct AzureApi {
     vm: plan::Vm,
 }
 
-impl Api for AzureApi {
+impl ControlPlane for AzureApi {
     /// Tags are read from instance metadata only.
     fn tags(&self) -> Option<Fut<'_, Result<super::Tags, CloudError>>> {
         None
@@ -407,13 +420,13 @@ impl Api for AzureApi {
         &self,
         action: Action,
         spot_stop: SpotStop,
-    ) -> Fut<'_, Result<Plan<Box<dyn super::Step>>, CloudError>> {
+    ) -> Fut<'_, Result<Plan<Box<dyn super::Operation>>, CloudError>> {
         Box::pin(async move {
             Ok(plan::plan(action, &self.vm, spot_stop).map(|step| {
                 Box::new(AzureStep {
                     arm: Arc::clone(&self.arm),
                     step,
-                }) as Box<dyn super::Step>
+                }) as Box<dyn super::Operation>
             }))
         })
     }
@@ -498,7 +511,7 @@ struct AzureStep {
     step: plan::Step,
 }
 
-impl super::Step for AzureStep {
+impl super::Operation for AzureStep {
     fn describe(&self) -> String {
         match self.step {
             plan::Step::Deallocate { hibernate: false } => "VirtualMachines_Deallocate".into(),

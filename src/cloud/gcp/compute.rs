@@ -11,9 +11,9 @@ use std::sync::Arc;
 use reqwest::Method;
 use serde::Deserialize;
 
-use super::metadata::Server;
-use super::operation::{Operation, Outcome};
-use crate::cloud::rest::{Answer, Rest, Token};
+use super::metadata::GceMetadata;
+use super::operation::{GceOperation, Outcome};
+use crate::cloud::rest::{BearerToken, Rest, RestAnswer};
 use crate::cloud::{CloudError, ErrorKind};
 
 /// Every Compute Engine method gpuwatch calls, with the permission that allows it. The roles
@@ -103,7 +103,7 @@ const QUOTA_SPENT: &[&str] = &["quotaExceeded", "QUOTA_EXCEEDED", "dailyLimitExc
 /// is sent; a quota of the project spent is neither retried nor a permission; any other 401
 /// or 403 is permissions (a 403 for want of an access scope says so, with the fix); the rest
 /// (404, 409, 412) is the VM's state or the request.
-pub fn classify(method: &'static str, answer: &Answer) -> CloudError {
+pub fn classify(method: &'static str, answer: &RestAnswer) -> CloudError {
     let status = answer.status.as_u16();
     let e: ErrorBody = serde_json::from_slice(&answer.body).unwrap_or_default();
     let e = e.error;
@@ -162,7 +162,7 @@ pub fn classify(method: &'static str, answer: &Answer) -> CloudError {
 /// [`ErrorKind::Limit`] (the stamp is refused, not the action), and nothing else is. The
 /// limit's refusal is a 400 on the `labels` field; so is a label Compute Engine finds
 /// malformed, which is told apart by the count `sent`.
-pub fn classify_labels(answer: &Answer, sent: usize) -> CloudError {
+pub fn classify_labels(answer: &RestAnswer, sent: usize) -> CloudError {
     let mut e = classify("instances.setLabels", answer);
     let body: ErrorBody = serde_json::from_slice(&answer.body).unwrap_or_default();
     let detail = body.error;
@@ -212,7 +212,7 @@ pub struct Accelerator {
 }
 
 /// Compute Engine, for one VM.
-pub struct Compute {
+pub struct ComputeApi {
     pub(super) rest: Rest,
     /// `/compute/v1/projects/{project}/zones/{zone}`.
     pub(super) zone_path: String,
@@ -222,14 +222,20 @@ pub struct Compute {
     pub(super) ops_unread_said: AtomicBool,
 }
 
-impl Compute {
-    pub fn new(base: &str, project: &str, zone: &str, name: &str, server: Arc<Server>) -> Compute {
+impl ComputeApi {
+    pub fn new(
+        base: &str,
+        project: &str,
+        zone: &str,
+        name: &str,
+        server: Arc<GceMetadata>,
+    ) -> ComputeApi {
         let tokens: crate::cloud::rest::TokenSource = Box::new(move |operation| {
             let server = Arc::clone(&server);
             Box::pin(async move { token(&server, operation).await })
         });
         let zone_path = format!("/compute/v1/projects/{project}/zones/{zone}");
-        Compute {
+        ComputeApi {
             rest: Rest::new(base, tokens),
             instance: format!("{zone_path}/instances/{name}"),
             zone_path,
@@ -270,7 +276,7 @@ impl Compute {
         if !answer.status.is_success() {
             return Err(classify(method, &answer));
         }
-        let op: Operation = serde_json::from_slice(&answer.body).unwrap_or_default();
+        let op: GceOperation = serde_json::from_slice(&answer.body).unwrap_or_default();
         self.follow(method, op, &outcome).await
     }
 
@@ -303,14 +309,14 @@ impl Compute {
             if !answer.status.is_success() {
                 return Err(classify_labels(&answer, labels.len()));
             }
-            let op: Operation = serde_json::from_slice(&answer.body).unwrap_or_default();
+            let op: GceOperation = serde_json::from_slice(&answer.body).unwrap_or_default();
             return self.follow(method, op, &Outcome::Labelled(ours)).await;
         }
     }
 }
 
 /// A token of the VM's service account, for `operation`.
-async fn token(server: &Server, operation: &'static str) -> Result<Token, CloudError> {
+async fn token(server: &GceMetadata, operation: &'static str) -> Result<BearerToken, CloudError> {
     server.token().await.map_err(|e| CloudError {
         operation,
         kind: ErrorKind::Retryable,
@@ -341,8 +347,8 @@ mod tests {
     use reqwest::header::HeaderMap;
     use reqwest::StatusCode;
 
-    fn answer(status: u16, body: &str) -> Answer {
-        Answer {
+    fn answer(status: u16, body: &str) -> RestAnswer {
+        RestAnswer {
             status: StatusCode::from_u16(status).unwrap(),
             headers: HeaderMap::new(),
             body: body.as_bytes().to_vec(),

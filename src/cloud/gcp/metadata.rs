@@ -6,11 +6,11 @@ use hyper::Method;
 use serde::Deserialize;
 
 use crate::cloud::metadata::{Endpoint, MetadataError, TIMEOUT};
-use crate::cloud::rest::Token;
+use crate::cloud::rest::BearerToken;
 
 const FLAVOR: (&str, &str) = ("Metadata-Flavor", "Google");
 
-pub struct Server {
+pub struct GceMetadata {
     endpoint: Endpoint,
 }
 
@@ -24,9 +24,9 @@ struct TokenAnswer {
     token_type: String,
 }
 
-impl Server {
-    pub fn new(endpoint: &str) -> Server {
-        Server {
+impl GceMetadata {
+    pub fn new(endpoint: &str) -> GceMetadata {
+        GceMetadata {
             endpoint: Endpoint::new(endpoint),
         }
     }
@@ -70,7 +70,7 @@ impl Server {
     }
 
     /// A token of the VM's default service account.
-    pub async fn token(&self) -> Result<Token, MetadataError> {
+    pub async fn token(&self) -> Result<BearerToken, MetadataError> {
         let path = "instance/service-accounts/default/token";
         let body = self.required(path).await?;
         let invalid = |message: &str| MetadataError::Invalid {
@@ -89,7 +89,7 @@ impl Server {
             .expires_in
             .filter(|s| s.is_finite() && *s >= 0.0)
             .ok_or_else(|| invalid("the token's expiry is missing"))?;
-        Ok(Token {
+        Ok(BearerToken {
             value: answer.access_token,
             expires_on: crate::time::now() + expires_in,
         })

@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use tokio::task::JoinSet;
 
-use super::{Api, Call, Cloud, CloudError, Fut, Link, MetadataError, Node, Notice, NoticeKind};
+use super::{
+    Call, CloudError, ControlPlane, Fut, InstanceMetadata, Link, MetadataError, Node, Notice,
+    NoticeKind,
+};
 use crate::cloud::plan::{Down, Plan, SpotStop};
 use crate::cloud::{Provider, Rehearsal};
 use crate::config::{CloudConfig, CloudKeys};
@@ -24,8 +27,8 @@ pub mod settings;
 use settings::Settings;
 pub mod prices;
 
-use compute::Compute;
-use metadata::Server;
+use compute::ComputeApi;
+use metadata::GceMetadata;
 use operation::Outcome;
 
 /// The Compute Engine API's public endpoint.
@@ -61,14 +64,14 @@ fn local_ssd(cloud: &CloudConfig) -> LocalSsd {
 }
 
 pub struct Gcp {
-    server: Arc<Server>,
+    server: Arc<GceMetadata>,
     /// The project, zone and name, once metadata has named the VM.
     me: Mutex<Option<Me>>,
     /// Each notice in force, by key, with the time it was first seen.
     notices: Mutex<Vec<(String, f64)>>,
     local_ssd: LocalSsd,
     /// The API, once the VM is known: `[cloud] tag_labels` are its labels.
-    compute: OnceLock<Arc<Compute>>,
+    compute: OnceLock<Arc<ComputeApi>>,
     /// The labels last read, and when, when `tag_labels` asks for them.
     labels: Mutex<Option<(Instant, super::Tags)>>,
     label_every: Option<Duration>,
@@ -84,7 +87,7 @@ struct Me {
 impl Gcp {
     pub fn new(config: &crate::config::Config) -> Gcp {
         Gcp {
-            server: Arc::new(Server::new(&config.cloud.imds_endpoint)),
+            server: Arc::new(GceMetadata::new(&config.cloud.imds_endpoint)),
             me: Mutex::new(None),
             notices: Mutex::default(),
             local_ssd: local_ssd(&config.cloud),
@@ -161,7 +164,7 @@ fn name(what: &str, value: &str) -> Result<String, MetadataError> {
     }
 }
 
-impl Cloud for Gcp {
+impl InstanceMetadata for Gcp {
     fn name(&self) -> &'static str {
         "gcp"
     }
@@ -264,7 +267,12 @@ impl Cloud for Gcp {
         "the instance's gpuwatch-hold metadata attribute"
     }
 
-    fn connect(&self, node: &Node, link: Link<'_>, tasks: &mut JoinSet<()>) -> Arc<dyn Api> {
+    fn connect(
+        &self,
+        node: &Node,
+        link: Link<'_>,
+        tasks: &mut JoinSet<()>,
+    ) -> Arc<dyn ControlPlane> {
         let config = link.config;
         let me = self
             .me
@@ -286,7 +294,7 @@ impl Cloud for Gcp {
             .endpoint_url
             .clone()
             .unwrap_or_else(|| DEFAULT_ENDPOINT.into());
-        let compute = Arc::new(Compute::new(
+        let compute = Arc::new(ComputeApi::new(
             &base,
             &me.project,
             &me.zone,
@@ -310,7 +318,7 @@ impl Cloud for Gcp {
 
 /// The VM's price from the table, once: an N1 VM's with the GPUs `instances.get` says are
 /// attached.
-async fn price(compute: Arc<Compute>, node: Node, readings: Arc<dyn super::Readings>) {
+async fn price(compute: Arc<ComputeApi>, node: Node, readings: Arc<dyn super::Readings>) {
     let spot = node.lifecycle == Some(Lifecycle::Spot);
     let gpus = if node.instance_type.starts_with("n1-") {
         match compute.get().await {
@@ -355,11 +363,11 @@ async fn price(compute: Arc<Compute>, node: Node, readings: Arc<dyn super::Readi
 
 /// Compute Engine, for this VM.
 struct GcpApi {
-    compute: Arc<Compute>,
+    compute: Arc<ComputeApi>,
     local_ssd: LocalSsd,
 }
 
-impl Api for GcpApi {
+impl ControlPlane for GcpApi {
     /// Labels are not holds here; the hold is a metadata attribute.
     fn tags(&self) -> Option<Fut<'_, Result<super::Tags, CloudError>>> {
         None
@@ -376,7 +384,7 @@ impl Api for GcpApi {
         &self,
         action: Action,
         _spot_stop: SpotStop,
-    ) -> Fut<'_, Result<Plan<Box<dyn super::Step>>, CloudError>> {
+    ) -> Fut<'_, Result<Plan<Box<dyn super::Operation>>, CloudError>> {
         Box::pin(async move {
             // Whether local SSDs are attached decides what a stop says of their data.
             let local_ssd = match action {
@@ -394,7 +402,7 @@ impl Api for GcpApi {
                 Box::new(GcpStep {
                     compute: Arc::clone(&self.compute),
                     step,
-                }) as Box<dyn super::Step>
+                }) as Box<dyn super::Operation>
             }))
         })
     }
@@ -418,11 +426,11 @@ impl Api for GcpApi {
 }
 
 struct GcpStep {
-    compute: Arc<Compute>,
+    compute: Arc<ComputeApi>,
     step: plan::Step,
 }
 
-impl super::Step for GcpStep {
+impl super::Operation for GcpStep {
     fn describe(&self) -> String {
         match self.step {
             plan::Step::Stop {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde::Deserialize;
 
-use super::compute::{classify, Compute, Instance};
+use super::compute::{classify, ComputeApi, Instance};
 use crate::cloud::{CloudError, ErrorKind, FOLLOW_FOR};
 
 /// The wait between reads of an operation's status, or of the instance.
@@ -23,7 +23,7 @@ const MOST: Duration = Duration::from_secs(30);
 /// An operation: its name, status and errors.
 #[derive(Deserialize, Default)]
 #[serde(default, rename_all = "camelCase")]
-pub struct Operation {
+pub struct GceOperation {
     name: String,
     status: String,
     error: Option<OperationErrors>,
@@ -116,13 +116,13 @@ fn settled(method: &'static str, kind: ErrorKind, message: String) -> CloudError
     }
 }
 
-impl Compute {
+impl ComputeApi {
     /// Follows `op`, which `method` started, until its outcome is known (see the module).
     /// Returns the operation's name.
     pub(super) async fn follow(
         &self,
         method: &'static str,
-        mut op: Operation,
+        mut op: GceOperation,
         outcome: &Outcome,
     ) -> Result<Option<String>, CloudError> {
         // A name is a path segment: nothing that could leave it.
@@ -254,7 +254,7 @@ impl Compute {
 }
 
 /// What an operation that is `DONE` says: its name, or its errors.
-fn ended(method: &'static str, name: &str, op: Operation) -> Result<Option<String>, CloudError> {
+fn ended(method: &'static str, name: &str, op: GceOperation) -> Result<Option<String>, CloudError> {
     match op.error.map(|e| e.errors).unwrap_or_default().as_slice() {
         [] => Ok(Some(name.to_string())),
         errors => Err(settled(
