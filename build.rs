@@ -22,10 +22,9 @@ fn main() {
         revision.unwrap_or_else(|| "unknown".to_string())
     );
 
-    // The bundled price table's date, for `gpuwatch --version`.
-    println!("cargo:rerun-if-changed=crates/gpuwatch-core/src/cost/prices.csv");
-    let prices =
-        std::fs::read_to_string("crates/gpuwatch-core/src/cost/prices.csv").unwrap_or_default();
+    // EC2's built-in price table's date, for `gpuwatch --version`.
+    println!("cargo:rerun-if-changed=src/cloud/aws/prices.csv");
+    let prices = std::fs::read_to_string("src/cloud/aws/prices.csv").unwrap_or_default();
     let as_of = prices
         .lines()
         .find_map(|l| l.strip_prefix("# prices as of "))

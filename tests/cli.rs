@@ -149,7 +149,7 @@ fn version_names_the_price_table_date() {
     assert!(
         text.contains(&format!(
             "; prices as of {})",
-            gpuwatch::cost::price::table().as_of
+            gpuwatch::cloud::aws::prices::table().as_of
         )),
         "{text}"
     );

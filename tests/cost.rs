@@ -519,6 +519,57 @@ fn the_pricing_api_price_is_parsed_and_used() {
         .assert_in(&s);
 }
 
+/// EC2's built-in table prices an on-demand instance while the Pricing API is off, and is what
+/// a Pricing API answer is checked against: one twentyfold from the table's price is
+/// implausible (counted, unknown), and the table's price stands.
+#[test]
+fn ec2_s_built_in_table_prices_an_on_demand_instance_and_checks_the_pricing_api() {
+    let table = |d: &Daemon| {
+        d.await_scrape(LIMIT, |s| {
+            metric("gpuwatch_instance_hourly_cost_dollars")
+                .label("source", "table")
+                .get(s)
+                .is_some()
+        })
+    };
+    let inst = aws::launch(Kind::OnDemand);
+    let imds = aws::imds(&inst.id, "on-demand");
+    let dir = tempfile::tempdir().unwrap();
+    let config = base_config(
+        dir.path(),
+        &imds,
+        aws::moto().addr,
+        "[cost]\npricing_api = false\n",
+    );
+    let d = start(dir, BUSY2, config);
+    metric("gpuwatch_instance_hourly_cost_dollars")
+        .label("source", "table")
+        .value(32.7726)
+        .assert_in(&table(&d));
+    drop(d);
+
+    let (addr, requests) = pricing_fixture("9999.0000000000");
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!("[cost]\npricing_endpoint_url = \"http://{addr}\"\n");
+    let config = base_config(dir.path(), &imds, aws::moto().addr, &extra);
+    let d = start(dir, BUSY2, config);
+    let s = d.await_scrape(LIMIT, |s| {
+        metric("gpuwatch_price_implausible_total")
+            .get(s)
+            .unwrap_or(0.0)
+            >= 1.0
+    });
+    assert!(!requests.lock().unwrap().is_empty());
+    metric("gpuwatch_instance_hourly_cost_dollars")
+        .label("source", "pricing_api")
+        .absent()
+        .assert_in(&s);
+    metric("gpuwatch_instance_hourly_cost_dollars")
+        .label("source", "table")
+        .value(32.7726)
+        .assert_in(&table(&d));
+}
+
 /// Instance metadata calls the instance neither on-demand nor spot (a Capacity Block for ML is
 /// paid for otherwise): no on-demand price applies, though the bundled table has its type, so
 /// spend is unknown, and the log names the lifecycle.

@@ -220,6 +220,9 @@ pub trait Readings: Send + Sync {
     /// gives the same size): the price of `kind` is unknown, counted, and said once with both
     /// figures.
     fn implausible(&self, kind: PriceKind, usd_per_hour: f64, beside: f64);
+    /// A price known before the cloud's API answers (a built-in table's, of this instance's
+    /// type): a first answer of `kind` far from it is implausible, never believed.
+    fn baseline(&self, kind: PriceKind, usd_per_hour: f64);
     /// The instance's lifecycle, where the cloud tells it only through its API, after
     /// identity (Alibaba Cloud's `SpotStrategy`): read again until it is known.
     fn lifecycle(&self, lifecycle: crate::rules::Lifecycle);

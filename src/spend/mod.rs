@@ -100,27 +100,16 @@ impl Tracker {
     }
 
     /// Gives the price sanity check (`implausible`) what it knows before the cloud answers:
-    /// the spot price kept across restarts, and the built-in table's price of this instance
-    /// type, so that even a first price far from them is unknown, never believed.
+    /// the spot price kept across restarts, so that even a first price far from it is unknown,
+    /// never believed. (A cloud with a built-in table gives its own, as a baseline.)
     pub fn seed_baselines(&self, spot: Option<f64>) {
         if let Some(p) = spot {
             self.readings.seed(crate::cloud::PriceKind::Spot, p);
         }
-        if let Some(p) = self
-            .node
-            .as_ref()
-            .and_then(|n| price::table().price(&n.region, &n.instance_type))
-        {
-            self.readings.seed(crate::cloud::PriceKind::List, p);
-        }
     }
 
     pub fn price(&self, persisted: &Persisted) -> Option<Price> {
-        let table = self
-            .node
-            .as_ref()
-            .and_then(|n| price::table().price(&n.region, &n.instance_type))
-            .or_else(|| self.readings.table.lock().ok().and_then(|t| *t));
+        let table = self.readings.table.lock().ok().and_then(|t| *t);
         let spot = self
             .readings
             .spot
@@ -253,6 +242,10 @@ impl crate::cloud::Readings for PollerReadings {
         if let Ok(mut l) = self.lifecycle.lock() {
             *l = Some(lifecycle);
         }
+    }
+
+    fn baseline(&self, kind: crate::cloud::PriceKind, usd_per_hour: f64) {
+        self.seed(kind, usd_per_hour);
     }
 
     fn budget(&self, name: &str, reading: Reading, period_end: f64) {

@@ -19,6 +19,7 @@ pub mod ec2;
 pub mod imds;
 pub mod plan;
 mod pollers;
+pub mod prices;
 pub mod services;
 
 use ec2::Ec2;
@@ -145,6 +146,13 @@ impl InstanceMetadata for Aws {
         let shared = Shared::new(&node.region, config.cloud.endpoint_url.as_deref());
         let ec2 = Ec2::new(&shared, &node.instance_id);
         let services = Services::new(&shared, config.cost.pricing_endpoint_url.as_deref());
+        // The built-in table's price of this type, before any poller answers: the price of an
+        // on-demand instance until the Pricing API gives one, and what its first answer must
+        // not lie twentyfold from.
+        if let Some(p) = prices::table().price(&node.region, &node.instance_type) {
+            link.readings.baseline(super::PriceKind::List, p);
+            link.readings.price(super::PriceKind::Table, p);
+        }
         if config.cost.hourly_price_usd.is_none() {
             match node.lifecycle {
                 Some(Lifecycle::Spot) => {
