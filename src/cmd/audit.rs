@@ -36,7 +36,10 @@ impl Kind {
             ),
             Kind::Warning => event == "warning",
             Kind::Cancel => event == "cancelled",
-            Kind::Budget => matches!(event, "budget_alert" | "period_closed" | "sns_publish"),
+            Kind::Budget => matches!(
+                event,
+                "budget_alert" | "period_closed" | "topic_publish" | "sns_publish"
+            ),
         }
     }
 }

@@ -7,36 +7,23 @@ use super::*;
 mod query;
 pub use query::{read_ca, read_secret, resolve_files, PrometheusSource, QueryAuth};
 
-/// One `[[budgets]]` table.
+/// One `[[budgets]]` table. The keys of a cloud's budget source, and a cloud's topic key, are
+/// the cloud's (see `sections.rs`): serde keeps them as written in `cloud_keys`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawBudget {
     pub name: String,
     #[serde(default)]
     pub limit_usd: Option<f64>,
     #[serde(default = "local")]
     pub source: String,
-    #[serde(default)]
-    pub aws_budget_name: Option<String>,
-    #[serde(default)]
-    pub account_id: Option<String>,
-    /// `source = "azure_budgets"`: the subscription or resource group the budget is set on
-    /// (`/subscriptions/<id>` or `/subscriptions/<id>/resourceGroups/<name>`), and its name
-    /// there if not `name`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scope: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub azure_budget_name: Option<String>,
     #[serde(default = "default_thresholds")]
     pub thresholds: Vec<f64>,
     #[serde(default = "none")]
     pub on_exhausted: String,
-    #[serde(default)]
-    pub sns_topic_arn: Option<String>,
-    /// How often an external budget is read: 5m for AWS Budgets, 60s for Prometheus.
+    /// How often an external budget is read: 5m for a cloud's, 60s for Prometheus.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub poll_interval: Option<String>,
-    /// Whether a crossed threshold is sent (webhook, SNS) as well as logged and audited: on,
+    /// Whether a crossed threshold is sent (webhook, topic) as well as logged and audited: on,
     /// except for a Prometheus budget, whose fleet alert goes through Alertmanager once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notify: Option<bool>,
@@ -61,7 +48,31 @@ pub struct RawBudget {
     pub bearer_token_file: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, String>,
+    /// Every other key: a cloud's budget source's and a cloud's topic key.
+    #[serde(flatten)]
+    pub cloud_keys: toml::Table,
 }
+
+/// Every budget's own keys, which no cloud's may take.
+const OWN_KEYS: &[&str] = &[
+    "name",
+    "limit_usd",
+    "source",
+    "thresholds",
+    "on_exhausted",
+    "poll_interval",
+    "notify",
+    "url",
+    "query",
+    "forecast_query",
+    "period",
+    "timeout",
+    "ca_file",
+    "username",
+    "password_file",
+    "bearer_token_file",
+    "headers",
+];
 
 impl RawBudget {
     /// A Prometheus budget with nothing else set.
@@ -70,13 +81,8 @@ impl RawBudget {
             name: String::new(),
             limit_usd: None,
             source: "prometheus".into(),
-            aws_budget_name: None,
-            account_id: None,
-            scope: None,
-            azure_budget_name: None,
             thresholds: Vec::new(),
             on_exhausted: none(),
-            sns_topic_arn: None,
             poll_interval: None,
             notify: None,
             url: None,
@@ -89,6 +95,7 @@ impl RawBudget {
             password_file: None,
             bearer_token_file: None,
             headers: BTreeMap::new(),
+            cloud_keys: toml::Table::new(),
         }
     }
 }
@@ -113,15 +120,16 @@ pub(super) fn none() -> String {
 pub enum BudgetSource {
     /// This node's own spend ledger.
     Local,
-    /// An AWS Budget, read with DescribeBudget.
-    AwsBudgets {
-        budget_name: String,
-        account_id: String,
-    },
     /// The fleet's Prometheus (or an API like it), asked with an instant query.
     Prometheus(PrometheusSource),
-    /// An Azure Consumption budget, at a subscription or resource group scope.
-    AzureBudgets { scope: String, budget_name: String },
+    /// A budget of the cloud's, read by the cloud's poller: its source's name, and its keys as
+    /// written (checked by the cloud at load).
+    Cloud {
+        source: &'static str,
+        keys: toml::Table,
+        /// An answer counts for two poll intervals, and at least this long.
+        fresh_at_least: Duration,
+    },
 }
 
 impl BudgetSource {
@@ -129,9 +137,18 @@ impl BudgetSource {
     pub fn as_str(&self) -> &'static str {
         match self {
             BudgetSource::Local => "local",
-            BudgetSource::AwsBudgets { .. } => "aws_budgets",
             BudgetSource::Prometheus(_) => "prometheus",
-            BudgetSource::AzureBudgets { .. } => "azure_budgets",
+            BudgetSource::Cloud { source, .. } => source,
+        }
+    }
+
+    /// The cloud's keys of a budget of the cloud source `source`.
+    pub fn cloud_keys(&self, source: &str) -> Option<&toml::Table> {
+        match self {
+            BudgetSource::Cloud {
+                source: s, keys, ..
+            } if *s == source => Some(keys),
+            _ => None,
         }
     }
 }
@@ -139,14 +156,15 @@ impl BudgetSource {
 #[derive(Debug, Clone, PartialEq)]
 pub struct BudgetConfig {
     pub name: String,
-    /// Required for local budgets; AWS Budgets report their own limit.
+    /// Required for local budgets; a cloud's budgets report their own limit.
     pub limit_usd: Option<f64>,
     pub source: BudgetSource,
     pub thresholds: Vec<f64>,
     pub on_exhausted: Option<Action>,
-    pub sns_topic_arn: Option<String>,
+    /// A topic of the cloud's that crossings are published to (its key is the cloud's).
+    pub topic: Option<String>,
     pub poll_interval: Duration,
-    /// Whether crossed thresholds are sent (webhook, SNS), not only logged and audited.
+    /// Whether crossed thresholds are sent (webhook, topic), not only logged and audited.
     pub notify: bool,
 }
 
@@ -176,7 +194,7 @@ pub(super) fn exhausted_rule(b: &BudgetConfig, action: Action) -> Rule {
 }
 
 impl RawBudget {
-    pub fn validate(&self, key: &str) -> Result<BudgetConfig, Vec<ConfigError>> {
+    pub fn validate(&self, key: &str, clouds: Clouds) -> Result<BudgetConfig, Vec<ConfigError>> {
         let mut errors = Vec::new();
         let mut invalid = |k: &str, message: String| {
             errors.push(ConfigError::Invalid {
@@ -185,11 +203,11 @@ impl RawBudget {
             })
         };
         check_name(&mut invalid, "budget", &self.name);
-        let source = self.spend_source(&mut invalid);
-        self.refuse_other_sources_keys(&mut invalid);
+        let source = self.spend_source(clouds, &mut invalid);
+        self.refuse_other_sources_keys(clouds, &mut invalid);
         self.check_limit(&mut invalid);
         let on_exhausted = self.exhausted_action(&mut invalid);
-        self.check_sns(&mut invalid);
+        let topic = self.topic(clouds, &mut invalid);
         let poll_interval = self.poll_every(&mut invalid, source.as_ref());
         match (source, on_exhausted, poll_interval) {
             (Some(source), Some(on_exhausted), Some(poll_interval)) if errors.is_empty() => {
@@ -198,7 +216,7 @@ impl RawBudget {
                     limit_usd: self.limit_usd,
                     thresholds: self.thresholds.clone(),
                     on_exhausted,
-                    sns_topic_arn: self.sns_topic_arn.clone(),
+                    topic,
                     poll_interval,
                     notify: self
                         .notify
@@ -210,141 +228,89 @@ impl RawBudget {
         }
     }
 
-    /// Where the spend is read: kept here, in AWS Budgets, or from a Prometheus query.
-    fn spend_source(&self, invalid: &mut impl FnMut(&str, String)) -> Option<BudgetSource> {
+    /// Where the spend is read: kept here, from a Prometheus query, or in a cloud's budget
+    /// (whose keys the cloud checks).
+    fn spend_source(
+        &self,
+        clouds: Clouds,
+        invalid: &mut impl FnMut(&str, String),
+    ) -> Option<BudgetSource> {
+        let of_clouds = || clouds.iter().filter_map(|c| c.keys?.budgets.as_ref());
         match self.source.as_str() {
             "local" => Some(BudgetSource::Local),
-            "aws_budgets" => match self.account_id.as_deref() {
-                Some(a) if a.len() == 12 && a.bytes().all(|b| b.is_ascii_digit()) => {
-                    Some(BudgetSource::AwsBudgets {
-                        budget_name: self
-                            .aws_budget_name
-                            .clone()
-                            .unwrap_or_else(|| self.name.clone()),
-                        account_id: a.to_string(),
+            "prometheus" => query::validate(self, invalid).map(BudgetSource::Prometheus),
+            other => match of_clouds().find(|b| b.source == other) {
+                Some(source) => {
+                    let keys: toml::Table = (self.cloud_keys.iter())
+                        .filter(|(k, _)| source.keys.contains(&k.as_str()))
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect();
+                    let mut ok = true;
+                    (source.check)(&self.name, &keys, &mut |k: &str, m: String| {
+                        ok = false;
+                        invalid(k, m)
+                    });
+                    ok.then_some(BudgetSource::Cloud {
+                        source: source.source,
+                        keys,
+                        fresh_at_least: source.fresh_at_least,
                     })
                 }
-                Some(a) => {
-                    invalid(
-                        "account_id",
-                        format!("\"{a}\" is not a 12-digit AWS account id"),
-                    );
-                    None
-                }
                 None => {
+                    let names: Vec<String> = ["local", "prometheus"]
+                        .into_iter()
+                        .chain(of_clouds().map(|b| b.source))
+                        .map(|n| format!("\"{n}\""))
+                        .collect();
                     invalid(
-                        "account_id",
-                        "an aws_budgets budget needs the 12-digit account_id that owns it".into(),
+                        "source",
+                        format!("\"{other}\" is not one of {}", names.join(", ")),
                     );
                     None
                 }
             },
-            "prometheus" => query::validate(self, invalid).map(BudgetSource::Prometheus),
-            "azure_budgets" => self.azure_source(invalid),
-            other => {
-                invalid(
-                    "source",
-                    format!("\"{other}\" is not one of \"local\", \"aws_budgets\", \"prometheus\", \"azure_budgets\""),
-                );
-                None
-            }
         }
     }
 
-    /// An Azure Consumption budget: its scope, a subscription or a resource group in one, and
-    /// its name there.
-    fn azure_source(&self, invalid: &mut impl FnMut(&str, String)) -> Option<BudgetSource> {
-        let Some(scope) = self.scope.as_deref() else {
-            invalid(
-                "scope",
-                "an azure_budgets budget needs the scope it is set on: \"/subscriptions/<id>\" or \"/subscriptions/<id>/resourceGroups/<name>\"".into(),
-            );
-            return None;
-        };
-        // A subscription id is a GUID; a resource group's name is letters, digits, `._-()`.
-        let guid = |s: &str| s.len() == 36 && s.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
-        let group = |s: &str| {
-            !s.is_empty()
-                && s.len() <= 90
-                && !s.ends_with('.')
-                && s.chars()
-                    .all(|c| c.is_alphanumeric() || "._-()".contains(c))
-        };
-        let parts: Vec<&str> = scope.split('/').collect();
-        let ok = match parts.as_slice() {
-            ["", "subscriptions", sub] => guid(sub),
-            ["", "subscriptions", sub, rg, name] => {
-                guid(sub) && rg.eq_ignore_ascii_case("resourceGroups") && group(name)
-            }
-            _ => false,
-        };
-        let name = self
-            .azure_budget_name
-            .clone()
-            .unwrap_or_else(|| self.name.clone());
-        let name_ok = !name.is_empty()
-            && name.len() <= 63
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "_-".contains(c));
-        if !ok {
-            invalid(
-                "scope",
-                format!(
-                    "\"{}\" is not \"/subscriptions/<id>\" or \"/subscriptions/<id>/resourceGroups/<name>\"",
-                    crate::redact::brief(scope, 200)
-                ),
-            );
-        }
-        if !name_ok {
-            invalid(
-                if self.azure_budget_name.is_some() { "azure_budget_name" } else { "name" },
-                format!(
-                    "\"{}\" is not the name of an Azure budget (letters, digits, _ and -, at most 63)",
-                    crate::redact::brief(&name, 80)
-                ),
-            );
-        }
-        (ok && name_ok).then(|| BudgetSource::AzureBudgets {
-            scope: scope.to_string(),
-            budget_name: name,
-        })
-    }
-
-    /// A Prometheus or AWS Budgets key on a budget of another source would be silently unused.
-    fn refuse_other_sources_keys(&self, invalid: &mut impl FnMut(&str, String)) {
+    /// A key of another source's would be silently unused, and a key no source has is a typo.
+    fn refuse_other_sources_keys(&self, clouds: Clouds, invalid: &mut impl FnMut(&str, String)) {
         if self.source != "prometheus" {
             query::refuse_elsewhere(self, invalid);
         }
-        if self.source != "aws_budgets" {
-            for (k, set) in [
-                ("account_id", self.account_id.is_some()),
-                ("aws_budget_name", self.aws_budget_name.is_some()),
-            ] {
-                if set {
-                    invalid(
-                        k,
-                        format!(
-                            "belongs to source = \"aws_budgets\", and this budget's source is \"{}\"",
-                            self.source
-                        ),
-                    );
-                }
+        let keys = || clouds.iter().filter_map(|c| c.keys);
+        for key in self.cloud_keys.keys() {
+            if keys().any(|k| k.topic.as_ref().is_some_and(|t| t.key == key)) {
+                continue;
             }
-        }
-        if self.source != "azure_budgets" {
-            for (k, set) in [
-                ("scope", self.scope.is_some()),
-                ("azure_budget_name", self.azure_budget_name.is_some()),
-            ] {
-                if set {
+            let owner = keys()
+                .filter_map(|k| k.budgets.as_ref())
+                .find(|b| b.keys.contains(&key.as_str()));
+            match owner {
+                Some(b) if b.source == self.source => {}
+                Some(b) => invalid(
+                    key,
+                    format!(
+                        "belongs to source = \"{}\", and this budget's source is \"{}\"",
+                        b.source, self.source
+                    ),
+                ),
+                None => {
+                    let known: Vec<String> = (OWN_KEYS.iter().copied())
+                        .chain(keys().filter_map(|k| Some(k.topic.as_ref()?.key)))
+                        .chain(
+                            keys()
+                                .filter_map(|k| k.budgets.as_ref())
+                                .flat_map(|b| b.keys.iter().copied()),
+                        )
+                        .map(|k| format!("\"{k}\""))
+                        .collect();
                     invalid(
-                        k,
+                        key,
                         format!(
-                            "belongs to source = \"azure_budgets\", and this budget's source is \"{}\"",
-                            self.source
+                            "\"{key}\" is not a known key; expected one of {}",
+                            known.join(", ")
                         ),
-                    );
+                    )
                 }
             }
         }
@@ -399,23 +365,34 @@ impl RawBudget {
         on_exhausted
     }
 
-    /// An SNS topic is an ARN, and a Prometheus budget publishes to it only when told to.
-    fn check_sns(&self, invalid: &mut impl FnMut(&str, String)) {
-        if self.sns_topic_arn.is_some() && self.source == "prometheus" && self.notify != Some(true)
-        {
-            invalid(
-                "sns_topic_arn",
-                "a prometheus budget sends no threshold alerts of its own (the fleet's Alertmanager does); set notify = true to publish them here too".into(),
-            );
-        }
-        if let Some(arn) = &self.sns_topic_arn {
-            if !arn.starts_with("arn:") {
+    /// The topic crossings are published to, as a cloud's key names it (the cloud checks it),
+    /// which a Prometheus budget publishes to only when told to.
+    fn topic(&self, clouds: Clouds, invalid: &mut impl FnMut(&str, String)) -> Option<String> {
+        let topics = clouds.iter().filter_map(|c| c.keys?.topic.as_ref());
+        let mut found = None;
+        for topic in topics {
+            let Some(value) = self.cloud_keys.get(topic.key) else {
+                continue;
+            };
+            let Some(value) = value.as_str() else {
                 invalid(
-                    "sns_topic_arn",
-                    format!("\"{arn}\" is not an SNS topic ARN"),
+                    topic.key,
+                    format!("invalid type: {}, expected a string", value.type_str()),
+                );
+                continue;
+            };
+            if self.source == "prometheus" && self.notify != Some(true) {
+                invalid(
+                    topic.key,
+                    "a prometheus budget sends no threshold alerts of its own (the fleet's Alertmanager does); set notify = true to publish them here too".into(),
                 );
             }
+            match (topic.check)(value) {
+                Some(why) => invalid(topic.key, why),
+                None => found = Some(value.to_string()),
+            }
         }
+        found
     }
 
     /// How often the spend is read; a Prometheus query must answer within it.

@@ -41,7 +41,9 @@ pub use raw::{
     RawNvml, RawSampling, RawServer, RawSpot, RawVetoes,
 };
 pub use rules::{RawGate, RawRule, MAX_EVALUATION_PERIODS};
-pub use sections::{CloudKeys, Clouds, Keys, Listed, Section};
+pub use sections::{
+    parse_table, BudgetSourceKeys, CloudKeys, Clouds, Invalid, Keys, Listed, Section, TopicKey,
+};
 pub use server::{
     ExpositionConfig, HostnameLabel, Names, NvmlConfig, SamplingConfig, ServerConfig,
 };
@@ -292,7 +294,7 @@ impl RawConfig {
             server
         });
 
-        let budgets = validate_budgets(&self.budgets, &mut errors);
+        let budgets = validate_budgets(&self.budgets, clouds, &mut errors);
         let controller = self.controller.validate(&mut errors);
         refuse_what_the_cloud_cannot(&self, clouds, &mut errors);
         let mut rules = Vec::new();
@@ -366,10 +368,14 @@ fn refuse_what_the_cloud_cannot(raw: &RawConfig, clouds: Clouds, errors: &mut Ve
 }
 
 /// Validates the budgets, each named once.
-fn validate_budgets(raw: &[RawBudget], errors: &mut Vec<ConfigError>) -> Vec<BudgetConfig> {
+fn validate_budgets(
+    raw: &[RawBudget],
+    clouds: Clouds,
+    errors: &mut Vec<ConfigError>,
+) -> Vec<BudgetConfig> {
     let mut budgets = Vec::new();
     for (i, raw) in raw.iter().enumerate() {
-        match raw.validate(&format!("budgets[{i}]")) {
+        match raw.validate(&format!("budgets[{i}]"), clouds) {
             Ok(b) => budgets.push(b),
             Err(e) => errors.extend(e),
         }
@@ -436,9 +442,9 @@ impl Config {
                 name: b.name.clone(),
                 source: match b.source {
                     BudgetSource::Local => step::BudgetSource::Local,
-                    BudgetSource::AwsBudgets { .. }
-                    | BudgetSource::Prometheus(_)
-                    | BudgetSource::AzureBudgets { .. } => step::BudgetSource::External,
+                    BudgetSource::Prometheus(_) | BudgetSource::Cloud { .. } => {
+                        step::BudgetSource::External
+                    }
                 },
                 limit_usd: b.limit_usd,
                 thresholds: b.thresholds.clone(),

@@ -42,6 +42,33 @@ pub struct CloudKeys {
     /// What the cloud's plan refuses on every instance, and why: a rule or budget with that
     /// action is refused at load, in the plan's own words.
     pub refuses: fn(Action) -> Option<&'static str>,
+    /// The budgets whose spend the cloud reads, where it has them.
+    pub budgets: Option<BudgetSourceKeys>,
+    /// The key of a topic of the cloud's that any budget's crossings may be published to.
+    pub topic: Option<TopicKey>,
+}
+
+/// A budget source of a cloud's: `[[budgets]] source = "<source>"` reads the budget's spend and
+/// limit from the cloud, with keys that only the cloud reads.
+#[derive(Debug)]
+pub struct BudgetSourceKeys {
+    /// `source =`'s value, and the `source` label of `gpuwatch_budget_info`.
+    pub source: &'static str,
+    /// The keys a budget of this source may have besides every budget's.
+    pub keys: &'static [&'static str],
+    /// Checks a budget's keys of this source (`name` is the budget's name): each problem with
+    /// its key alone.
+    pub check: fn(name: &str, keys: &toml::Table, invalid: Invalid),
+    /// An answer counts for two poll intervals, and at least this long.
+    pub fresh_at_least: std::time::Duration,
+}
+
+/// A budget key that names a topic of the cloud's, which a crossing is published to.
+#[derive(Debug)]
+pub struct TopicKey {
+    pub key: &'static str,
+    /// Why a value is not such a topic, if it is not.
+    pub check: fn(&str) -> Option<String>,
 }
 
 /// A cloud's settings struct: serde's, with its defaults, and checks of its values beyond
@@ -69,6 +96,8 @@ impl CloudKeys {
             defaults: defaults::<K>,
             moved,
             refuses,
+            budgets: None,
+            topic: None,
         }
     }
 }
@@ -125,23 +154,13 @@ impl Section {
     /// The section read into the cloud's settings struct, or the first problem, as its key and
     /// message.
     pub fn parse<K: Keys>(&self) -> Result<K, (String, String)> {
-        let value = toml::Value::Table(self.table.clone());
-        serde_path_to_error::deserialize(value).map_err(|e| {
-            let path = e.path().to_string();
-            let key = path.trim_start_matches('.');
-            // toml's own words, without the line it adds to name the key (named here).
-            let message = e.into_inner().to_string();
-            let message = message
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .replace('`', "\"");
+        parse_table(&self.table).map_err(|(key, message)| {
             let key = if key.is_empty() {
                 format!("cloud.{}", self.name)
             } else {
-                self.key(key)
+                self.key(&key)
             };
-            (key, super::check::unknown_key_message(message.trim()))
+            (key, message)
         })
     }
 
@@ -150,6 +169,23 @@ impl Section {
     pub fn settings<K: Keys>(&self) -> K {
         self.parse().unwrap_or_default()
     }
+}
+
+/// A table of a cloud's keys read into its serde struct `T`, or the first problem: its key
+/// (empty for the table itself) and what is wrong, in the words every config error uses.
+pub fn parse_table<T: DeserializeOwned>(table: &toml::Table) -> Result<T, (String, String)> {
+    serde_path_to_error::deserialize(toml::Value::Table(table.clone())).map_err(|e| {
+        let path = e.path().to_string();
+        let key = path.trim_start_matches('.').to_string();
+        // toml's own words, without the line it adds to name the key (named by the caller).
+        let message = e.into_inner().to_string();
+        let message = message
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .replace('`', "\"");
+        (key, super::check::unknown_key_message(message.trim()))
+    })
 }
 
 /// Splits `[cloud]`'s keys that are not its own into the clouds' sections: each

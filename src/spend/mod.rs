@@ -168,10 +168,10 @@ impl Tracker {
                 continue;
             };
             let fresh = match b.source {
-                // Two poll intervals, as Azure's budgets are documented: no minute's floor.
-                BudgetSource::AzureBudgets { .. } => {
-                    answer.within(inputs.now, 2.0 * b.poll_interval.as_secs_f64())
-                }
+                BudgetSource::Cloud { fresh_at_least, .. } => answer.within(
+                    inputs.now,
+                    (2.0 * b.poll_interval.as_secs_f64()).max(fresh_at_least.as_secs_f64()),
+                ),
                 _ => answer.fresh(inputs.now, b.poll_interval),
             };
             match fresh {
@@ -313,7 +313,7 @@ pub fn send_alert(
         return true;
     }
     executor.notify(&text, false);
-    if let (Some(topic), Some(api)) = (budget.and_then(|b| b.sns_topic_arn.clone()), api) {
+    if let (Some(topic), Some(api)) = (budget.and_then(|b| b.topic.clone()), api) {
         let (api, executor, name) = (
             std::sync::Arc::clone(api),
             std::sync::Arc::clone(executor),
@@ -321,19 +321,20 @@ pub fn send_alert(
         );
         publishes.spawn(async move {
             let Some(publish) = api.publish(&topic, "gpuwatch budget alert", &text) else {
-                tracing::warn!(topic, "this cloud has no topics: the budget alert is not published to sns_topic_arn");
+                tracing::warn!(topic, "this cloud has no topics: the budget alert is not published to its topic");
                 return;
             };
             match publish.await {
                 Ok(id) => {
                     // Published already: a record that fails is logged by the executor.
-                    let _ = executor.audit(crate::state::AuditRecord::SnsPublish {
+                    let _ = executor.audit(crate::state::AuditRecord::TopicPublish {
                         budget: name,
+                        topic,
                         message_id: id,
                     });
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e.message, topic, "cannot publish the budget alert to SNS")
+                    tracing::warn!(error = %e.message, topic, "cannot publish the budget alert to its topic")
                 }
             }
         });

@@ -261,15 +261,16 @@ fn warn_unused(config: &Config) {
         tracing::warn!("[cloudwatch] enabled is set, but gpuwatch is not on EC2 with provider = \"aws\": nothing is published");
     }
     for b in &config.budgets {
-        if config.cloud.provider != Some("aws")
-            && matches!(b.source, crate::config::BudgetSource::AwsBudgets { .. })
-        {
-            tracing::warn!(budget = %b.name, "an aws_budgets budget needs provider = \"aws\" on EC2; it stays unknown");
-        }
-        if config.cloud.provider != Some("azure")
-            && matches!(b.source, crate::config::BudgetSource::AzureBudgets { .. })
-        {
-            tracing::warn!(budget = %b.name, "an azure_budgets budget needs provider = \"azure\" on an Azure VM; it stays unknown");
+        let crate::config::BudgetSource::Cloud { source, .. } = b.source else {
+            continue;
+        };
+        let reads = |p: &crate::cloud::Provider| {
+            let budgets = p.keys.budgets.as_ref();
+            budgets.is_some_and(|s| s.source == source)
+        };
+        let owner = crate::cloud::providers().find(|p| reads(p));
+        if let Some(owner) = owner.filter(|p| config.cloud.provider != Some(p.name)) {
+            tracing::warn!(budget = %b.name, "a {source} budget needs provider = \"{}\" on that cloud's instance; it stays unknown", owner.name);
         }
     }
 }

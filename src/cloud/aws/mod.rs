@@ -14,6 +14,7 @@ use crate::cloud::{Provider, Rehearsal};
 use crate::config::{CloudConfig, CloudKeys};
 use crate::rules::{Action, Lifecycle};
 
+mod budgets;
 pub mod cloudwatch;
 pub mod ec2;
 pub mod imds;
@@ -32,7 +33,11 @@ pub const PROVIDER: Provider = Provider {
     open: |config| Arc::new(Aws::new(config)),
     rehearse,
     follows_operations: false,
-    keys: CloudKeys::of::<Settings>(&[], |_| None),
+    keys: CloudKeys {
+        budgets: Some(budgets::SOURCE),
+        topic: Some(budgets::TOPIC),
+        ..CloudKeys::of::<Settings>(&[], |_| None)
+    },
 };
 
 /// `[cloud.aws]`: EC2 has no keys of its own yet (its endpoints and region are `[cloud]`'s).
@@ -174,10 +179,14 @@ impl InstanceMetadata for Aws {
             }
         }
         for b in &config.budgets {
-            if matches!(b.source, crate::config::BudgetSource::AwsBudgets { .. }) {
+            if let Some(keys) = b.source.cloud_keys(budgets::SOURCE.source) {
+                let Ok(budget) = budgets::Budget::read(&b.name, keys) else {
+                    continue;
+                };
                 tasks.spawn(pollers::poll_budget(
                     services.clone(),
                     b.clone(),
+                    budget,
                     Arc::clone(&link.readings),
                 ));
             }

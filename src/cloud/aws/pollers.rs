@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::ec2::Ec2;
 use super::services::Services;
 use crate::cloud::{Node, PriceKind, Readings};
-use crate::config::{BudgetConfig, BudgetSource};
+use crate::config::BudgetConfig;
 
 /// Refreshes the spot price of this instance type and zone, hourly by default.
 pub async fn poll_spot_price(ec2: Ec2, node: Node, readings: Arc<dyn Readings>, every: Duration) {
@@ -56,14 +56,16 @@ pub async fn poll_pricing_api(services: Services, node: Node, readings: Arc<dyn 
 }
 
 /// Polls one AWS Budget, with backoff on errors.
-pub async fn poll_budget(services: Services, budget: BudgetConfig, readings: Arc<dyn Readings>) {
-    let BudgetSource::AwsBudgets {
+pub async fn poll_budget(
+    services: Services,
+    budget: BudgetConfig,
+    aws: super::budgets::Budget,
+    readings: Arc<dyn Readings>,
+) {
+    let super::budgets::Budget {
         budget_name,
         account_id,
-    } = &budget.source
-    else {
-        return;
-    };
+    } = &aws;
     let mut delay = budget.poll_interval;
     let mut failing = false;
     loop {

@@ -8,8 +8,99 @@ use reqwest::Method;
 use serde::Deserialize;
 
 use super::arm::{self, Arm};
-use crate::config::{BudgetConfig, BudgetSource};
+use crate::config::{BudgetConfig, BudgetSourceKeys, Invalid};
 use crate::cost::budget::Reading;
+
+/// `[[budgets]] source = "azure_budgets"`, as the config reads it.
+pub const SOURCE: BudgetSourceKeys = BudgetSourceKeys {
+    source: "azure_budgets",
+    keys: &["scope", "azure_budget_name"],
+    check,
+    // Two poll intervals, as Azure's budgets are documented: no minute's floor.
+    fresh_at_least: Duration::ZERO,
+};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Keys {
+    scope: Option<String>,
+    azure_budget_name: Option<String>,
+}
+
+/// An Azure Consumption budget: the subscription or resource group it is set on
+/// (`/subscriptions/<id>` or `/subscriptions/<id>/resourceGroups/<name>`), and its name there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    pub scope: String,
+    pub budget_name: String,
+}
+
+impl Target {
+    /// The budget gpuwatch calls `name`, from its keys; or each problem, as a key and message.
+    pub fn read(name: &str, keys: &toml::Table) -> Result<Target, Vec<(String, String)>> {
+        let keys: Keys = crate::config::parse_table(keys).map_err(|e| vec![e])?;
+        let Some(scope) = keys.scope else {
+            return Err(vec![(
+                "scope".into(),
+                "an azure_budgets budget needs the scope it is set on: \"/subscriptions/<id>\" or \"/subscriptions/<id>/resourceGroups/<name>\"".into(),
+            )]);
+        };
+        // A subscription id is a GUID; a resource group's name is letters, digits, `._-()`.
+        let guid = |s: &str| s.len() == 36 && s.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
+        let group = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 90
+                && !s.ends_with('.')
+                && s.chars()
+                    .all(|c| c.is_alphanumeric() || "._-()".contains(c))
+        };
+        let parts: Vec<&str> = scope.split('/').collect();
+        let scope_ok = match parts.as_slice() {
+            ["", "subscriptions", sub] => guid(sub),
+            ["", "subscriptions", sub, rg, name] => {
+                guid(sub) && rg.eq_ignore_ascii_case("resourceGroups") && group(name)
+            }
+            _ => false,
+        };
+        let named = keys.azure_budget_name.is_some();
+        let budget_name = keys.azure_budget_name.unwrap_or_else(|| name.to_string());
+        let name_ok = !budget_name.is_empty()
+            && budget_name.len() <= 63
+            && budget_name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-".contains(c));
+        let mut problems = Vec::new();
+        if !scope_ok {
+            problems.push((
+                "scope".into(),
+                format!(
+                    "\"{}\" is not \"/subscriptions/<id>\" or \"/subscriptions/<id>/resourceGroups/<name>\"",
+                    crate::redact::brief(&scope, 200)
+                ),
+            ));
+        }
+        if !name_ok {
+            problems.push((
+                if named { "azure_budget_name" } else { "name" }.into(),
+                format!(
+                    "\"{}\" is not the name of an Azure budget (letters, digits, _ and -, at most 63)",
+                    crate::redact::brief(&budget_name, 80)
+                ),
+            ));
+        }
+        if problems.is_empty() {
+            Ok(Target { scope, budget_name })
+        } else {
+            Err(problems)
+        }
+    }
+}
+
+fn check(name: &str, keys: &toml::Table, invalid: Invalid) {
+    for (key, why) in Target::read(name, keys).err().unwrap_or_default() {
+        invalid(&key, why);
+    }
+}
 
 #[derive(Deserialize, Default)]
 #[serde(default)]
@@ -85,10 +176,13 @@ pub fn reading(body: &[u8], now: f64) -> Result<(Reading, f64), String> {
 }
 
 /// Polls one Azure budget, with backoff on errors.
-pub async fn poll(arm: Arc<Arm>, budget: BudgetConfig, readings: Arc<dyn crate::cloud::Readings>) {
-    let BudgetSource::AzureBudgets { scope, budget_name } = &budget.source else {
-        return;
-    };
+pub async fn poll(
+    arm: Arc<Arm>,
+    budget: BudgetConfig,
+    target: Target,
+    readings: Arc<dyn crate::cloud::Readings>,
+) {
+    let Target { scope, budget_name } = &target;
     let url = format!(
         "{scope}/providers/Microsoft.Consumption/budgets/{budget_name}?api-version={}",
         arm::BUDGETS_API_VERSION

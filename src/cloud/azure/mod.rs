@@ -40,7 +40,10 @@ pub const PROVIDER: Provider = Provider {
     open: |config| Arc::new(Azure::new(config)),
     rehearse,
     follows_operations: true,
-    keys: CloudKeys::of::<Settings>(&["client_id"], |_| None),
+    keys: CloudKeys {
+        budgets: Some(budgets::SOURCE),
+        ..CloudKeys::of::<Settings>(&["client_id"], |_| None)
+    },
 };
 
 /// Azure's plan for `action`, on a VM with hibernation enabled and in no scale set (which only
@@ -290,10 +293,14 @@ impl InstanceMetadata for Azure {
         });
         let arm = Arc::new(Arm::new(&base, vm, Arc::clone(&self.imds)));
         for b in &config.budgets {
-            if matches!(b.source, crate::config::BudgetSource::AzureBudgets { .. }) {
+            if let Some(keys) = b.source.cloud_keys(budgets::SOURCE.source) {
+                let Ok(target) = budgets::Target::read(&b.name, keys) else {
+                    continue;
+                };
                 tasks.spawn(budgets::poll(
                     Arc::clone(&arm),
                     b.clone(),
+                    target,
                     Arc::clone(&link.readings),
                 ));
             }

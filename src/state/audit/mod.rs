@@ -205,9 +205,15 @@ pub enum AuditRecord {
         #[serde(default)]
         limit: f64,
     },
-    SnsPublish {
+    /// A budget alert published to a topic of the cloud's (an SNS topic on AWS). Written as
+    /// `topic_publish`; a log from before reads `sns_publish` as the same record.
+    #[serde(alias = "sns_publish")]
+    TopicPublish {
         #[serde(default)]
         budget: String,
+        /// The topic, as the config names it (empty in a log from before).
+        #[serde(default)]
+        topic: String,
         #[serde(default)]
         message_id: Option<String>,
     },

@@ -170,8 +170,9 @@ fn every_kind_of_record_is_written_as_its_golden_line() {
             ratio: 0.81,
             limit: 1000.0,
         },
-        AuditRecord::SnsPublish {
+        AuditRecord::TopicPublish {
             budget: "monthly".into(),
+            topic: "arn:aws:sns:us-east-1:123456789012:budgets".into(),
             message_id: Some("msg-1".into()),
         },
         AuditRecord::PeriodClosed {
@@ -320,5 +321,25 @@ fn the_reader_says_each_event_as_simulate_says_it() {
     assert_eq!(
         result("refused", "no cloud"),
         "rule idle: stop refused: no cloud"
+    );
+}
+
+/// A log written before budget alerts were published to any cloud's topic says `sns_publish`:
+/// it reads as the same record, and `audit --kind budget` still lists it.
+#[test]
+fn an_older_log_s_sns_publish_reads_as_a_topic_publish() {
+    let line = r#"{"budget":"monthly","event":"sns_publish","message_id":"msg-1","mode":"enforce","time":"2026-12-01T00:01:00Z"}"#;
+    let entry = Entry::parse(line).unwrap();
+    assert_eq!(
+        entry.record,
+        Some(AuditRecord::TopicPublish {
+            budget: "monthly".into(),
+            topic: String::new(),
+            message_id: Some("msg-1".into()),
+        })
+    );
+    assert_eq!(
+        entry.sentence(),
+        "2026-12-01 00:01  budget monthly alert published to its topic"
     );
 }
