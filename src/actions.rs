@@ -312,7 +312,14 @@ impl Executor {
             ("GPUWATCH_USER", user),
             ("GPUWATCH_GPUS", &gpus),
         ];
-        match crate::exec::run(&rule.command, &env, self.exec_timeout).await {
+        match crate::exec::run(
+            &rule.command,
+            &env,
+            &crate::cloud::credentials(),
+            self.exec_timeout,
+        )
+        .await
+        {
             Ok(status) if status.success() => Outcome::Done,
             Ok(status) => Outcome::Failed(format!("{:?} exited with {status}", rule.command[0])),
             Err(e) => Outcome::Failed(e.to_string()),

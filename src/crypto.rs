@@ -1,5 +1,5 @@
 //! The one crypto provider gpuwatch uses, for its TLS server and its HTTP clients (`client`):
-//! aws-lc-rs, which the AWS SDK already builds. A second provider (ring) would double the
+//! aws-lc-rs, which a cloud's SDK builds already. A second provider (ring) would double the
 //! crypto code.
 
 use std::sync::Arc;

@@ -1,18 +1,9 @@
 //! Runs the commands a user configures (`exec` actions, the spot interruption hook): in a
 //! process group of their own, so that a timeout kills everything they started, and without the
-//! daemon's AWS credentials or systemd's notify socket, which they have no need of.
+//! daemon's cloud credentials or systemd's notify socket, which they have no need of.
 
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
-
-/// Environment variables that carry AWS credentials; a command does not inherit them.
-const CREDENTIALS: [&str; 5] = [
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_SECURITY_TOKEN",
-    "AWS_CONTAINER_AUTHORIZATION_TOKEN",
-];
 
 /// systemd's notify variables: they are the daemon's, not a command's to use.
 const SYSTEMD: [&str; 3] = ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"];
@@ -30,11 +21,13 @@ pub enum RunError {
     Timeout { program: String, timeout: Duration },
 }
 
-/// Runs `argv` with `env` added, and waits at most `timeout` for it. On the timeout the whole
-/// process group (the command and whatever it started) is killed.
+/// Runs `argv` with `env` added and the variables `hidden` (the clouds' credentials) taken
+/// away, and waits at most `timeout` for it. On the timeout the whole process group (the
+/// command and whatever it started) is killed.
 pub async fn run(
     argv: &[String],
     env: &[(&str, &str)],
+    hidden: &[&str],
     timeout: Duration,
 ) -> Result<ExitStatus, RunError> {
     let (program, args) = argv.split_first().ok_or(RunError::Empty)?;
@@ -44,7 +37,7 @@ pub async fn run(
         .stdin(Stdio::null())
         .process_group(0)
         .kill_on_drop(true);
-    for var in CREDENTIALS.iter().chain(&SYSTEMD) {
+    for var in hidden.iter().chain(&SYSTEMD) {
         cmd.env_remove(var);
     }
     let mut child = cmd.spawn().map_err(|source| RunError::Spawn {
@@ -86,7 +79,7 @@ mod tests {
         // The command starts a grandchild that outlives it unless the group is killed.
         let script = format!("sleep 30 & echo $! > {}; wait", pidfile.display());
         let argv = vec!["/bin/sh".to_string(), "-c".to_string(), script];
-        let e = run(&argv, &[], Duration::from_millis(300))
+        let e = run(&argv, &[], &[], Duration::from_millis(300))
             .await
             .unwrap_err();
         assert!(matches!(e, RunError::Timeout { .. }), "{e}");
@@ -109,16 +102,22 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
 
-        std::env::set_var("AWS_SECRET_ACCESS_KEY", "do-not-pass");
+        std::env::set_var("GPUWATCH_TEST_SECRET", "do-not-pass");
         let out = dir.path().join("env");
         let argv = vec![
             "/bin/sh".to_string(),
             "-c".to_string(),
             format!("env > {}", out.display()),
         ];
-        let status = run(&argv, &[("GPUWATCH_RULE", "r")], Duration::from_secs(10))
-            .await
-            .unwrap();
+        let hidden = ["GPUWATCH_TEST_SECRET"];
+        let status = run(
+            &argv,
+            &[("GPUWATCH_RULE", "r")],
+            &hidden,
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
         assert!(status.success());
         let env = std::fs::read_to_string(&out).unwrap();
         assert!(env.contains("GPUWATCH_RULE=r"));

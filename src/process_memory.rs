@@ -8,7 +8,7 @@
 //!
 //! The rest is the shape of the program: the config is parsed and the daemon built on a startup
 //! thread that ends (`cmd::run`), so the stack that deep work touched goes with it; one async
-//! worker; AWS clients built on first use; large futures that run once boxed; debug and trace
+//! worker; cloud clients built on first use; large futures that run once boxed; debug and trace
 //! events compiled out of release builds.
 //!
 //! Both calls are thin and their effect is on resident memory, which a unit test cannot tell

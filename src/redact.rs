@@ -136,7 +136,7 @@ mod tests {
         hold_secret(token);
         hold_secret("short");
         let said = format!(
-            "InvalidParameter: the AccessKeyId {secret} with token {token} at https://ecs.example/?Token={token} is short"
+            "InvalidParameter: the AccessKeyId {secret} with token {token} at https://api.example/?Token={token} is short"
         );
         let scrubbed = scrub(&said);
         assert!(!scrubbed.contains(secret), "{scrubbed}");

@@ -407,3 +407,38 @@ fn a_cloud_s_key_left_in_cloud_works_and_says_where_it_goes_now() {
     );
     assert_eq!(check(&new), "");
 }
+
+/// CloudWatch publishing is EC2's: `[cloud.aws.cloudwatch]`. A `[cloudwatch]` table from before
+/// still works for one release, with a warning that says where it goes now, and its keys are
+/// checked and named where they are written; enabled on a node of no cloud, it says that
+/// nothing is published.
+#[test]
+fn cloudwatch_s_old_table_works_and_says_where_it_goes_now() {
+    let parse = |text: &str| gpuwatch::cloud::parse_config(text, Path::new("t.toml"));
+    let old = parse("[cloudwatch]\nenabled = true\ninterval = \"10s\"\n").unwrap();
+    assert_eq!(
+        old.warnings,
+        [
+            "[cloudwatch] has moved to [cloud.aws.cloudwatch]: write it as that table (it is read from [cloudwatch] for this release only)",
+            "CloudWatch publishing is enabled, but provider is not \"aws\": nothing is published",
+        ]
+    );
+    let on_aws =
+        parse("[cloud]\nprovider = \"aws\"\n[cloud.aws.cloudwatch]\nenabled = true\n").unwrap();
+    assert_eq!(on_aws.warnings, Vec::<String>::new());
+    let settings: gpuwatch::cloud::aws::settings::Settings = on_aws.cloud.section.settings();
+    assert!(settings.cloudwatch.enabled);
+    let bad = |text: &str| parse(text).unwrap_err().to_string();
+    assert_eq!(
+        bad("[cloudwatch]\nnamespace = \"AWS/EC2\"\n"),
+        "config: cloudwatch.namespace: \"AWS/EC2\" is not a namespace of your own, such as \"gpuwatch\""
+    );
+    assert_eq!(
+        bad("[cloud.aws.cloudwatch]\ninterval = \"0s\"\n"),
+        "config: cloud.aws.cloudwatch.interval: \"0s\" is too short; the least is \"1s\""
+    );
+    assert_eq!(
+        bad("[cloudwatch]\nenabled = true\n[cloud.aws.cloudwatch]\nenabled = true\n"),
+        "config: cloudwatch: is set as [cloud.aws.cloudwatch] too: write it there alone"
+    );
+}

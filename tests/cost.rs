@@ -605,7 +605,7 @@ fn cloudwatch_config(
         dir,
         imds,
         endpoint,
-        &format!("[cloudwatch]\nenabled = true\nnamespace = \"gpuwatch-test\"\ninterval = \"1s\"\nmax_queue = \"{queue}\"\n"),
+        &format!("[cloud.aws.cloudwatch]\nenabled = true\nnamespace = \"gpuwatch-test\"\ninterval = \"1s\"\nmax_queue = \"{queue}\"\n"),
     )
 }
 

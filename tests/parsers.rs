@@ -65,7 +65,7 @@ const TOP_KEYS: [(&str, &str); 10] = [
     ("actions", "audit_max_mib"),
     ("cost", "hourly_price_usd"),
     ("cloud", "poll_interval"),
-    ("cloudwatch", "max_queue"),
+    ("cloud.aws.cloudwatch", "max_queue"),
 ];
 
 proptest! {

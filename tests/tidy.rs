@@ -461,3 +461,75 @@ fn every_cloud_s_plan_is_pure() {
     }
     assert!(plans >= 4, "{plans} plans found under src/cloud/*/plan.rs");
 }
+
+/// The names of the clouds, and of their compute services, as prose and code spell them.
+const CLOUD_NAMES: &[&str] = &[
+    "aws",
+    "amazon",
+    "ec2",
+    "azure",
+    "microsoft",
+    "gcp",
+    "google",
+    "compute engine",
+    "alibaba",
+    "aliyun",
+    "ecs",
+];
+
+/// Where each cloud's name is found in `text`, as whole words, case aside: (line, name).
+fn cloud_names(text: &str) -> Vec<(usize, &'static str)> {
+    let mut found = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let lower = line.to_ascii_lowercase();
+        for name in CLOUD_NAMES {
+            let word = |at: usize| {
+                let before = lower[..at].chars().next_back();
+                let after = lower[at + name.len()..].chars().next();
+                let edge = |c: Option<char>| !c.is_some_and(|c| c.is_ascii_alphanumeric());
+                edge(before) && edge(after)
+            };
+            if lower.match_indices(name).any(|(at, _)| word(at)) {
+                found.push((i + 1, *name));
+            }
+        }
+    }
+    found
+}
+
+/// A cloud is one folder: no file of `src/` outside `src/cloud/` names one (in code, strings or
+/// comments), so a fifth cloud changes nothing there. The crypto library `aws-lc-rs` is a
+/// library's name, not the cloud's, and a GPU's "compute engine" is NVML's.
+#[test]
+fn no_cloud_is_named_outside_its_folder() {
+    let mut files = Vec::new();
+    sources(&root().join("src"), &mut files);
+    let cloud = root().join("src/cloud");
+    let mut named = Vec::new();
+    for file in files.iter().filter(|f| !f.starts_with(&cloud)) {
+        let text = std::fs::read_to_string(file).unwrap();
+        // A library's name, and NVML's words for a GPU's engines.
+        let text = (text.replace("aws-lc-rs", "the-crypto-library"))
+            .replace("aws_lc_rs", "the_crypto_library")
+            .replace("graphics or compute engine", "graphics or compute units");
+        let rel = file.strip_prefix(root()).unwrap().display().to_string();
+        for (line, name) in cloud_names(&text) {
+            named.push(format!("{rel}:{line}: {name}"));
+        }
+    }
+    assert!(
+        named.is_empty(),
+        "clouds named outside src/cloud/:\n{}",
+        named.join("\n")
+    );
+}
+
+#[test]
+fn the_cloud_name_reader_sees_words_not_parts_of_words() {
+    let text = "// EC2 and Compute Engine\nlet specs = 1; // aws_budgets\nlet gcpx = 2;";
+    assert_eq!(
+        cloud_names(text),
+        [(1, "ec2"), (1, "compute engine"), (2, "aws")],
+        "{text}"
+    );
+}

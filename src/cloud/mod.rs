@@ -61,6 +61,9 @@ pub struct Provider {
     /// Its own keys, `[cloud.<name>]`: the config hands it its table at load, and it reads its
     /// settings from the section when it opens.
     pub keys: CloudKeys,
+    /// Environment variables its clients read credentials from, which no command gpuwatch runs
+    /// inherits.
+    pub credentials: &'static [&'static str],
 }
 
 /// What a rehearsed action leaves the node as, or why the plan refuses it.
@@ -90,6 +93,12 @@ pub const CLOUDS: &[(&str, Option<&Provider>)] = &[
 /// The clouds this build holds, in the list's order.
 pub fn providers() -> impl Iterator<Item = &'static Provider> {
     CLOUDS.iter().filter_map(|(_, p)| *p)
+}
+
+/// Every built cloud's credential variables: a command gpuwatch runs (an `exec` action, the
+/// interruption hook) inherits none of them, whichever cloud the node is on.
+pub fn credentials() -> Vec<&'static str> {
+    providers().flat_map(|p| p.credentials).copied().collect()
 }
 
 /// The list as the config reads it: each cloud's name and, where built, its keys.
@@ -486,5 +495,22 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A command gpuwatch runs inherits no cloud's credentials: AWS's SDK reads its keys from
+    /// the environment, and an `exec` action or the interruption hook gets none of them.
+    #[cfg(feature = "aws")]
+    #[tokio::test]
+    async fn a_command_inherits_no_cloud_s_credentials() {
+        std::env::set_var("AWS_SESSION_TOKEN", "do-not-pass");
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("env");
+        let argv = ["/bin/sh", "-c", &format!("env > {}", out.display())].map(String::from);
+        let timeout = std::time::Duration::from_secs(10);
+        let status = crate::exec::run(&argv, &[], &credentials(), timeout).await;
+        assert!(status.unwrap().success());
+        let env = std::fs::read_to_string(&out).unwrap();
+        assert!(env.contains("PATH="), "{env}");
+        assert!(!env.contains("do-not-pass"), "{env}");
     }
 }

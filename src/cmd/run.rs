@@ -2,7 +2,7 @@
 //!
 //! One worker is enough for what the daemon does between samples, and every thread keeps the
 //! stack pages it has touched. So the deep, one-time work (reading and validating the config,
-//! building the app: the listener, the sampler, the AWS config) runs on a startup thread that
+//! building the app: the listener, the sampler, the cloud) runs on a startup thread that
 //! ends when it is done, and its stack goes with it; the main thread then only waits. Blocking
 //! work never stalls the worker: per-sample file I/O runs on the `gpuwatch-io` thread
 //! (`state::on_io_thread`), rare file I/O hands the worker's tasks to another thread first
@@ -81,7 +81,7 @@ pub fn run(load: impl FnOnce() -> Result<Loaded, ExitCode> + Send + 'static) -> 
 }
 
 /// Open files the daemon needs besides its connections: NVML's device files, the state
-/// directory, AWS and webhook connections, the kubelet's socket, the runtime's own.
+/// directory, cloud and webhook connections, the kubelet's socket, the runtime's own.
 const OTHER_OPEN_FILES: u64 = 256;
 
 /// Refuses `server.max_connections` that the open-file limit cannot hold: a flood of

@@ -29,7 +29,7 @@ pub struct ActionsConfig {
     pub webhook_url: Option<String>,
     pub wall: bool,
     pub exec_timeout: Duration,
-    /// How long EC2 calls are retried through throttling, 5xx and outages.
+    /// How long cloud calls are retried through throttling, 5xx and outages.
     pub retry_for: Duration,
     pub state_dir: PathBuf,
     /// When `audit.jsonl` is rotated, and how many rotated files are kept.

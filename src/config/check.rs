@@ -6,10 +6,10 @@ use super::*;
 
 /// Bounds that keep every duration sane: no config value may make a timer overflow or a loop
 /// wait for centuries.
-pub(super) const DAY: Duration = Duration::from_secs(86_400);
+pub const DAY: Duration = Duration::from_secs(86_400);
 pub(super) const WEEK: Duration = Duration::from_secs(7 * 86_400);
 
-pub(super) fn duration(
+pub fn duration(
     invalid: &mut impl FnMut(&str, String),
     key: &str,
     text: &str,

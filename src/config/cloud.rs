@@ -1,5 +1,4 @@
-//! `[cloud]`, `[cost]` and `[cloudwatch]`: the provider and its endpoints, the price and budget
-//! period, and CloudWatch publishing.
+//! `[cloud]` and `[cost]`: the provider and its endpoints, the price and budget period.
 
 use super::sections::{self, CloudKeys, Clouds, Listed, Section};
 use super::*;
@@ -9,7 +8,7 @@ pub struct CloudConfig {
     /// `[cloud] provider`: a name on the cloud boundary's list, or `None` for no cloud.
     pub provider: Option<&'static str>,
     pub imds_endpoint: String,
-    /// The EC2 API endpoint; `None` is the SDK's own.
+    /// The cloud's API endpoint; `None` is the cloud's own.
     pub endpoint_url: Option<String>,
     /// The region; `None` means the one instance metadata reports.
     pub region: Option<String>,
@@ -35,20 +34,11 @@ pub struct CostConfig {
     pub pricing_endpoint_url: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct CloudWatchConfig {
-    pub enabled: bool,
-    pub namespace: String,
-    /// Samples are aggregated into statistic sets and published this often.
-    pub interval: Duration,
-    /// During an outage the queue keeps at most this much data, dropping the oldest.
-    pub max_queue: Duration,
-}
-
 impl RawCloud {
     pub(super) fn validate(
         &self,
         clouds: Clouds,
+        tables: &[(&str, &toml::Value)],
         invalid: &mut impl FnMut(&str, String),
         warnings: &mut Vec<String>,
     ) -> Option<CloudConfig> {
@@ -125,6 +115,7 @@ impl RawCloud {
         let section = sections::split(
             &self.provider,
             &self.clouds,
+            tables,
             clouds,
             RawCloud::OWN,
             &mut invalid,
@@ -186,42 +177,6 @@ impl RawCost {
             spot_price_refresh: spot_price_refresh?,
             pricing_api: self.pricing_api,
             pricing_endpoint_url: pricing_endpoint_url?,
-        })
-    }
-}
-
-impl RawCloudWatch {
-    pub(super) fn validate(
-        &self,
-        invalid: &mut impl FnMut(&str, String),
-    ) -> Option<CloudWatchConfig> {
-        let interval = duration(
-            invalid,
-            "cloudwatch.interval",
-            &self.interval,
-            Duration::from_secs(1)..=Duration::from_secs(3600),
-        );
-        let max_queue = duration(
-            invalid,
-            "cloudwatch.max_queue",
-            &self.max_queue,
-            Duration::from_secs(1)..=DAY,
-        );
-        if self.namespace.is_empty() || self.namespace.starts_with("AWS/") {
-            invalid(
-                "cloudwatch.namespace",
-                format!(
-                    "\"{}\" is not a namespace of your own, such as \"gpuwatch\"",
-                    self.namespace
-                ),
-            );
-            return None;
-        }
-        Some(CloudWatchConfig {
-            enabled: self.enabled,
-            namespace: self.namespace.clone(),
-            interval: interval?,
-            max_queue: max_queue?,
         })
     }
 }

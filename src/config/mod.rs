@@ -29,16 +29,18 @@ pub use budgets::{
     read_ca, read_secret, BudgetConfig, BudgetSource, PrometheusSource, QueryAuth, RawBudget,
 };
 use check::*;
-pub use check::{file_path, pick, read_config_file, MAX_FILE_BYTES, MAX_SECRET_BYTES};
-pub use cloud::{CloudConfig, CloudWatchConfig, CostConfig};
+pub use check::{
+    duration, file_path, pick, read_config_file, DAY, MAX_FILE_BYTES, MAX_SECRET_BYTES,
+};
+pub use cloud::{CloudConfig, CostConfig};
 pub use error::{ConfigError, ConfigErrors};
 pub use health::RawHealth;
 pub use node::{
     tag_label_name, KubernetesConfig, NodeConfig, TagLabel, MAX_LABEL_VALUE, NODE_INFO_LABELS,
 };
 pub use raw::{
-    RawActions, RawCloud, RawCloudWatch, RawConfig, RawCost, RawExposition, RawKubernetes, RawNode,
-    RawNvml, RawSampling, RawServer, RawSpot, RawVetoes,
+    RawActions, RawCloud, RawConfig, RawCost, RawExposition, RawKubernetes, RawNode, RawNvml,
+    RawSampling, RawServer, RawSpot, RawVetoes,
 };
 pub use rules::{RawGate, RawRule, MAX_EVALUATION_PERIODS};
 pub use sections::{
@@ -72,7 +74,6 @@ pub struct Config {
     pub vetoes: std::sync::Arc<VetoesConfig>,
     pub spot: SpotConfig,
     pub cost: CostConfig,
-    pub cloudwatch: CloudWatchConfig,
     pub exposition: ExpositionConfig,
     pub kubernetes: KubernetesConfig,
     pub slurm: slurm::SlurmConfig,
@@ -273,12 +274,16 @@ impl RawConfig {
         let server = self.server.validate(&mut invalid);
         let nvml = self.nvml.validate(&mut invalid);
         let sampling = self.sampling.validate(&mut invalid);
-        let cloud = self.cloud.validate(clouds, &mut invalid, &mut warnings);
+        let tables: Vec<(&str, &toml::Value)> = (self.cloudwatch.iter())
+            .map(|t| ("cloudwatch", t))
+            .collect();
+        let cloud = self
+            .cloud
+            .validate(clouds, &tables, &mut invalid, &mut warnings);
         let actions = self.actions.validate(&mut invalid);
         let vetoes = self.vetoes.validate(&mut invalid);
         let spot = self.spot.validate(&mut invalid);
         let cost = self.cost.validate(&mut invalid);
-        let cloudwatch = self.cloudwatch.validate(&mut invalid);
         let exposition = self.exposition.validate(&mut invalid);
         let kubernetes = self.kubernetes.validate(&mut invalid);
         let slurm = self.slurm.validate(&mut invalid);
@@ -311,8 +316,8 @@ impl RawConfig {
         }
 
         match (
-            server, nvml, sampling, cloud, actions, vetoes, spot, cost, cloudwatch, exposition,
-            kubernetes, node, health, slurm,
+            server, nvml, sampling, cloud, actions, vetoes, spot, cost, exposition, kubernetes,
+            node, health, slurm,
         ) {
             (
                 Some(server),
@@ -323,7 +328,6 @@ impl RawConfig {
                 Some(vetoes),
                 Some(spot),
                 Some(cost),
-                Some(cloudwatch),
                 Some(exposition),
                 Some(kubernetes),
                 Some(node),
@@ -338,7 +342,6 @@ impl RawConfig {
                 vetoes: std::sync::Arc::new(vetoes),
                 spot,
                 cost,
-                cloudwatch,
                 exposition,
                 kubernetes,
                 node,

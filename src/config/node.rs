@@ -19,7 +19,8 @@ pub const NODE_INFO_LABELS: [&str; 7] = [
     "job",
 ];
 
-/// The longest label value from the config or an instance tag (AWS allows 256 characters).
+/// The longest label value from the config or an instance tag (the longest tag value the
+/// clouds allow is 256 characters).
 pub const MAX_LABEL_VALUE: usize = 256;
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -33,7 +34,7 @@ pub struct NodeConfig {
 /// One instance tag copied onto `gpuwatch_node_info`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TagLabel {
-    /// The tag key, as EC2 has it (`cost-center`).
+    /// The tag key, as the cloud has it (`cost-center`).
     pub tag: String,
     /// The label name it becomes (`cost_center`).
     pub label: String,

@@ -20,7 +20,10 @@ pub struct RawConfig {
     pub vetoes: RawVetoes,
     pub spot: RawSpot,
     pub cost: RawCost,
-    pub cloudwatch: RawCloudWatch,
+    /// A cloud's table from before the cloud had `[cloud.<name>]` (read there, with a warning
+    /// that names its new place).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cloudwatch: Option<toml::Value>,
     pub health: RawHealth,
     #[serde(skip_serializing_if = "super::controller::RawController::is_unset")]
     pub controller: super::controller::RawController,
@@ -39,15 +42,6 @@ pub struct RawCost {
     pub spot_price_refresh: String,
     pub pricing_api: bool,
     pub pricing_endpoint_url: String,
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RawCloudWatch {
-    pub enabled: bool,
-    pub namespace: String,
-    pub interval: String,
-    pub max_queue: String,
 }
 
 /// `[cloud]`: what every cloud shares. Each cloud's own keys are its `[cloud.<name>]` table,
@@ -236,12 +230,7 @@ impl Default for RawConfig {
                 pricing_api: true,
                 pricing_endpoint_url: String::new(),
             },
-            cloudwatch: RawCloudWatch {
-                enabled: false,
-                namespace: "gpuwatch".to_string(),
-                interval: "60s".to_string(),
-                max_queue: "30m".to_string(),
-            },
+            cloudwatch: None,
             budgets: Vec::new(),
             rules: Vec::new(),
             server: RawServer {
@@ -298,12 +287,6 @@ impl Default for RawActions {
 impl Default for RawCost {
     fn default() -> Self {
         RawConfig::default().cost
-    }
-}
-
-impl Default for RawCloudWatch {
-    fn default() -> Self {
-        RawConfig::default().cloudwatch
     }
 }
 

@@ -486,7 +486,7 @@ fn check_health_rule(invalid: &mut impl FnMut(&str, String), w: &Words) {
     {
         invalid(
             "action",
-            format!("\"{a}\": a rule on gpu_unhealthy may alert, exec or stop (on EC2 a stop and a start moves the instance to new hardware)"),
+            format!("\"{a}\": a rule on gpu_unhealthy may alert, exec or stop (on a cloud, a stop and a start moves the instance to new hardware)"),
         );
     }
 }

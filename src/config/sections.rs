@@ -3,7 +3,7 @@
 //! against, hands each cloud its table as written, and keeps the configured cloud's
 //! ([`Section`]) for it to read its settings from when it opens.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -33,7 +33,7 @@ pub type Invalid<'a> = &'a mut dyn FnMut(&str, String);
 pub struct CloudKeys {
     /// Checks a section, giving each problem with the key as written; the second argument is
     /// `[cloud] provider`'s value.
-    pub check: fn(&Section, &str, Invalid),
+    pub check: fn(&Section, &str, Invalid, &mut Vec<String>),
     /// The section with every key at its default (the example config shows them).
     pub defaults: fn() -> toml::Table,
     /// Keys the cloud once read from `[cloud]` itself: they still work there, for one release,
@@ -77,6 +77,12 @@ pub trait Keys: Default + Serialize + DeserializeOwned {
     /// Checks values that parsed: `key` names one as written, for `invalid`.
     fn check(&self, _key: &dyn Fn(&str) -> String, _invalid: &mut dyn FnMut(&str, String)) {}
 
+    /// What the settings would do that does not happen where the node is on another cloud,
+    /// said as a warning at load.
+    fn unused(&self) -> Option<String> {
+        None
+    }
+
     /// Why `key = value`, still written in `[cloud]` itself, is wrong where `provider` is
     /// another cloud: it was meant for this one.
     fn misplaced(key: &str, value: &toml::Value, provider: &str) -> String {
@@ -108,13 +114,18 @@ impl PartialEq for CloudKeys {
     }
 }
 
-fn check<K: Keys>(section: &Section, provider: &str, invalid: &mut dyn FnMut(&str, String)) {
+fn check<K: Keys>(section: &Section, provider: &str, invalid: Invalid, warnings: &mut Vec<String>) {
     match section.parse::<K>() {
         Ok(keys) => keys.check(&|k| section.key(k), invalid),
         Err(e) => invalid(&e.0, e.1),
     }
     if section.name != provider {
-        for key in &section.moved {
+        if let Some(why) = section.parse::<K>().ok().and_then(|k| k.unused()) {
+            warnings.push(why);
+        }
+        // A key written in `[cloud]` was meant for the cloud the node is on.
+        let in_cloud = section.moved.iter().filter(|(_, t)| !t.is_empty());
+        for key in in_cloud.map(|(k, _)| k) {
             let why = K::misplaced(key, &section.table[key.as_str()], provider);
             invalid(&section.key(key), why);
         }
@@ -131,8 +142,9 @@ fn defaults<K: Keys>() -> toml::Table {
 pub struct Section {
     name: String,
     table: toml::Table,
-    /// The keys of `table` that were written in `[cloud]`.
-    moved: BTreeSet<String>,
+    /// The keys of `table` written elsewhere, from before the cloud had its table, and the
+    /// table they were written in (`cloud`, or the top level: "").
+    moved: BTreeMap<String, &'static str>,
 }
 
 impl Section {
@@ -141,13 +153,15 @@ impl Section {
         &self.name
     }
 
-    /// A key of the section as the file names it: `cloud.<name>.<key>`, or `cloud.<key>` for
-    /// one still written in `[cloud]`.
+    /// A key of the section (`a.b` for one in a table of its) as the file names it:
+    /// `cloud.<name>.<key>`, or where it was written from before the cloud had its table
+    /// (`cloud.<key>`, or `<key>` at the top).
     pub fn key(&self, key: &str) -> String {
-        if self.moved.contains(key) {
-            format!("cloud.{key}")
-        } else {
-            format!("cloud.{}.{key}", self.name)
+        let first = key.split('.').next().unwrap_or(key);
+        match self.moved.get(first) {
+            Some(&"") => key.to_string(),
+            Some(table) => format!("{table}.{key}"),
+            None => format!("cloud.{}.{key}", self.name),
         }
     }
 
@@ -194,75 +208,59 @@ pub fn parse_table<T: DeserializeOwned>(table: &toml::Table) -> Result<T, (Strin
 pub(super) fn split(
     provider: &str,
     rest: &toml::Table,
+    tables: &[(&str, &toml::Value)],
     clouds: Clouds,
     own: &[&str],
-    invalid: &mut dyn FnMut(&str, String),
+    invalid: Invalid,
     warnings: &mut Vec<String>,
 ) -> Section {
     let mut sections: Vec<Section> = Vec::new();
-    let names = || {
-        let names: Vec<String> = clouds.iter().map(|c| format!("\"{}\"", c.name)).collect();
-        names.join(", ")
-    };
     // The tables first, then the keys written in `[cloud]` itself, whatever their order.
-    let (tables, keys): (Vec<_>, Vec<_>) = rest.iter().partition(|(_, v)| v.is_table());
-    for (key, value) in tables {
+    let (tables_here, keys): (Vec<_>, Vec<_>) = rest.iter().partition(|(_, v)| v.is_table());
+    for (key, value) in tables_here {
         match (value, clouds.iter().find(|c| c.name == key)) {
             (toml::Value::Table(table), Some(cloud)) => sections.push(Section {
                 name: cloud.name.to_string(),
                 table: table.clone(),
-                moved: BTreeSet::new(),
+                moved: BTreeMap::new(),
             }),
-            _ => invalid(
-                &format!("cloud.{key}"),
-                format!(
-                    "\"{key}\" is not a cloud gpuwatch knows; expected one of {}",
-                    names()
-                ),
-            ),
-        }
-    }
-    for (key, value) in keys {
-        let owner = clouds
-            .iter()
-            .find(|c| c.keys.is_some_and(|k| k.moved.contains(&&**key)));
-        match owner {
-            Some(owner) => {
-                let name = owner.name;
-                warnings.push(format!(
-                    "cloud.{key} has moved to [cloud.{name}]: write `{key} = {value}` under a [cloud.{name}] table (it is read from [cloud] for this release only)"
-                ));
-                let at = sections.iter().position(|s| s.name == name);
-                let at = at.unwrap_or_else(|| {
-                    sections.push(Section {
-                        name: name.to_string(),
-                        ..Section::default()
-                    });
-                    sections.len() - 1
-                });
-                let section = &mut sections[at];
-                if section.table.contains_key(key) {
-                    let why = format!("{value} is set in [cloud.{name}] too: write it there alone");
-                    invalid(&format!("cloud.{key}"), why);
-                } else {
-                    section.table.insert(key.clone(), value.clone());
-                    section.moved.insert(key.clone());
-                }
-            }
-            None => {
-                let expected: Vec<String> = own
-                    .iter()
-                    .copied()
-                    .chain(clouds.iter().map(|c| c.name))
-                    .map(|k| format!("\"{k}\""))
-                    .collect();
+            _ => {
+                let names: Vec<String> = clouds.iter().map(|c| format!("\"{}\"", c.name)).collect();
                 let why = format!(
-                    "\"{key}\" is not a known key; expected one of {}",
-                    expected.join(", ")
+                    "\"{key}\" is not a cloud gpuwatch knows; expected one of {}",
+                    names.join(", ")
                 );
                 invalid(&format!("cloud.{key}"), why);
             }
         }
+    }
+    let written = keys.into_iter().map(|(k, v)| ("cloud", k.as_str(), v));
+    let written = written.chain(tables.iter().map(|(k, v)| ("", *k, *v)));
+    for (table, key, value) in written {
+        let owner = clouds
+            .iter()
+            .find(|c| c.keys.is_some_and(|k| k.moved.contains(&key)));
+        let Some(owner) = owner else {
+            let expected: Vec<String> = (own.iter().copied())
+                .chain(clouds.iter().map(|c| c.name))
+                .map(|k| format!("\"{k}\""))
+                .collect();
+            let why = format!(
+                "\"{key}\" is not a known key; expected one of {}",
+                expected.join(", ")
+            );
+            invalid(&format!("cloud.{key}"), why);
+            continue;
+        };
+        moved(
+            &mut sections,
+            owner.name,
+            table,
+            key,
+            value,
+            invalid,
+            warnings,
+        );
     }
     for section in &sections {
         let keys = clouds
@@ -272,7 +270,7 @@ pub(super) fn split(
         // A cloud this build left out cannot read its keys: they are not read (and where the
         // provider names it, that is refused).
         if let Some(keys) = keys {
-            (keys.check)(section, provider, invalid);
+            (keys.check)(section, provider, invalid, warnings);
         }
     }
     sections
@@ -282,6 +280,53 @@ pub(super) fn split(
             name: provider.to_string(),
             ..Section::default()
         })
+}
+
+/// Puts `key = value`, written in `table` (`cloud`, or "" for the top level) from before the
+/// cloud `name` had its own table, into that cloud's section, and says where it goes now.
+fn moved(
+    sections: &mut Vec<Section>,
+    name: &str,
+    table: &'static str,
+    key: &str,
+    value: &toml::Value,
+    invalid: Invalid,
+    warnings: &mut Vec<String>,
+) {
+    let written = if table.is_empty() {
+        key.to_string()
+    } else {
+        format!("{table}.{key}")
+    };
+    if value.is_table() {
+        warnings.push(format!(
+            "[{written}] has moved to [cloud.{name}.{key}]: write it as that table (it is read from [{written}] for this release only)"
+        ));
+    } else {
+        warnings.push(format!(
+            "{written} has moved to [cloud.{name}]: write `{key} = {value}` under a [cloud.{name}] table (it is read from [{table}] for this release only)"
+        ));
+    }
+    let at = sections.iter().position(|s| s.name == name);
+    let at = at.unwrap_or_else(|| {
+        sections.push(Section {
+            name: name.to_string(),
+            ..Section::default()
+        });
+        sections.len() - 1
+    });
+    let section = &mut sections[at];
+    if section.table.contains_key(key) {
+        let why = if value.is_table() {
+            format!("is set as [cloud.{name}.{key}] too: write it there alone")
+        } else {
+            format!("{value} is set in [cloud.{name}] too: write it there alone")
+        };
+        invalid(&written, why);
+    } else {
+        section.table.insert(key.to_string(), value.clone());
+        section.moved.insert(key.to_string(), table);
+    }
 }
 
 /// The keys of a rule or budget that ask for an action the configured cloud's plan refuses on

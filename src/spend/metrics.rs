@@ -49,7 +49,7 @@ pub type SharedCostView = Shared<CostView>;
 #[derive(Debug)]
 pub struct CostCollector {
     pub view: std::sync::Arc<SharedCostView>,
-    /// Each configured budget and its source (`local`, `aws_budgets`, `prometheus`).
+    /// Each configured budget and its source (`local`, `prometheus`, or a cloud's).
     pub sources: Vec<(String, &'static str)>,
 }
 
@@ -125,7 +125,7 @@ fn encode_budgets(
         e,
         desc(
             "gpuwatch_budget_info",
-            "Each configured budget, and where its spend comes from: local (this node), aws_budgets, or prometheus (a team's spend, read from the fleet's Prometheus; its alerts are the fleet's)",
+            "Each configured budget, and where its spend comes from: local (this node), prometheus (a team's spend, read from the fleet's Prometheus; its alerts are the fleet's), or a cloud's budget",
             None,
         ),
         sources

@@ -1,5 +1,5 @@
-//! The edge around `cost/`: price pollers (spot price, Pricing API), AWS Budgets pollers, and
-//! the per-sample accrual and budget check the watch loop runs.
+//! The edge around `cost/`: where the clouds' price and budget pollers hand what they learn,
+//! and the per-sample accrual and budget check the watch loop runs.
 
 pub mod metrics;
 pub mod query;
@@ -21,10 +21,9 @@ use crate::state::Persisted;
 pub struct PollerReadings {
     pub spot: Mutex<Option<f64>>,
     pub pricing_api: Mutex<Option<f64>>,
-    /// A cloud's own dated table's on-demand price (Compute Engine's).
+    /// A cloud's own dated table's price.
     pub table: Mutex<Option<f64>>,
-    /// Cloud budgets' readings (AWS Budgets, Azure Consumption budgets), by gpuwatch budget
-    /// name.
+    /// Cloud budgets' readings, by gpuwatch budget name.
     pub cloud_budgets: Mutex<BTreeMap<String, CloudBudgetReading>>,
     /// Prometheus budgets' answers, by gpuwatch budget name.
     pub prometheus: Arc<query::QueryReadings>,
@@ -48,8 +47,7 @@ fn kind_name(kind: crate::cloud::PriceKind) -> &'static str {
     }
 }
 
-/// One cloud budget's last answer (AWS Budgets, Azure Consumption budgets): its reading, when it
-/// came, and when its period ends.
+/// One cloud budget's last answer: its reading, when it came, and when its period ends.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CloudBudgetReading {
     pub reading: Reading,
@@ -83,7 +81,7 @@ impl CloudBudgetReading {
 
 pub struct Tracker {
     pub config: Config,
-    /// This instance, when gpuwatch runs on EC2 with `provider = "aws"`.
+    /// This instance, once instance metadata has named it.
     pub node: Option<Node>,
     pub readings: Arc<PollerReadings>,
     no_price_logged: bool,
@@ -133,7 +131,7 @@ impl Tracker {
         let price = self.price(persisted);
         if price.is_none() && !self.no_price_logged {
             self.no_price_logged = true;
-            // A budget of the fleet's (Prometheus, AWS Budgets) is read, not accrued here: its
+            // A budget of the fleet's (Prometheus, a cloud's) is read, not accrued here: its
             // rules do not need this node's price.
             let local = self
                 .config
@@ -142,7 +140,7 @@ impl Tracker {
                 .filter(|b| matches!(b.source, crate::config::BudgetSource::Local))
                 .count();
             let text = "no price is known for this instance, so its own spend is unknown";
-            let fix = "set [cost] hourly_price_usd, or run on EC2 with provider = \"aws\"";
+            let fix = "set [cost] hourly_price_usd, or [cloud] provider where the cloud prices the instance";
             match (local, self.config.budgets.len()) {
                 (0, 0) => tracing::info!("{text} ({fix})"),
                 (0, _) => tracing::info!(
@@ -157,13 +155,13 @@ impl Tracker {
             self.no_price_logged = false;
         }
         inputs.price = price;
-        let aws = self
+        let clouds = self
             .readings
             .cloud_budgets
             .lock()
             .map(|m| m.clone())
             .unwrap_or_default();
-        for (name, answer) in aws {
+        for (name, answer) in clouds {
             let Some(b) = self.config.budgets.iter().find(|b| b.name == name) else {
                 continue;
             };
@@ -279,8 +277,8 @@ impl PollerReadings {
 }
 
 /// Sends one budget alert everywhere it goes: log, audit, webhook, SNS.
-/// The alert is recorded and queued here; the SNS publish runs as a task in `publishes`, so an
-/// AWS call never holds up the decision loop (and none outlives the watch).
+/// The alert is recorded and queued here; the topic's publish runs as a task in `publishes`, so
+/// a cloud call never holds up the decision loop (and none outlives the watch).
 pub fn send_alert(
     c: &Crossing,
     budget: Option<&BudgetConfig>,
@@ -347,7 +345,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_aws_budgets_answer_counts_in_its_period_while_fresh() {
+    fn a_cloud_budget_s_answer_counts_in_its_period_while_fresh() {
         let answer = CloudBudgetReading {
             reading: Reading {
                 spent: 120.0,
@@ -403,15 +401,27 @@ mod tests {
         assert!(!implausible(59.0, 3.0));
     }
 
-    /// An Azure budget's answer is unknown once it is two poll intervals old, as the README
-    /// says; an AWS Budget's keeps its minute's floor.
+    /// A cloud budget's answer is unknown once it is two poll intervals old, or older than
+    /// its source's floor where that is longer (a source without one: two poll intervals).
     #[test]
-    fn an_azure_budget_s_answer_is_unknown_after_two_poll_intervals() {
-        let text = "[cloud]\nprovider = \"azure\"\n\
-            [[budgets]]\nname = \"azure\"\nsource = \"azure_budgets\"\nscope = \"/subscriptions/8d10da13-8125-4ba9-a717-bf7490507b3d\"\npoll_interval = \"5s\"\n\
-            [[budgets]]\nname = \"aws\"\nsource = \"aws_budgets\"\naccount_id = \"123456789012\"\npoll_interval = \"5s\"\n";
-        let config = crate::cloud::parse_config(text, std::path::Path::new("gpuwatch.toml"))
-            .unwrap_or_else(|e| panic!("{e:?}"));
+    fn a_cloud_budget_s_answer_is_unknown_after_two_poll_intervals_or_its_floor() {
+        let mut config = Config::default();
+        for (name, floor) in [("floorless", 0), ("minute", 60)] {
+            config.budgets.push(BudgetConfig {
+                name: name.into(),
+                limit_usd: None,
+                source: BudgetSource::Cloud {
+                    source: "team_budgets",
+                    keys: toml::Table::new(),
+                    fresh_at_least: std::time::Duration::from_secs(floor),
+                },
+                thresholds: vec![1.0],
+                on_exhausted: None,
+                topic: None,
+                poll_interval: std::time::Duration::from_secs(5),
+                notify: true,
+            });
+        }
         let readings = Arc::new(PollerReadings::default());
         let reading = Reading {
             spent: 120.0,
@@ -419,7 +429,7 @@ mod tests {
             limit: 100.0,
             period_start: 1_000.0,
         };
-        for name in ["azure", "aws"] {
+        for name in ["floorless", "minute"] {
             readings.cloud_budgets.lock().unwrap().insert(
                 name.into(),
                 CloudBudgetReading {
@@ -439,14 +449,14 @@ mod tests {
             inputs
         };
         let at = fill(&mut tracker, 5_009.0);
-        assert_eq!(at.external["azure"].spent, 120.0);
+        assert_eq!(at.external["floorless"].spent, 120.0);
         let later = fill(&mut tracker, 5_011.0);
         assert!(
-            later.unknown["azure"].contains("more than two poll intervals"),
+            later.unknown["floorless"].contains("more than two poll intervals"),
             "{:?}",
             later.unknown
         );
-        assert_eq!(later.external["aws"].spent, 120.0);
-        assert!(fill(&mut tracker, 5_061.0).unknown.contains_key("aws"));
+        assert_eq!(later.external["minute"].spent, 120.0);
+        assert!(fill(&mut tracker, 5_061.0).unknown.contains_key("minute"));
     }
 }

@@ -225,7 +225,7 @@ impl CloudPoller {
             let values = tag_label_values(&self.tag_labels, &tags);
             self.metrics.update(|v| v.tag_labels = values);
         }
-        // Azure takes tag names without regard to case: so does the hold, on every cloud.
+        // Some clouds take tag names without regard to case: so does the hold, on every cloud.
         let hold = match tags
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case("gpuwatch:hold"))
@@ -321,7 +321,7 @@ impl Failures {
 }
 
 async fn run_hook(hook: &[String], timeout: Duration, executor: &Executor) {
-    let result = match crate::exec::run(hook, &[], timeout).await {
+    let result = match crate::exec::run(hook, &[], &crate::cloud::credentials(), timeout).await {
         Ok(s) if s.success() => "done".to_string(),
         Ok(s) => format!("exited with {s}"),
         Err(e) => e.to_string(),

@@ -208,8 +208,9 @@ impl super::Watch {
     /// following the last one to its end.
     pub(super) fn action_limit(&self) -> std::time::Duration {
         let a = &self.config.actions;
-        // Two operations may be followed (the stamp's and the action's, on Compute Engine),
-        // and the result read back for ten minutes more (Azure's power state while it settles).
+        // Two operations may be followed (the stamp's and the action's, where a cloud answers
+        // both with an operation), and the result read back for ten minutes more (a power
+        // state that settles after the operation ends).
         let follow =
             if crate::cloud::provider(&self.config.cloud).is_some_and(|p| p.follows_operations) {
                 crate::cloud::FOLLOW_FOR * 2 + std::time::Duration::from_secs(600)

@@ -29,7 +29,7 @@ pub struct WatchView {
     /// `gpuwatch:action` stamps the cloud refused for its own limits (the actions went on).
     pub stamps_refused: u64,
     pub node: Option<crate::cloud::Node>,
-    /// The cloud the node is on (`aws`, `azure`), once metadata has named it.
+    /// The cloud the node is on (its `[cloud] provider`), once metadata has named it.
     pub provider: Option<&'static str>,
     /// `[node] labels`.
     pub labels: Vec<NodeLabel>,

@@ -127,7 +127,7 @@ impl Watch {
             booted.unwrap_or(0.0),
         );
         let mut persisted = {
-            // Settling an action left in flight may retry EC2 for `retry_for`.
+            // Settling an action left in flight may retry the cloud for `retry_for`.
             let _acting = self
                 .progress
                 .acting(self.action_limit(), std::time::Duration::ZERO);

@@ -5,7 +5,7 @@
 //! - the sampler publishes new samples (a cycle stuck in the driver publishes none, and the
 //!   abandoned call must return before sampling resumes: a restart is the remedy);
 //! - the decision loop finishes each sample within half the test's window of its arrival, or is
-//!   inside an action whose own time limit has not passed (an EC2 stop retries for
+//!   inside an action whose own time limit has not passed (a cloud call retries for
 //!   `actions.retry_for`, an `exec` runs for up to `actions.exec_timeout`; neither is a wedge).
 //!
 //! `monitor` applies it on a timer: over `server.stall_timeout` for `/-/healthy` (which a

@@ -257,9 +257,6 @@ async fn identify(
 
 /// Says which settings of another cloud's do nothing here.
 fn warn_unused(config: &Config) {
-    if config.cloudwatch.enabled && config.cloud.provider != Some("aws") {
-        tracing::warn!("[cloudwatch] enabled is set, but gpuwatch is not on EC2 with provider = \"aws\": nothing is published");
-    }
     for b in &config.budgets {
         let crate::config::BudgetSource::Cloud { source, .. } = b.source else {
             continue;

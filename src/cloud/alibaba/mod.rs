@@ -33,6 +33,7 @@ pub const PROVIDER: Provider = Provider {
     rehearse,
     follows_operations: true,
     keys: CloudKeys::of::<Settings>(&["ram_role", "keep_charging"], plan::refused_everywhere),
+    credentials: &[],
 };
 
 /// ECS's plan for `action`, on an instance of a family that stops in economical mode (which

@@ -22,6 +22,9 @@ pub mod plan;
 mod pollers;
 pub mod prices;
 pub mod services;
+pub mod settings;
+
+use settings::Settings;
 
 use ec2::Ec2;
 use imds::Ec2Metadata;
@@ -36,16 +39,17 @@ pub const PROVIDER: Provider = Provider {
     keys: CloudKeys {
         budgets: Some(budgets::SOURCE),
         topic: Some(budgets::TOPIC),
-        ..CloudKeys::of::<Settings>(&[], |_| None)
+        ..CloudKeys::of::<Settings>(&["cloudwatch"], |_| None)
     },
+    // The SDK's environment credentials.
+    credentials: &[
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_SECURITY_TOKEN",
+        "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+    ],
 };
-
-/// `[cloud.aws]`: EC2 has no keys of its own yet (its endpoints and region are `[cloud]`'s).
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Settings {}
-
-impl crate::config::Keys for Settings {}
 
 /// EC2's plan for `action`, with no spot request behind the instance (which only the API tells).
 fn rehearse(
@@ -72,7 +76,12 @@ impl Aws {
         Aws {
             imds: Ec2Metadata::new(&config.cloud.imds_endpoint),
             cloudwatch: Arc::default(),
-            publishes: config.cloudwatch.enabled,
+            publishes: config
+                .cloud
+                .section
+                .settings::<Settings>()
+                .cloudwatch
+                .enabled,
         }
     }
 }
@@ -191,9 +200,10 @@ impl InstanceMetadata for Aws {
                 ));
             }
         }
-        if config.cloudwatch.enabled {
+        let publishing = config.cloud.section.settings::<Settings>().cloudwatch;
+        if publishing.enabled {
             tasks.spawn(cloudwatch::run(
-                config.cloudwatch.clone(),
+                publishing.checked(),
                 services.clone(),
                 node.clone(),
                 link.snapshots.clone(),

@@ -44,6 +44,7 @@ pub const PROVIDER: Provider = Provider {
         budgets: Some(budgets::SOURCE),
         ..CloudKeys::of::<Settings>(&["client_id"], |_| None)
     },
+    credentials: &[],
 };
 
 /// Azure's plan for `action`, on a VM with hibernation enabled and in no scale set (which only

@@ -43,6 +43,7 @@ pub const PROVIDER: Provider = Provider {
     rehearse,
     follows_operations: true,
     keys: CloudKeys::of::<Settings>(&["local_ssd"], plan::refused_everywhere),
+    credentials: &[],
 };
 
 /// Compute Engine's plan for `action`, on a VM with no local SSD (which only the API tells).

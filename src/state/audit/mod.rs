@@ -3,7 +3,7 @@
 //! `gpuwatch audit` and the status page both render with `Entry::sentence`.
 //!
 //! On disk each record is one JSON object per line, its keys in alphabetical order, with `time`
-//! (RFC 3339), `mode` and, on EC2, `instance_id` added by the executor when it writes it.
+//! (RFC 3339), `mode` and, on a cloud, `instance_id` added by the executor when it writes it.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -151,7 +151,7 @@ pub enum AuditRecord {
         #[serde(default)]
         detail: String,
     },
-    /// An EC2 call that succeeded, with its request id.
+    /// A cloud call that succeeded, with its request id.
     ApiCall {
         #[serde(default)]
         rule: String,
@@ -205,7 +205,7 @@ pub enum AuditRecord {
         #[serde(default)]
         limit: f64,
     },
-    /// A budget alert published to a topic of the cloud's (an SNS topic on AWS). Written as
+    /// A budget alert published to a topic of the cloud's. Written as
     /// `topic_publish`; a log from before reads `sns_publish` as the same record.
     #[serde(alias = "sns_publish")]
     TopicPublish {
@@ -225,14 +225,14 @@ pub enum AuditRecord {
         #[serde(default)]
         spent_usd: f64,
     },
-    /// An interruption notice (an EC2 spot interruption, an Azure `Preempt` or `Terminate`
-    /// event), as instance metadata gave it (the record's `time` is when it was seen).
+    /// An interruption notice (a spot interruption, an eviction or a deletion of the instance),
+    /// as instance metadata gave it (the record's `time` is when it was seen).
     SpotInterruption {
         #[serde(default)]
         notice: String,
     },
     SpotRebalance,
-    /// A scheduled event that blocks nothing (Azure's `Freeze`, `Reboot`, `Redeploy`).
+    /// A scheduled event that blocks nothing (a freeze, a reboot, a redeploy).
     ScheduledEvent {
         #[serde(default)]
         event_type: String,

@@ -196,12 +196,10 @@ fn words(r: &AuditRecord, mode: &str) -> String {
         R::SpotRebalance => "spot rebalance recommendation".to_string(),
         R::ScheduledEvent { event_type: t, .. } => format!("scheduled event {t} (blocks nothing)"),
         R::InterruptionHook { result, .. } => format!("interruption hook: {result}"),
-        R::TopicPublish { budget, topic, .. } if topic.is_empty() => {
-            format!("budget {budget} alert published to its topic")
-        }
-        R::TopicPublish { budget, topic, .. } => {
-            format!("budget {budget} alert published to {topic}")
-        }
+        R::TopicPublish { budget, topic, .. } => format!(
+            "budget {budget} alert published to {}",
+            if topic.is_empty() { "its topic" } else { topic }
+        ),
         R::StateReset { reason } => format!("state reset: {reason}"),
     }
 }

@@ -172,7 +172,7 @@ fn every_kind_of_record_is_written_as_its_golden_line() {
         },
         AuditRecord::TopicPublish {
             budget: "monthly".into(),
-            topic: "arn:aws:sns:us-east-1:123456789012:budgets".into(),
+            topic: "arn:cloud:topic:budgets".into(),
             message_id: Some("msg-1".into()),
         },
         AuditRecord::PeriodClosed {

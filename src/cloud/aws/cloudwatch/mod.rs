@@ -14,7 +14,7 @@ use std::time::Duration;
 use aws_sdk_cloudwatch::types::{Dimension, MetricDatum, StandardUnit, StatisticSet};
 
 use super::services::Services;
-use crate::config::CloudWatchConfig;
+use super::settings::CloudWatchConfig;
 use crate::gpu::sampler::Snapshots;
 use crate::gpu::{GpuSample, Snapshot};
 
