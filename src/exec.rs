@@ -102,7 +102,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
 
-        std::env::set_var("GPUWATCH_TEST_SECRET", "do-not-pass");
+        std::env::set_var("GPUWATCH_TEST_SECRET", "exec-secret-not-passed");
         let out = dir.path().join("env");
         let argv = vec![
             "/bin/sh".to_string(),
@@ -121,6 +121,6 @@ mod tests {
         assert!(status.success());
         let env = std::fs::read_to_string(&out).unwrap();
         assert!(env.contains("GPUWATCH_RULE=r"));
-        assert!(!env.contains("do-not-pass"), "{env}");
+        assert!(!env.contains("exec-secret-not-passed"), "{env}");
     }
 }

@@ -502,7 +502,7 @@ mod tests {
     #[cfg(feature = "aws")]
     #[tokio::test]
     async fn a_command_inherits_no_cloud_s_credentials() {
-        std::env::set_var("AWS_SESSION_TOKEN", "do-not-pass");
+        std::env::set_var("AWS_CONTAINER_AUTHORIZATION_TOKEN", "cloud-secret-not-passed");
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("env");
         let argv = ["/bin/sh", "-c", &format!("env > {}", out.display())].map(String::from);
@@ -511,6 +511,6 @@ mod tests {
         assert!(status.unwrap().success());
         let env = std::fs::read_to_string(&out).unwrap();
         assert!(env.contains("PATH="), "{env}");
-        assert!(!env.contains("do-not-pass"), "{env}");
+        assert!(!env.contains("cloud-secret-not-passed"), "{env}");
     }
 }
