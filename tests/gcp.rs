@@ -331,6 +331,23 @@ fn a_denied_operation_read_is_followed_on_the_instance() {
     }
 }
 
+/// An N1 VM's price counts the GPUs `instances.get` says are attached: a read throttled at start
+/// is read again (backing off) until it answers, never leaving the price unknown for good.
+#[test]
+fn an_n1_vm_s_attached_gpus_are_read_again_until_they_answer() {
+    let fake = Fake::start();
+    fake.set(json!({
+        "machine_type": "n1-standard-8",
+        "accelerators": [{"type": "nvidia-tesla-t4", "count": 2}],
+        "throttle": {"get": 4},
+        "throttle_status": 429,
+    }));
+    let d = start(&fake, "dry-run", "stop", "", BUSY);
+    // n1-standard-8 and two T4s in us-central1.
+    common::assert_price(&d, "table", 0.38 + 2.0 * 0.35);
+    d.await_log(LIMIT, "cannot read the VM's attached GPUs");
+}
+
 /// A Spot VM's price comes from the table's Spot column, and the log says the date that column
 /// is as of: Compute Engine changes Spot prices up to monthly.
 #[test]

@@ -28,7 +28,9 @@ pub mod azure;
 pub mod gcp;
 
 pub mod client;
+pub mod follow;
 pub mod metadata;
+pub mod poll;
 pub mod rest;
 
 pub use gpuwatch_core::node::Node;
@@ -502,7 +504,10 @@ mod tests {
     #[cfg(feature = "aws")]
     #[tokio::test]
     async fn a_command_inherits_no_cloud_s_credentials() {
-        std::env::set_var("AWS_CONTAINER_AUTHORIZATION_TOKEN", "cloud-secret-not-passed");
+        std::env::set_var(
+            "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+            "cloud-secret-not-passed",
+        );
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("env");
         let argv = ["/bin/sh", "-c", &format!("env > {}", out.display())].map(String::from);

@@ -24,6 +24,7 @@ pub mod settings;
 use settings::Settings;
 pub mod sign;
 
+use super::follow::{follow, Look, Pace};
 use ecs::Ecs;
 
 /// Alibaba Cloud, on the cloud boundary's list of clouds.
@@ -233,22 +234,29 @@ async fn learn(
     readings: Arc<dyn super::Readings>,
     price_every: Option<Duration>,
 ) {
-    let mut wait = Duration::from_secs(1);
-    let mut said = false;
-    while node.lifecycle.is_none() {
-        match lifecycle(&ecs, &node.instance_id).await {
-            Ok(l) => {
-                readings.lifecycle(l);
-                node.lifecycle = Some(l);
-            }
-            Err(why) => {
-                if !std::mem::replace(&mut said, true) {
-                    tracing::warn!(reason = %why, "cannot tell yet whether the instance is spot (DescribeInstances): its lifecycle and price stay unknown until it answers; asking again");
+    if node.lifecycle.is_none() {
+        let said = super::poll::Said {
+            failing: "cannot tell yet whether the instance is spot (DescribeInstances): its lifecycle and price stay unknown until it answers; asking again",
+            recovered: None,
+        };
+        let pace = super::poll::Pace {
+            every: Duration::ZERO,
+            retry: Duration::from_secs(1),
+            most: MOST_WAIT,
+        };
+        let learnt = std::sync::Mutex::new(None);
+        super::poll::poll(pace, said, &node.instance_id, || async {
+            match lifecycle(&ecs, &node.instance_id).await {
+                Ok(l) => {
+                    readings.lifecycle(l);
+                    *learnt.lock().unwrap_or_else(|e| e.into_inner()) = Some(l);
+                    super::poll::Read::Done
                 }
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(MOST_WAIT);
+                Err(why) => super::poll::Read::Failed(why),
             }
-        }
+        })
+        .await;
+        node.lifecycle = learnt.into_inner().unwrap_or_else(|e| e.into_inner());
     }
     if let Some(every) = price_every {
         poll_price(ecs, node, readings, every).await;
@@ -278,26 +286,27 @@ async fn poll_price(
     readings: Arc<dyn super::Readings>,
     every: Duration,
 ) {
-    let mut said = false;
-    let mut wait = Duration::from_secs(1);
-    loop {
+    let said = super::poll::Said {
+        failing:
+            "no price for this instance: spend is unknown unless [cost] hourly_price_usd is set",
+        recovered: Some("the ECS API gives a price again"),
+    };
+    let pace = super::poll::Pace {
+        every,
+        retry: Duration::from_secs(1),
+        most: MOST_WAIT.min(every),
+    };
+    super::poll::poll(pace, said, &node.instance_type, || async {
         match price(&ecs, &node).await {
             Ok((kind, p)) => {
                 tracing::info!(usd_per_hour = p, instance_type = %node.instance_type, "price from the ECS API");
                 readings.price(kind, p);
-                said = false;
-                wait = Duration::from_secs(1);
-                tokio::time::sleep(every).await;
+                super::poll::Read::Again
             }
-            Err(why) => {
-                if !std::mem::replace(&mut said, true) {
-                    tracing::warn!(reason = %why, "no price for this instance: spend is unknown unless [cost] hourly_price_usd is set");
-                }
-                tokio::time::sleep(wait.min(every)).await;
-                wait = (wait * 2).min(MOST_WAIT);
-            }
+            Err(why) => super::poll::Read::Failed(why),
         }
-    }
+    })
+    .await
 }
 
 async fn price(ecs: &Ecs, node: &Node) -> Result<(super::PriceKind, f64), String> {
@@ -570,34 +579,36 @@ impl AlibabaStep {
     /// name the instance, is read again (every 2 s, for at most `FOLLOW_FOR`), never taken as
     /// the stop's outcome.
     async fn stopped(&self, economical: bool) -> Result<(), CloudError> {
-        let started = Instant::now();
-        let mut last = String::from("unread");
         let unknown = |last: &str| {
             CloudError {
             operation: "StopInstance",
             kind: crate::cloud::ErrorKind::Other,
             message: format!(
-                "ECS accepted the stop, but the instance is still {last} after {}: its outcome is unknown",
+                "ECS accepted the stop, but the instance is still {} after {}: its outcome is unknown",
+                if last == "running" { "not Stopped" } else { last },
                 humantime::format_duration(crate::cloud::FOLLOW_FOR)
             ),
             request_id: None,
             retry_after: None,
         }
         };
-        let instance = loop {
-            if started.elapsed() > crate::cloud::FOLLOW_FOR {
-                return Err(unknown(&last));
-            }
-            match self.read_back().await {
-                Ok(Some(i)) => break i,
-                Ok(None) => last = "not Stopped".into(),
-                Err(e) if e.kind == crate::cloud::ErrorKind::Retryable => {
-                    last = format!("unread ({e})");
-                }
-                Err(e) => return Err(e),
-            }
-            tokio::time::sleep(Duration::from_secs(2)).await;
+        let pace = Pace {
+            first: Duration::ZERO,
+            every: Duration::from_secs(2),
+            most: Duration::from_secs(2),
         };
+        let deadline = Instant::now() + crate::cloud::FOLLOW_FOR;
+        let instance = follow(deadline, pace, unknown, || async {
+            match self.read_back().await {
+                Ok(Some(i)) => Look::Ended(Ok(i)),
+                Ok(None) => Look::Running(None),
+                Err(e) if e.kind == crate::cloud::ErrorKind::Retryable => {
+                    Look::Again(None, e.to_string())
+                }
+                Err(e) => Look::Ended(Err(e)),
+            }
+        })
+        .await?;
         let mode = instance["StoppedMode"].as_str().unwrap_or_default();
         if economical && mode != "StopCharging" {
             return Err(CloudError {

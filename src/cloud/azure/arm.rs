@@ -13,6 +13,7 @@ use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 
 use super::imds::AzureMetadata;
+use crate::cloud::follow::{follow, Look, Pace};
 use crate::cloud::metadata::MetadataError;
 use crate::cloud::rest::{same_origin, BearerToken, Rest, RestAnswer};
 use crate::cloud::{CloudError, ErrorKind};
@@ -318,81 +319,91 @@ impl Arm {
                 ),
             ));
         }
-        let started = Instant::now();
-        let mut wait = retry_after(first);
-        loop {
-            if started.elapsed() > FOLLOW_FOR {
-                return Err(fail(
-                    ErrorKind::Other,
-                    format!(
-                        "the operation had not ended after {}: its outcome is unknown",
-                        humantime::format_duration(FOLLOW_FOR)
-                    ),
-                ));
-            }
-            tokio::time::sleep(wait).await;
+        let pace = Pace {
+            first: retry_after(first),
+            every: DEFAULT_POLL,
+            most: DEFAULT_POLL,
+        };
+        let unknown = |_: &str| {
+            fail(
+                ErrorKind::Other,
+                format!(
+                    "the operation had not ended after {}: its outcome is unknown",
+                    humantime::format_duration(FOLLOW_FOR)
+                ),
+            )
+        };
+        let fail = &fail;
+        let deadline = Instant::now() + FOLLOW_FOR;
+        follow(deadline, pace, unknown, || async move {
             let answer = match self.send("Operations_Get", Method::GET, url, None).await {
                 Ok(a) => a,
                 Err(e) if e.kind == ErrorKind::Retryable => {
-                    tracing::warn!(error = %e, "cannot read the operation's status; reading it again");
-                    wait = DEFAULT_POLL;
-                    continue;
+                    return Look::Again(e.retry_after, e.to_string())
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Look::Ended(Err(e)),
             };
-            wait = retry_after(&answer.headers);
-            let status = answer.status.as_u16();
-            // A `Location` URL answers 202 while the operation runs, then its result.
-            if !async_operation {
-                match status {
-                    202 => continue,
-                    200..=299 => return Ok(()),
-                    429 => continue,
-                    _ => {
-                        let e = classify(operation, &answer);
-                        return Err(fail(
-                            ErrorKind::Other,
-                            format!("the operation ended: {}", e.message),
-                        ));
-                    }
-                }
+            look(operation, &answer, async_operation, fail)
+        })
+        .await
+    }
+}
+
+/// What one read of an operation's status URL says: a `Location` URL answers 202 while the
+/// operation runs, then its result; the `Azure-AsyncOperation` resource answers 200 with its
+/// `status` while it can be read (a failure to read it says nothing of the operation).
+fn look(
+    operation: &'static str,
+    answer: &RestAnswer,
+    async_operation: bool,
+    fail: &dyn Fn(ErrorKind, String) -> CloudError,
+) -> Look<()> {
+    let asked = answer.retry_after();
+    if !async_operation {
+        return match answer.status.as_u16() {
+            202 | 429 => Look::Running(asked),
+            200..=299 => Look::Ended(Ok(())),
+            _ => {
+                let e = classify(operation, answer);
+                Look::Ended(Err(fail(
+                    ErrorKind::Other,
+                    format!("the operation ended: {}", e.message),
+                )))
             }
-            // The `Azure-AsyncOperation` resource answers 200 while it can be read; a failure
-            // to read it says nothing of the operation.
-            if !answer.status.is_success() {
-                let e = classify("Operations_Get", &answer);
-                if e.kind == ErrorKind::Retryable {
-                    continue;
-                }
-                return Err(fail(
-                    e.kind,
-                    format!("the operation was accepted, but its status cannot be read: {e}"),
-                ));
-            }
-            #[derive(Deserialize, Default)]
-            #[serde(default)]
-            struct Status {
-                status: String,
-                error: Option<ErrorDetail>,
-            }
-            let s: Status = serde_json::from_slice(&answer.body).unwrap_or_default();
-            match s.status.as_str() {
-                "Succeeded" => return Ok(()),
-                "Failed" | "Canceled" => {
-                    let e = s.error.unwrap_or_default();
-                    return Err(fail(
-                        ErrorKind::Other,
-                        format!(
-                            "the operation ended {}: {}: {}",
-                            s.status,
-                            crate::redact::brief(&e.code, 128),
-                            crate::redact::brief(&e.message, 1024)
-                        ),
-                    ));
-                }
-                _ => {}
-            }
+        };
+    }
+    if !answer.status.is_success() {
+        let e = classify("Operations_Get", answer);
+        if e.kind == ErrorKind::Retryable {
+            return Look::Again(e.retry_after, e.to_string());
         }
+        return Look::Ended(Err(fail(
+            e.kind,
+            format!("the operation was accepted, but its status cannot be read: {e}"),
+        )));
+    }
+    #[derive(Deserialize, Default)]
+    #[serde(default)]
+    struct Status {
+        status: String,
+        error: Option<ErrorDetail>,
+    }
+    let s: Status = serde_json::from_slice(&answer.body).unwrap_or_default();
+    match s.status.as_str() {
+        "Succeeded" => Look::Ended(Ok(())),
+        "Failed" | "Canceled" => {
+            let e = s.error.unwrap_or_default();
+            Look::Ended(Err(fail(
+                ErrorKind::Other,
+                format!(
+                    "the operation ended {}: {}: {}",
+                    s.status,
+                    crate::redact::brief(&e.code, 128),
+                    crate::redact::brief(&e.message, 1024)
+                ),
+            )))
+        }
+        _ => Look::Running(asked),
     }
 }
 

@@ -187,9 +187,12 @@ pub async fn poll(
         "{scope}/providers/Microsoft.Consumption/budgets/{budget_name}?api-version={}",
         arm::BUDGETS_API_VERSION
     );
-    let mut delay = budget.poll_interval;
-    let mut failing = false;
-    loop {
+    let said = crate::cloud::poll::Said {
+        failing: "cannot read the Azure budget; it stays unknown, retried with backoff",
+        recovered: Some("the Azure budget answers again"),
+    };
+    let pace = crate::cloud::poll::budget_pace(&budget);
+    crate::cloud::poll::poll(pace, said, &budget.name, || async {
         let answer = match arm.send("Budgets_Get", Method::GET, &url, None).await {
             Ok(a) if a.status.is_success() => reading(&a.body, crate::time::now()),
             Ok(a) => Err(arm::classify("Budgets_Get", &a).to_string()),
@@ -197,23 +200,13 @@ pub async fn poll(
         };
         match answer {
             Ok((reading, period_end)) => {
-                if failing {
-                    tracing::info!(budget = %budget.name, "the Azure budget answers again");
-                }
-                failing = false;
-                delay = budget.poll_interval;
                 readings.budget(&budget.name, reading, period_end);
+                crate::cloud::poll::Read::Again
             }
-            Err(e) => {
-                if !failing {
-                    tracing::warn!(budget = %budget.name, error = %e, "cannot read the Azure budget; it stays unknown, retried with backoff");
-                }
-                failing = true;
-                delay = (delay * 2).min(Duration::from_secs(3600));
-            }
+            Err(e) => crate::cloud::poll::Read::Failed(e),
         }
-        tokio::time::sleep(delay).await;
-    }
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -385,27 +385,29 @@ async fn poll_price(base: String, node: Node, readings: Arc<dyn super::Readings>
     } else {
         super::PriceKind::List
     };
-    let mut said = false;
-    loop {
+    let said = super::poll::Said {
+        failing: "no price from the Azure Retail Prices API; keeping the last known one (set [cost] hourly_price_usd to give one)",
+        recovered: Some("the Azure Retail Prices API answers again"),
+    };
+    let pace = super::poll::Pace::steady(every);
+    super::poll::poll(pace, said, &node.instance_type, || async {
         match prices::price(&base, &node.region, &node.instance_type, spot).await {
             Ok(prices::Listed::Price(p)) => {
                 tracing::info!(usd_per_hour = p, size = %node.instance_type, region = %node.region, spot, "price from the Azure Retail Prices API");
                 readings.price(kind, p);
-                said = false;
+                super::poll::Read::Again
             }
             Ok(prices::Listed::Implausible {
                 usd_per_hour,
                 beside,
-            }) => readings.implausible(kind, usd_per_hour, beside),
-            Err(why) => {
-                if !said {
-                    said = true;
-                    tracing::warn!(reason = %why, "no price from the Azure Retail Prices API; keeping the last known one (set [cost] hourly_price_usd to give one)");
-                }
+            }) => {
+                readings.implausible(kind, usd_per_hour, beside);
+                super::poll::Read::Again
             }
+            Err(why) => super::poll::Read::Failed(why),
         }
-        tokio::time::sleep(every).await;
-    }
+    })
+    .await
 }
 
 /// Resource Manager, for this VM.

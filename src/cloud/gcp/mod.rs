@@ -318,29 +318,36 @@ impl InstanceMetadata for Gcp {
 }
 
 /// The VM's price from the table, once: an N1 VM's with the GPUs `instances.get` says are
-/// attached.
+/// attached (read again, backing off, until it answers).
 async fn price(compute: Arc<ComputeApi>, node: Node, readings: Arc<dyn super::Readings>) {
     let spot = node.lifecycle == Some(Lifecycle::Spot);
-    let gpus = if node.instance_type.starts_with("n1-") {
-        match compute.get().await {
-            Ok(i) => i
-                .guest_accelerators
-                .iter()
-                .map(|a| {
-                    (
-                        metadata::last(&a.accelerator_type).to_string(),
-                        a.accelerator_count,
-                    )
-                })
-                .collect(),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the VM's attached GPUs, so its price is unknown (set [cost] hourly_price_usd)");
-                return;
+    let gpus = std::sync::Mutex::new(Vec::new());
+    if node.instance_type.starts_with("n1-") {
+        let said = super::poll::Said {
+            failing: "cannot read the VM's attached GPUs, so its price is unknown until it answers (or set [cost] hourly_price_usd); reading it again",
+            recovered: None,
+        };
+        let pace = super::poll::Pace {
+            every: Duration::ZERO,
+            retry: Duration::from_secs(1),
+            most: Duration::from_secs(300),
+        };
+        super::poll::poll(pace, said, &node.instance_type, || async {
+            match compute.get().await {
+                Ok(i) => {
+                    let attached = i.guest_accelerators.iter().map(|a| {
+                        let kind = metadata::last(&a.accelerator_type).to_string();
+                        (kind, a.accelerator_count)
+                    });
+                    *gpus.lock().unwrap_or_else(|e| e.into_inner()) = attached.collect();
+                    super::poll::Read::Done
+                }
+                Err(e) => super::poll::Read::Failed(e.to_string()),
             }
-        }
-    } else {
-        Vec::new()
-    };
+        })
+        .await;
+    }
+    let gpus = gpus.into_inner().unwrap_or_else(|e| e.into_inner());
     match prices::price(&node.instance_type, &node.region, spot, &gpus) {
         Ok(p) => {
             let as_of = prices::as_of(if spot { "spot" } else { "on-demand" });

@@ -13,6 +13,7 @@ use reqwest::Method;
 use serde::Deserialize;
 
 use super::compute::{classify, ComputeApi, Instance};
+use crate::cloud::follow::{follow, Look, Pace};
 use crate::cloud::{CloudError, ErrorKind, FOLLOW_FOR};
 
 /// The wait between reads of an operation's status, or of the instance.
@@ -81,22 +82,19 @@ impl Outcome {
     }
 }
 
-/// The wait before the next read after `failures` failed reads in a row: the API's
-/// `Retry-After` where it sent one (from one poll to a minute), else doubling from one poll to
-/// [`MOST`].
-pub fn next_wait(failures: u32, retry_after: Option<Duration>) -> Duration {
-    match retry_after {
-        Some(r) => r.clamp(POLL, Duration::from_secs(60)),
-        None => (POLL * 2u32.saturating_pow(failures.saturating_sub(1).min(8))).min(MOST),
-    }
-}
+/// How operations and the instance are read while an operation runs.
+const PACE: Pace = Pace {
+    first: POLL,
+    every: POLL,
+    most: MOST,
+};
 
 /// A read of the operation or the instance.
 enum Read<T> {
     /// What it answered.
     Got(T),
-    /// Worth reading again, after this wait.
-    Again(Option<Duration>),
+    /// Worth reading again: the API's wait, if it gave one, and why.
+    Again(Option<Duration>, String),
     /// Not to be read: why.
     Refused(CloudError),
 }
@@ -140,35 +138,40 @@ impl ComputeApi {
             ));
         }
         let url = format!("{}/operations/{name}", self.zone_path);
-        let started = Instant::now();
-        let mut failures = 0;
-        let mut wait = POLL;
-        while op.status != "DONE" {
-            if started.elapsed() > FOLLOW_FOR {
-                return Err(settled(
-                    method,
-                    ErrorKind::Other,
-                    format!(
-                        "operation {name} had not ended after {}: its outcome is unknown",
-                        humantime::format_duration(FOLLOW_FOR)
-                    ),
-                ));
-            }
-            tokio::time::sleep(wait).await;
-            match self.read("zoneOperations.get", &url).await {
-                Read::Got((_, body)) => {
-                    op = serde_json::from_slice(&body).unwrap_or_default();
-                    op.name = name.clone();
-                    (failures, wait) = (0, POLL);
+        let deadline = Instant::now() + FOLLOW_FOR;
+        let unknown = |_: &str| {
+            settled(
+                method,
+                ErrorKind::Other,
+                format!(
+                    "operation {name} had not ended after {}: its outcome is unknown",
+                    humantime::format_duration(FOLLOW_FOR)
+                ),
+            )
+        };
+        if op.status != "DONE" {
+            let (url, name) = (&url, &name);
+            // Ends with the operation, or with why it cannot be read.
+            let read = follow(deadline, PACE, unknown, || async move {
+                match self.read("zoneOperations.get", url).await {
+                    Read::Got((_, body)) => {
+                        let mut op: GceOperation =
+                            serde_json::from_slice(&body).unwrap_or_default();
+                        op.name = name.clone();
+                        if op.status == "DONE" {
+                            Look::Ended(Ok(Ok(op)))
+                        } else {
+                            Look::Running(None)
+                        }
+                    }
+                    Read::Again(asked, why) => Look::Again(asked, why),
+                    Read::Refused(why) => Look::Ended(Ok(Err(why))),
                 }
-                Read::Again(retry_after) => {
-                    failures += 1;
-                    wait = next_wait(failures, retry_after);
-                }
-                Read::Refused(why) => {
-                    return self.watch(method, &name, outcome, started, why).await;
-                }
-            }
+            });
+            op = match read.await? {
+                Ok(op) => op,
+                Err(why) => return self.watch(method, name, outcome, deadline, why).await,
+            };
         }
         ended(method, &name, op)
     }
@@ -180,7 +183,7 @@ impl ComputeApi {
         method: &'static str,
         name: &str,
         outcome: &Outcome,
-        started: Instant,
+        deadline: Instant,
         why: CloudError,
     ) -> Result<Option<String>, CloudError> {
         let denied = why.kind == ErrorKind::AccessDenied;
@@ -195,45 +198,40 @@ impl ComputeApi {
         } else {
             tracing::debug!(operation = %name, error = %why, "following the instance for the operation's outcome");
         }
-        let mut failures = 0;
-        let mut wait = POLL;
-        loop {
-            if started.elapsed() > FOLLOW_FOR {
-                return Err(settled(
-                    method,
-                    ErrorKind::Other,
-                    format!(
-                        "operation {name} was accepted, but cannot be read ({why}), and the instance did not show it {} within {}: its outcome is unknown",
-                        outcome.words(),
-                        humantime::format_duration(FOLLOW_FOR)
-                    ),
-                ));
-            }
-            tokio::time::sleep(wait).await;
+        let unknown = |_: &str| {
+            settled(
+                method,
+                ErrorKind::Other,
+                format!(
+                    "operation {name} was accepted, but cannot be read ({why}), and the instance did not show it {} within {}: its outcome is unknown",
+                    outcome.words(),
+                    humantime::format_duration(FOLLOW_FOR)
+                ),
+            )
+        };
+        let why = &why;
+        follow(deadline, PACE, unknown, || async move {
             match self.read("instances.get", &self.instance).await {
                 Read::Got((status, body)) => {
                     let instance: Option<Instance> = serde_json::from_slice(&body).ok();
                     if outcome.shown(status, instance.as_ref()) {
-                        return Ok(Some(name.to_string()));
+                        Look::Ended(Ok(Some(name.to_string())))
+                    } else {
+                        Look::Running(None)
                     }
-                    (failures, wait) = (0, POLL);
                 }
-                Read::Again(retry_after) => {
-                    failures += 1;
-                    wait = next_wait(failures, retry_after);
-                }
-                Read::Refused(e) => {
-                    return Err(settled(
-                        method,
-                        e.kind,
-                        format!(
-                            "operation {name} was accepted, but neither it ({why}) nor the instance ({}) can be read: its outcome is unknown",
-                            e.message
-                        ),
-                    ))
-                }
+                Read::Again(asked, why) => Look::Again(asked, why),
+                Read::Refused(e) => Look::Ended(Err(settled(
+                    method,
+                    e.kind,
+                    format!(
+                        "operation {name} was accepted, but neither it ({why}) nor the instance ({}) can be read: its outcome is unknown",
+                        e.message
+                    ),
+                ))),
             }
-        }
+        })
+        .await
     }
 
     /// One read of `url` for `method`: a success, and the instance's 404 (a delete's outcome),
@@ -244,10 +242,10 @@ impl ComputeApi {
                 Read::Got((a.status.as_u16(), a.body))
             }
             Ok(a) => match classify(method, &a) {
-                e if e.kind == ErrorKind::Retryable => Read::Again(e.retry_after),
+                e if e.kind == ErrorKind::Retryable => Read::Again(e.retry_after, e.message),
                 e => Read::Refused(e),
             },
-            Err(e) if e.kind == ErrorKind::Retryable => Read::Again(e.retry_after),
+            Err(e) if e.kind == ErrorKind::Retryable => Read::Again(e.retry_after, e.message),
             Err(e) => Read::Refused(e),
         }
     }
@@ -327,23 +325,6 @@ mod tests {
         );
         assert!(!want.shown(200, Some(&before)));
         assert!(!want.shown(404, None));
-    }
-
-    #[test]
-    fn failed_reads_are_paced_by_retry_after_or_a_doubling_wait() {
-        assert_eq!(next_wait(1, None), POLL);
-        assert_eq!(next_wait(2, None), POLL * 2);
-        assert_eq!(next_wait(3, None), POLL * 4);
-        assert_eq!(next_wait(40, None), MOST);
-        assert_eq!(
-            next_wait(1, Some(Duration::from_secs(20))),
-            Duration::from_secs(20)
-        );
-        assert_eq!(next_wait(1, Some(Duration::ZERO)), POLL);
-        assert_eq!(
-            next_wait(1, Some(Duration::from_secs(3600))),
-            Duration::from_secs(60)
-        );
     }
 
     #[test]
