@@ -1,7 +1,8 @@
-//! A cloud's REST API with bearer tokens, for every cloud that has one (Azure Resource
-//! Manager, Compute Engine), on the shared client (`client.rs`: one HTTP client, a cap on
-//! answers, tokens kept until shortly before they expire), a token fetched again after a 401.
-//! No token is ever logged or put in an error.
+//! A cloud's HTTP API, for every cloud: Azure Resource Manager and Compute Engine with bearer
+//! tokens, ECS with Alibaba Cloud's signature, each an [`Authorization`] on the shared client
+//! (`client.rs`: one HTTP client, a cap on answers, credentials kept until shortly before they
+//! expire), the credentials fetched again once when the cloud refuses them as stale. No token,
+//! key or signature is ever logged or put in an error.
 
 use std::time::Duration;
 
@@ -28,6 +29,67 @@ impl std::fmt::Debug for BearerToken {
 /// Fetches a new token, for the operation that needs it.
 pub type TokenSource =
     Box<dyn Fn(&'static str) -> Fut<'static, Result<BearerToken, CloudError>> + Send + Sync>;
+
+/// A request about to be sent, as an [`Authorization`] signs it.
+pub struct Outgoing<'a> {
+    pub method: &'a Method,
+    pub url: &'a reqwest::Url,
+    pub body: &'a [u8],
+}
+
+/// What proves who sends a request: a bearer token, a signature.
+pub trait Authorization: Send + Sync {
+    /// The headers that authorize `request` for `operation`, with the credentials fetched
+    /// again first where `renew` says (the cloud refused them as stale).
+    fn headers<'a>(
+        &'a self,
+        operation: &'static str,
+        request: &'a Outgoing<'a>,
+        renew: bool,
+    ) -> Fut<'a, Result<Vec<(String, String)>, CloudError>>;
+
+    /// Whether `answer` refuses the credentials as stale: they are fetched again, and the
+    /// request sent again, once.
+    fn stale(&self, answer: &RestAnswer) -> bool {
+        answer.status == StatusCode::UNAUTHORIZED
+    }
+}
+
+/// A bearer token from `tokens`, kept until shortly before it expires.
+pub struct Bearer {
+    tokens: TokenSource,
+    token: Cached<String>,
+}
+
+impl Bearer {
+    pub fn new(tokens: TokenSource) -> Bearer {
+        Bearer {
+            tokens,
+            token: Cached::default(),
+        }
+    }
+}
+
+impl Authorization for Bearer {
+    fn headers<'a>(
+        &'a self,
+        operation: &'static str,
+        _request: &'a Outgoing<'a>,
+        renew: bool,
+    ) -> Fut<'a, Result<Vec<(String, String)>, CloudError>> {
+        Box::pin(async move {
+            let token = self
+                .token
+                .get(renew, || async {
+                    let token = (self.tokens)(operation).await?;
+                    crate::redact::hold_secret(&token.value);
+                    Ok((token.value, token.expires_on))
+                })
+                .await?;
+            Ok(vec![(AUTHORIZATION.to_string(), format!("Bearer {token}"))])
+        })
+    }
+}
 
 /// An answer: its status, headers and body.
 pub struct RestAnswer {
@@ -66,40 +128,47 @@ pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 pub struct Rest {
     /// The endpoint, without a trailing slash.
     pub base: String,
-    tokens: TokenSource,
-    token: Cached<String>,
+    authorization: Box<dyn Authorization>,
     http: Http,
 }
 
 impl Rest {
-    pub fn new(base: &str, tokens: TokenSource) -> Rest {
+    pub fn new(base: &str, authorization: Box<dyn Authorization>) -> Rest {
         Rest {
             base: base.trim_end_matches('/').to_string(),
-            tokens,
-            token: Cached::default(),
+            authorization,
             http: Http::default(),
         }
     }
 
-    /// A token, renewed before it expires (or now, after a 401).
-    async fn bearer(&self, operation: &'static str, renew: bool) -> Result<String, CloudError> {
-        self.token
-            .get(renew, || async {
-                let token = (self.tokens)(operation).await?;
-                crate::redact::hold_secret(&token.value);
-                Ok((token.value, token.expires_on))
-            })
-            .await
+    /// An API of bearer tokens from `tokens`.
+    pub fn bearer(base: &str, tokens: TokenSource) -> Rest {
+        Rest::new(base, Box::new(Bearer::new(tokens)))
     }
 
-    /// Sends one request to `url` (a path under the endpoint, or a URL on it), with a token;
-    /// a 401 renews the token and tries once more.
+    /// Sends one request to `url` (a path under the endpoint, or a URL on it), authorized; an
+    /// answer that refuses the credentials as stale renews them and tries once more. A `GET`
+    /// may be sent again; any other call only if it never left.
     pub async fn send(
         &self,
         operation: &'static str,
         method: Method,
         url: &str,
         body: Option<&serde_json::Value>,
+    ) -> Result<RestAnswer, CloudError> {
+        let mutating = method != Method::GET;
+        self.send_as(operation, method, url, body, mutating).await
+    }
+
+    /// [`send`](Rest::send), where the caller says whether the call changes something (an RPC
+    /// API's reads are `POST`s too).
+    pub async fn send_as(
+        &self,
+        operation: &'static str,
+        method: Method,
+        url: &str,
+        body: Option<&serde_json::Value>,
+        mutating: bool,
     ) -> Result<RestAnswer, CloudError> {
         let url = if url.starts_with('/') {
             format!("{}{url}", self.base)
@@ -119,20 +188,35 @@ impl Rest {
                 retry_after: None,
             });
         }
-        // A read may be sent again; a call that changes something, only if it never left.
-        let mutating = method != Method::GET;
+        let parsed = reqwest::Url::parse(&url).map_err(|e| CloudError {
+            operation,
+            kind: ErrorKind::Other,
+            message: format!("{} is not a URL: {e}", crate::redact::urls(&url)),
+            request_id: None,
+            retry_after: None,
+        })?;
+        let body = body.map(|b| b.to_string());
+        let outgoing = Outgoing {
+            method: &method,
+            url: &parsed,
+            body: body.as_deref().unwrap_or_default().as_bytes(),
+        };
         let mut renew = false;
         loop {
-            let token = self.bearer(operation, renew).await?;
+            let headers = (self.authorization)
+                .headers(operation, &outgoing, renew)
+                .await?;
             let mut request = self
                 .http
                 .get(operation)?
-                .request(method.clone(), &url)
-                .header(AUTHORIZATION, format!("Bearer {token}"));
-            request = match body {
+                .request(method.clone(), parsed.clone());
+            for (name, value) in headers {
+                request = request.header(name, value);
+            }
+            request = match &body {
                 Some(b) => request
                     .header(CONTENT_TYPE, "application/json")
-                    .body(b.to_string()),
+                    .body(b.clone()),
                 // A call without a body says so: some front ends refuse one that doesn't.
                 None if method != Method::GET => request.header(CONTENT_LENGTH, "0"),
                 None => request,
@@ -149,15 +233,16 @@ impl Rest {
                     let why = format!("the answer is larger than {MAX_BODY} bytes");
                     exchange_error(operation, mutating, false, &why)
                 })?;
-            if status == StatusCode::UNAUTHORIZED && !renew {
-                renew = true;
-                continue;
-            }
-            return Ok(RestAnswer {
+            let answer = RestAnswer {
                 status,
                 headers,
                 body,
-            });
+            };
+            if !renew && self.authorization.stale(&answer) {
+                renew = true;
+                continue;
+            }
+            return Ok(answer);
         }
     }
 }

@@ -10,9 +10,10 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::sign;
-use crate::cloud::client::{Cached, Http, MAX_BODY};
+use crate::cloud::client::Cached;
 use crate::cloud::metadata::{MetadataError, TokenSession};
-use crate::cloud::{CloudError, ErrorKind};
+use crate::cloud::rest::{Authorization, Outgoing, Rest, RestAnswer};
+use crate::cloud::{CloudError, ErrorKind, Fut};
 
 pub const VERSION: &str = "2014-05-26";
 
@@ -68,57 +69,33 @@ pub struct Ecs {
     /// The endpoint, without a trailing slash.
     base: String,
     region: String,
+    rest: Rest,
+}
+
+/// Signature V3 under the instance RAM role's STS credentials, which metadata gives and which
+/// are kept until shortly before they expire: the ECS API's [`Authorization`].
+struct Signature {
     metadata: Arc<TokenSession>,
     /// The RAM role's name, if the config gives it; else metadata names it.
     role: String,
     credentials: Cached<Credentials>,
-    http: Http,
 }
 
-impl Ecs {
-    pub fn new(base: &str, region: &str, metadata: Arc<TokenSession>, role: &str) -> Ecs {
-        Ecs {
-            base: base.trim_end_matches('/').to_string(),
-            region: region.to_string(),
-            metadata,
-            role: role.to_string(),
-            credentials: Cached::default(),
-            http: Http::default(),
-        }
+fn fail(action: &'static str, kind: ErrorKind, message: String) -> CloudError {
+    CloudError {
+        operation: action,
+        kind,
+        message,
+        request_id: None,
+        retry_after: None,
     }
+}
 
-    pub fn region(&self) -> &str {
-        &self.region
-    }
-
-    fn fail(action: &'static str, kind: ErrorKind, message: String) -> CloudError {
-        CloudError {
-            operation: action,
-            kind,
-            message,
-            request_id: None,
-            retry_after: None,
-        }
-    }
-
-    /// The STS credentials, fetched now when none are fresh (or `renew` asks).
-    async fn credentials(
-        &self,
-        action: &'static str,
-        renew: bool,
-    ) -> Result<Credentials, CloudError> {
-        self.credentials
-            .get(renew, || self.fetch_credentials(action))
-            .await
-    }
-
+impl Signature {
     /// The RAM role's STS credentials from metadata, and when they expire.
-    async fn fetch_credentials(
-        &self,
-        action: &'static str,
-    ) -> Result<(Credentials, f64), CloudError> {
+    async fn fetch(&self, action: &'static str) -> Result<(Credentials, f64), CloudError> {
         let no = |e: MetadataError| {
-            Self::fail(
+            fail(
                 action,
                 ErrorKind::Retryable,
                 format!("no RAM role credentials: {e}"),
@@ -135,7 +112,7 @@ impl Ecs {
             self.role.clone()
         };
         if role.is_empty() || role.contains(['/', '?', '#']) {
-            return Err(Self::fail(
+            return Err(fail(
                 action,
                 ErrorKind::AccessDenied,
                 "the instance has no RAM role: attach one (see config/alibaba-ram-policy.json)"
@@ -148,7 +125,7 @@ impl Ecs {
             .await
             .map_err(no)?;
         let c: Credentials = serde_json::from_str(&body).map_err(|_| {
-            Self::fail(
+            fail(
                 action,
                 ErrorKind::Retryable,
                 "the RAM role credentials do not parse".into(),
@@ -162,7 +139,7 @@ impl Ecs {
                 && good(&c.access_key_secret)
                 && good(&c.security_token)
         }) else {
-            return Err(Self::fail(
+            return Err(fail(
                 action,
                 ErrorKind::Retryable,
                 format!(
@@ -176,53 +153,94 @@ impl Ecs {
         }
         Ok((c, expires))
     }
+}
 
-    /// A `POST` of `action` to `url` (on `host`) with `query`, signed with `c`.
-    fn signed(
-        &self,
+impl Authorization for Signature {
+    /// The `x-acs-*` headers of an RPC call (its action, the API version, the time, a nonce,
+    /// the empty body's hash, the STS token) and the signature over them, the host, the
+    /// method, the path and the query as sent.
+    fn headers<'a>(
+        &'a self,
         action: &'static str,
-        url: &str,
-        host: &str,
-        query: &[(String, String)],
-        c: &Credentials,
-    ) -> Result<reqwest::RequestBuilder, CloudError> {
-        let empty = sign::sha256_hex(b"");
-        let headers: Vec<(String, String)> = [
-            ("host", host),
-            ("x-acs-action", action),
-            ("x-acs-version", VERSION),
-            ("x-acs-date", &rfc3339_seconds(crate::time::now())),
-            ("x-acs-signature-nonce", &nonce()),
-            ("x-acs-content-sha256", &empty),
-            ("x-acs-security-token", &c.security_token),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        let signed = sign::sign(
-            &sign::Request {
-                method: "POST",
-                path: "/",
-                query,
-                headers: &headers,
-                body: b"",
-            },
-            &c.access_key_id,
-            &c.access_key_secret,
-        );
-        let mut request = self
-            .http
-            .get(action)?
-            .post(url)
-            .header("authorization", signed.authorization);
-        for (k, v) in headers.iter().filter(|(k, _)| k != "host") {
-            request = request.header(k, v);
-        }
-        Ok(request)
+        request: &'a Outgoing<'a>,
+        renew: bool,
+    ) -> Fut<'a, Result<Vec<(String, String)>, CloudError>> {
+        Box::pin(async move {
+            let c = self.credentials.get(renew, || self.fetch(action)).await?;
+            let host = match (request.url.host_str(), request.url.port()) {
+                (Some(h), Some(p)) => format!("{h}:{p}"),
+                (Some(h), None) => h.to_string(),
+                _ => {
+                    return Err(fail(
+                        action,
+                        ErrorKind::Other,
+                        "the endpoint names no host".into(),
+                    ))
+                }
+            };
+            let body = sign::sha256_hex(request.body);
+            let headers: Vec<(String, String)> = [
+                ("host", host.as_str()),
+                ("x-acs-action", action),
+                ("x-acs-version", VERSION),
+                ("x-acs-date", &rfc3339_seconds(crate::time::now())),
+                ("x-acs-signature-nonce", &nonce()),
+                ("x-acs-content-sha256", &body),
+                ("x-acs-security-token", &c.security_token),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+            let query: Vec<(String, String)> = (request.url.query_pairs())
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect();
+            let signed = sign::sign(
+                &sign::Request {
+                    method: request.method.as_str(),
+                    path: request.url.path(),
+                    query: &query,
+                    headers: &headers,
+                    body: request.body,
+                },
+                &c.access_key_id,
+                &c.access_key_secret,
+            );
+            // The client sends the host itself.
+            let mut out: Vec<(String, String)> =
+                headers.into_iter().filter(|(k, _)| k != "host").collect();
+            out.push(("authorization".into(), signed.authorization));
+            Ok(out)
+        })
     }
 
-    /// Calls `action` with `params`, signed; an STS token the API calls expired is renewed
-    /// once. Returns the answer's JSON.
+    /// ECS refuses an expired STS token with `InvalidSecurityToken.*`.
+    fn stale(&self, answer: &RestAnswer) -> bool {
+        let e: ErrorBody = serde_json::from_slice(&answer.body).unwrap_or_default();
+        answer.status != 200 && e.code.starts_with("InvalidSecurityToken")
+    }
+}
+
+impl Ecs {
+    pub fn new(base: &str, region: &str, metadata: Arc<TokenSession>, role: &str) -> Ecs {
+        let signature = Signature {
+            metadata,
+            role: role.to_string(),
+            credentials: Cached::default(),
+        };
+        Ecs {
+            base: base.trim_end_matches('/').to_string(),
+            region: region.to_string(),
+            rest: Rest::new(base, Box::new(signature)),
+        }
+    }
+
+    pub fn region(&self) -> &str {
+        &self.region
+    }
+
+    /// Calls `action` with `params`, signed (an STS token the API calls expired is renewed
+    /// once). A `Describe*` may be sent again; a call that changes something, only if it never
+    /// left. Returns the answer's JSON.
     pub async fn call(
         &self,
         action: &'static str,
@@ -232,67 +250,22 @@ impl Ecs {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let canonical = sign::canonical_query(&query);
-        let url = format!("{}/?{canonical}", self.base);
-        let parsed = reqwest::Url::parse(&url).map_err(|e| {
-            Self::fail(
-                action,
-                ErrorKind::Other,
-                format!("the endpoint is not a URL: {e}"),
-            )
-        })?;
-        let host = match (parsed.host_str(), parsed.port()) {
-            (Some(h), Some(p)) => format!("{h}:{p}"),
-            (Some(h), None) => h.to_string(),
-            _ => {
-                return Err(Self::fail(
+        let url = format!("{}/?{}", self.base, sign::canonical_query(&query));
+        let mutating = !action.starts_with("Describe");
+        let answer = (self.rest)
+            .send_as(action, reqwest::Method::POST, &url, None, mutating)
+            .await?;
+        if answer.status == 200 {
+            return serde_json::from_slice(&answer.body).map_err(|e| {
+                fail(
                     action,
                     ErrorKind::Other,
-                    "the endpoint names no host".into(),
-                ))
-            }
-        };
-        let mut renew = false;
-        loop {
-            let c = self.credentials(action, renew).await?;
-            let request = self.signed(action, &url, &host, &query, &c)?;
-            // A `Describe*` may be sent again; a call that changes something, only if it
-            // never left.
-            let mutating = !action.starts_with("Describe");
-            let lost = |never_sent: bool, what: &str| {
-                crate::cloud::rest::exchange_error(action, mutating, never_sent, what)
-            };
-            let response = request
-                .header(reqwest::header::CONTENT_LENGTH, "0")
-                .send()
-                .await
-                .map_err(|e| lost(e.is_connect(), &e.to_string()))?;
-            let status = response.status().as_u16();
-            let body = crate::client::read_body(response, MAX_BODY)
-                .await
-                .map_err(|e| lost(false, &e.to_string()))?
-                .ok_or_else(|| {
-                    lost(
-                        false,
-                        &format!("the answer is larger than {MAX_BODY} bytes"),
-                    )
-                })?;
-            if status == 200 {
-                return serde_json::from_slice(&body).map_err(|e| {
-                    Self::fail(
-                        action,
-                        ErrorKind::Other,
-                        format!("the answer does not parse: {e}"),
-                    )
-                });
-            }
-            let e: ErrorBody = serde_json::from_slice(&body).unwrap_or_default();
-            if e.code.starts_with("InvalidSecurityToken") && !renew {
-                renew = true;
-                continue;
-            }
-            return Err(classify(action, status, e));
+                    format!("the answer does not parse: {e}"),
+                )
+            });
         }
+        let e: ErrorBody = serde_json::from_slice(&answer.body).unwrap_or_default();
+        Err(classify(action, answer.status.as_u16(), e))
     }
 
     /// This instance, as `DescribeInstances` gives it. An answer that does not name it (ECS is

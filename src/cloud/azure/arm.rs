@@ -237,7 +237,7 @@ impl Arm {
             Box::pin(async move { token(&imds, operation).await })
         });
         Arm {
-            rest: Rest::new(base, tokens),
+            rest: Rest::bearer(base, tokens),
             vm,
         }
     }

@@ -236,7 +236,7 @@ impl ComputeApi {
         });
         let zone_path = format!("/compute/v1/projects/{project}/zones/{zone}");
         ComputeApi {
-            rest: Rest::new(base, tokens),
+            rest: Rest::bearer(base, tokens),
             instance: format!("{zone_path}/instances/{name}"),
             zone_path,
             ops_unread_said: AtomicBool::new(false),
