@@ -18,15 +18,6 @@ use tokio::task::JoinSet;
 use crate::config::{CloudConfig, CloudKeys, Config, ConfigErrors, Listed};
 use crate::rules::{Action, Lifecycle};
 
-#[cfg(feature = "alibaba")]
-pub mod alibaba;
-#[cfg(feature = "aws")]
-pub mod aws;
-#[cfg(feature = "azure")]
-pub mod azure;
-#[cfg(feature = "gcp")]
-pub mod gcp;
-
 pub mod client;
 pub mod follow;
 pub mod metadata;
@@ -71,26 +62,36 @@ pub struct Provider {
 /// What a rehearsed action leaves the node as, or why the plan refuses it.
 pub type Rehearsal = Result<plan::Down, String>;
 
-/// A cloud on the list: its name, and the cloud where the build holds it (`$feature` is both
-/// its cargo feature and its `[cloud] provider` value).
-macro_rules! listed {
-    ($feature:literal, $folder:ident) => {{
-        #[cfg(feature = $feature)]
-        const BUILT: Option<&Provider> = Some(&$folder::PROVIDER);
-        #[cfg(not(feature = $feature))]
-        const BUILT: Option<&Provider> = None;
-        ($feature, BUILT)
-    }};
+/// The list of clouds: each line names a cloud's cargo feature (also its `[cloud] provider`
+/// value) and its folder, which is compiled where the build holds the feature. [`CLOUDS`] holds
+/// each, and the cloud where it is built.
+macro_rules! clouds {
+    ($($feature:literal => $folder:ident,)*) => {
+        $(
+            #[cfg(feature = $feature)]
+            pub mod $folder;
+        )*
+
+        /// Every cloud gpuwatch acts on, and the cloud itself where this build holds it (each
+        /// is a cargo feature): the only list of them.
+        pub const CLOUDS: &[(&str, Option<&Provider>)] = &[$(
+            ($feature, {
+                #[cfg(feature = $feature)]
+                const BUILT: Option<&Provider> = Some(&$folder::PROVIDER);
+                #[cfg(not(feature = $feature))]
+                const BUILT: Option<&Provider> = None;
+                BUILT
+            }),
+        )*];
+    };
 }
 
-/// Every cloud gpuwatch acts on, and the cloud itself where this build holds it (each is a
-/// cargo feature): the only list of them.
-pub const CLOUDS: &[(&str, Option<&Provider>)] = &[
-    listed!("aws", aws),
-    listed!("azure", azure),
-    listed!("gcp", gcp),
-    listed!("alibaba", alibaba),
-];
+clouds! {
+    "aws" => aws,
+    "azure" => azure,
+    "gcp" => gcp,
+    "alibaba" => alibaba,
+}
 
 /// The clouds this build holds, in the list's order.
 pub fn providers() -> impl Iterator<Item = &'static Provider> {

@@ -16,6 +16,16 @@ pub struct Pace {
 }
 
 impl Pace {
+    /// A read needed until it answers once: tried again after a second, twice as long each
+    /// time, up to `most`.
+    pub const fn until_answered(most: Duration) -> Pace {
+        Pace {
+            every: Duration::ZERO,
+            retry: Duration::from_secs(1),
+            most,
+        }
+    }
+
     /// The same wait after a failure as after an answer.
     pub const fn steady(every: Duration) -> Pace {
         Pace {

@@ -239,11 +239,7 @@ async fn learn(
             failing: "cannot tell yet whether the instance is spot (DescribeInstances): its lifecycle and price stay unknown until it answers; asking again",
             recovered: None,
         };
-        let pace = super::poll::Pace {
-            every: Duration::ZERO,
-            retry: Duration::from_secs(1),
-            most: MOST_WAIT,
-        };
+        let pace = super::poll::Pace::until_answered(MOST_WAIT);
         let learnt = std::sync::Mutex::new(None);
         super::poll::poll(pace, said, &node.instance_id, || async {
             match lifecycle(&ecs, &node.instance_id).await {

@@ -327,11 +327,7 @@ async fn price(compute: Arc<ComputeApi>, node: Node, readings: Arc<dyn super::Re
             failing: "cannot read the VM's attached GPUs, so its price is unknown until it answers (or set [cost] hourly_price_usd); reading it again",
             recovered: None,
         };
-        let pace = super::poll::Pace {
-            every: Duration::ZERO,
-            retry: Duration::from_secs(1),
-            most: Duration::from_secs(300),
-        };
+        let pace = super::poll::Pace::until_answered(Duration::from_secs(300));
         super::poll::poll(pace, said, &node.instance_type, || async {
             match compute.get().await {
                 Ok(i) => {
