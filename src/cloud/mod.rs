@@ -456,7 +456,7 @@ mod tests {
         // With no cloud, an action is refused naming every cloud the build holds.
         let refusal = no_provider();
         assert!(providers().all(|p| refusal.contains(&format!("\"{}\"", p.name))));
-        assert!(parse("oracle").is_err());
+        assert!(parse("nonesuch").is_err());
         let names: Vec<&str> = CLOUDS.iter().map(|(name, _)| *name).collect();
         for (name, p) in CLOUDS {
             assert!(p.is_none_or(|p| p.name == *name), "{name}");
