@@ -324,6 +324,8 @@ fn start(
                 "GPUWATCH_FAKE_NVML_SCENARIO",
                 dir.path().join("scenario.toml"),
             )
+            // The fake library counts every call by function.
+            .env("GPUWATCH_FAKE_NVML_CALLS", dir.path().join("calls.txt"))
             // Nothing reaches the real metadata address or AWS.
             .env("AWS_EC2_METADATA_DISABLED", "true")
             .env("AWS_ACCESS_KEY_ID", "bench")
@@ -362,6 +364,7 @@ fn run(window: u64, setup: Setup, imds: SocketAddr, all_smi: Option<&str>) {
 
     let ticks = clock_ticks_per_second();
     let cpu0 = proc_stat_cpu_ticks(pid);
+    let calls0 = nvml_calls(dir.path());
     let t0 = Instant::now();
     match &peer {
         None => std::thread::sleep(Duration::from_secs(window)),
@@ -378,6 +381,7 @@ fn run(window: u64, setup: Setup, imds: SocketAddr, all_smi: Option<&str>) {
         .as_ref()
         .map(|(smi, _)| (memory(pid), memory(smi.0.id())));
     let cpu1 = proc_stat_cpu_ticks(pid);
+    let calls1 = nvml_calls(dir.path());
     let elapsed = t0.elapsed().as_secs_f64();
     let cpu_secs = (cpu1 - cpu0) as f64 / ticks;
 
@@ -433,6 +437,7 @@ fn run(window: u64, setup: Setup, imds: SocketAddr, all_smi: Option<&str>) {
             ratio(gw.rss_file, smi.rss_file)
         );
     }
+    print_calls(&calls0, &calls1, setup.gpus, elapsed);
 }
 
 /// Starts all-smi's exporter over the scenario in `dir`, and waits until it serves `gpus` GPUs.
@@ -523,5 +528,44 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// The fake library's call counts (`GPUWATCH_FAKE_NVML_CALLS`), by function, as last written
+/// (it writes them at most once a second, so a window's counts are right to about a second).
+fn nvml_calls(dir: &std::path::Path) -> std::collections::BTreeMap<String, u64> {
+    let text = std::fs::read_to_string(dir.join("calls.txt")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let (f, n) = l.split_once(' ')?;
+            Some((f.to_string(), n.parse().ok()?))
+        })
+        .collect()
+}
+
+/// NVML calls per GPU per second over the window, and with `GPUWATCH_BENCH_CALLS` set, each
+/// function's.
+fn print_calls(
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+    gpus: usize,
+    secs: f64,
+) {
+    let rate = |n: u64| n as f64 / gpus as f64 / secs;
+    let made: Vec<(&String, u64)> = after
+        .iter()
+        .map(|(f, n)| (f, n - before.get(f).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let total: u64 = made.iter().map(|(_, n)| n).sum();
+    println!(
+        "      NVML: {:.1} calls per GPU per second, {} functions",
+        rate(total),
+        made.len()
+    );
+    if std::env::var_os("GPUWATCH_BENCH_CALLS").is_some() {
+        for (f, n) in made {
+            println!("        {f}: {:.2}", rate(n));
+        }
     }
 }

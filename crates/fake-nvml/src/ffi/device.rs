@@ -13,6 +13,7 @@ use crate::scenario::{Field, Gpu};
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetCount_v2");
     match state() {
         Ok(_) if count.is_null() => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
         Ok(st) => {
@@ -32,6 +33,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     index: c_uint,
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetHandleByIndex_v2");
     let st = match state() {
         Ok(st) => st,
         Err(e) => return e,
@@ -52,6 +54,7 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(
     device: nvmlDevice_t,
     index: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetIndex");
     let st = match state() {
         Ok(st) => st,
         Err(e) => return e,
@@ -88,6 +91,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     uuid: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetUUID");
     if let Ok(st) = state() {
         if let Some((gpu, mig)) = mig_of(st, device) {
             let g = &st.scenario.gpus[gpu as usize];
@@ -103,6 +107,7 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     name: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetName");
     if let Ok(st) = state() {
         if let Some((gpu, mig)) = mig_of(st, device) {
             let g = &st.scenario.gpus[gpu as usize];
@@ -118,6 +123,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     device: nvmlDevice_t,
     pci: *mut nvmlPciInfo_t,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetPciInfo_v3");
     query(device, Field::Identity, pci, |g, _| {
         // SAFETY: `nvmlPciInfo_t` is a C struct of integers and byte arrays: all zeroes is valid.
         let mut info: nvmlPciInfo_t = std::mem::zeroed();
@@ -142,6 +148,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_v2_t,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetMemoryInfo_v2");
     let version = if memory.is_null() {
         0
     } else {
@@ -176,6 +183,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_t,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetMemoryInfo");
     let mig = mig_query(device, Field::Memory, memory, |m, t| {
         let used = m.memory_used_bytes(t);
         nvmlMemory_t {

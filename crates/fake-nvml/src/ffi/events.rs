@@ -25,11 +25,13 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
     device: nvmlDevice_t,
     types: *mut c_ulonglong,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetSupportedEventTypes");
     query(device, Field::Events, types, |_, _| SUPPORTED_EVENTS)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> nvmlReturn_t {
+    crate::calls::count("nvmlEventSetCreate");
     if let Err(e) = state() {
         return e;
     }
@@ -50,6 +52,7 @@ pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
     types: c_ulonglong,
     set: nvmlEventSet_t,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceRegisterEvents");
     let (_, gpu) = match gpu_of(device) {
         Ok(found) => found,
         Err(e) => return e,
@@ -75,6 +78,7 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
     data: *mut nvmlEventData_t,
     timeout_ms: c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlEventSetWait_v2");
     let st = match state() {
         Ok(st) => st,
         Err(e) => return e,
@@ -128,6 +132,7 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> nvmlReturn_t {
+    crate::calls::count("nvmlEventSetFree");
     if set.is_null() {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }

@@ -55,6 +55,7 @@ pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
     device: nvmlDevice_t,
     support: *mut nvmlGpmSupport_t,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlGpmQueryDeviceSupport");
     // SAFETY: `support` is checked non-null first; by NVML's contract it is valid for reads
     // and writes.
     if support.is_null() || (*support).version != NVML_GPM_SUPPORT_VERSION {
@@ -82,6 +83,7 @@ pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlGpmSampleAlloc(sample: *mut nvmlGpmSample_t) -> nvmlReturn_t {
+    crate::calls::count("nvmlGpmSampleAlloc");
     if sample.is_null() {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }
@@ -101,6 +103,7 @@ pub unsafe extern "C" fn nvmlGpmSampleAlloc(sample: *mut nvmlGpmSample_t) -> nvm
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlGpmSampleFree(sample: nvmlGpmSample_t) -> nvmlReturn_t {
+    crate::calls::count("nvmlGpmSampleFree");
     if sample.is_null() {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }
@@ -116,6 +119,7 @@ pub unsafe extern "C" fn nvmlGpmSampleGet(
     device: nvmlDevice_t,
     sample: nvmlGpmSample_t,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlGpmSampleGet");
     if sample.is_null() {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }
@@ -146,6 +150,7 @@ pub unsafe extern "C" fn nvmlGpmMigSampleGet(
     gpu_instance: c_uint,
     sample: nvmlGpmSample_t,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlGpmMigSampleGet");
     if sample.is_null() {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }
@@ -180,6 +185,7 @@ pub unsafe extern "C" fn nvmlGpmMigSampleGet(
 /// as the driver computes them from its counters.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlGpmMetricsGet(get: *mut nvmlGpmMetricsGet_t) -> nvmlReturn_t {
+    crate::calls::count("nvmlGpmMetricsGet");
     if get.is_null() {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }

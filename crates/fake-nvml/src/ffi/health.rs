@@ -104,6 +104,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
     values_count: c_int,
     values: *mut nvmlFieldValue_t,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetFieldValues");
     if values.is_null() || values_count <= 0 {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }
@@ -201,6 +202,7 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPages(
     page_count: *mut c_uint,
     addresses: *mut c_ulonglong,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetRetiredPages");
     retired_pages(device, cause, page_count, addresses, std::ptr::null_mut())
 }
 
@@ -212,6 +214,7 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPages_v2(
     addresses: *mut c_ulonglong,
     timestamps: *mut c_ulonglong,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetRetiredPages_v2");
     retired_pages(device, cause, page_count, addresses, timestamps)
 }
 
@@ -220,6 +223,7 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(
     device: nvmlDevice_t,
     is_pending: *mut nvmlEnableState_t,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetRetiredPagesPendingStatus");
     let mut pending = None;
     let rc = query(device, Field::RetiredPages, is_pending, |g, t| {
         pending = g.retired_pages.as_ref().map(|r| r.pending.at(t) >= 0.5);
@@ -241,6 +245,7 @@ pub unsafe extern "C" fn nvmlDeviceGetViolationStatus(
     policy: nvmlPerfPolicyType_t,
     viol_time: *mut nvmlViolationTime_t,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetViolationStatus");
     // Power (0) to reliability (5); the totals over them are not played.
     let i = policy as usize;
     if i >= 6 {

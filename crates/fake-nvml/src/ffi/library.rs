@@ -10,6 +10,7 @@ use super::{load, state, write_str, INIT_COUNT};
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
+    crate::calls::count("nvmlInit_v2");
     match load() {
         Err(msg) => {
             eprintln!("gpuwatch-fake-nvml: {msg}");
@@ -25,16 +26,20 @@ pub unsafe extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlInit() -> nvmlReturn_t {
+    crate::calls::count("nvmlInit");
     nvmlInit_v2()
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
+    crate::calls::count("nvmlInitWithFlags");
     nvmlInit_v2()
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlShutdown() -> nvmlReturn_t {
+    crate::calls::count("nvmlShutdown");
+    crate::calls::flush();
     let prev = INIT_COUNT.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| c.checked_sub(1));
     match prev {
         Ok(_) => nvmlReturn_enum_NVML_SUCCESS,
@@ -44,6 +49,7 @@ pub unsafe extern "C" fn nvmlShutdown() -> nvmlReturn_t {
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
+    crate::calls::count("nvmlErrorString");
     let s: &'static [u8] = match result {
         nvmlReturn_enum_NVML_SUCCESS => b"Success\0",
         nvmlReturn_enum_NVML_ERROR_UNINITIALIZED => b"Uninitialized\0",
@@ -62,6 +68,7 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
     version: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlSystemGetDriverVersion");
     match state() {
         Ok(st) => write_str(version, length, &st.scenario.driver_version),
         Err(e) => e,
@@ -73,6 +80,7 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
     version: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlSystemGetNVMLVersion");
     match state() {
         Ok(st) => write_str(version, length, &st.scenario.nvml_version),
         Err(e) => e,
@@ -81,6 +89,7 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> nvmlReturn_t {
+    crate::calls::count("nvmlSystemGetCudaDriverVersion_v2");
     match state() {
         Ok(_) if version.is_null() => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
         Ok(st) => {
@@ -93,5 +102,6 @@ pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) 
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> nvmlReturn_t {
+    crate::calls::count("nvmlSystemGetCudaDriverVersion");
     nvmlSystemGetCudaDriverVersion_v2(version)
 }

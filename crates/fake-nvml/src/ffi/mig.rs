@@ -15,6 +15,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     current: *mut c_uint,
     pending: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetMigMode");
     if pending.is_null() {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }
@@ -32,6 +33,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
     device: nvmlDevice_t,
     count: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetMaxMigDeviceCount");
     // Every MIG device the scenario names, existing now or not: a slot of one that does not
     // exist is NOT_FOUND, as a hole in the driver's layout is.
     query(device, Field::Identity, count, |g, _| g.mig.len() as c_uint)
@@ -43,6 +45,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     index: c_uint,
     mig_device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetMigDeviceHandleByIndex");
     if mig_device.is_null() {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }
@@ -70,6 +73,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
     device: nvmlDevice_t,
     id: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetGpuInstanceId");
     mig_query(device, Field::Identity, id, |m, _| m.gpu_instance)
         .unwrap_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
 }
@@ -80,6 +84,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
     device: nvmlDevice_t,
     id: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetComputeInstanceId");
     mig_query(device, Field::Identity, id, |m, _| m.compute_instance)
         .unwrap_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
 }
@@ -90,6 +95,7 @@ pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
     mig_device: nvmlDevice_t,
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetDeviceHandleFromMigDeviceHandle");
     if device.is_null() {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }

@@ -18,6 +18,7 @@ pub unsafe extern "C" fn nvmlSystemGetProcessName(
     name: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlSystemGetProcessName");
     let st = match state() {
         Ok(st) => st,
         Err(e) => return e,
@@ -47,6 +48,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetComputeRunningProcesses_v3");
     if count.is_null() {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }

@@ -13,6 +13,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     device: nvmlDevice_t,
     utilization: *mut nvmlUtilization_t,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetUtilizationRates");
     // In MIG mode NVML does not report the GPU's utilization.
     if let Ok(st) = state() {
         if let Ok(gpu) = index_of(st, device) {
@@ -35,6 +36,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
     sensor: nvmlTemperatureSensors_t,
     temp: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetTemperature");
     if sensor != nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }
@@ -48,6 +50,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
     device: nvmlDevice_t,
     power: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetPowerUsage");
     query(device, Field::Power, power, |g, t| g.power_milliwatts(t))
 }
 
@@ -56,6 +59,7 @@ pub unsafe extern "C" fn nvmlDeviceGetEnforcedPowerLimit(
     device: nvmlDevice_t,
     limit: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetEnforcedPowerLimit");
     query(device, Field::PowerLimit, limit, |g, _| {
         g.power_limit_milliwatts
     })
@@ -66,6 +70,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEnergyConsumption(
     device: nvmlDevice_t,
     energy: *mut c_ulonglong,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetTotalEnergyConsumption");
     query(device, Field::Energy, energy, |g, t| {
         g.energy_millijoules(t)
     })
@@ -77,6 +82,7 @@ pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
     clock_type: nvmlClockType_t,
     clock: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetClockInfo");
     let pick = match clock_type {
         nvmlClockType_enum_NVML_CLOCK_GRAPHICS | nvmlClockType_enum_NVML_CLOCK_SM => 0,
         nvmlClockType_enum_NVML_CLOCK_MEM => 1,
@@ -95,6 +101,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
     device: nvmlDevice_t,
     reasons: *mut c_ulonglong,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetCurrentClocksThrottleReasons");
     query(device, Field::Throttle, reasons, |g, _| {
         g.throttle_active & g.throttle_supported
     })
@@ -105,6 +112,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedClocksThrottleReasons(
     device: nvmlDevice_t,
     reasons: *mut c_ulonglong,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetSupportedClocksThrottleReasons");
     query(device, Field::Throttle, reasons, |g, _| {
         g.throttle_supported
     })
@@ -117,6 +125,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
     _counter_type: nvmlEccCounterType_t,
     count: *mut c_ulonglong,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetTotalEccErrors");
     let corrected = match error_type {
         nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_CORRECTED => true,
         nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_UNCORRECTED => false,
@@ -159,6 +168,7 @@ pub unsafe extern "C" fn nvmlDeviceGetEncoderUtilization(
     utilization: *mut c_uint,
     sampling_period_us: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetEncoderUtilization");
     media(
         device,
         Field::Encoder,
@@ -174,6 +184,7 @@ pub unsafe extern "C" fn nvmlDeviceGetDecoderUtilization(
     utilization: *mut c_uint,
     sampling_period_us: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetDecoderUtilization");
     media(
         device,
         Field::Decoder,
@@ -188,6 +199,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieReplayCounter(
     device: nvmlDevice_t,
     value: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetPcieReplayCounter");
     query(device, Field::PcieReplays, value, |g, t| {
         crate::scenario::to_u32(g.pcie_replays.at(t))
     })
@@ -198,6 +210,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkGeneration(
     device: nvmlDevice_t,
     generation: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetCurrPcieLinkGeneration");
     query(device, Field::PcieLink, generation, |g, t| {
         crate::scenario::to_u32(g.pcie_link_generation.at(t))
     })
@@ -208,6 +221,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkGeneration(
     device: nvmlDevice_t,
     generation: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetMaxPcieLinkGeneration");
     query(device, Field::PcieLink, generation, |g, _| {
         g.pcie_link_max_generation
     })
@@ -218,6 +232,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkWidth(
     device: nvmlDevice_t,
     width: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetCurrPcieLinkWidth");
     query(device, Field::PcieLink, width, |g, t| {
         crate::scenario::to_u32(g.pcie_link_width.at(t))
     })
@@ -228,5 +243,6 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkWidth(
     device: nvmlDevice_t,
     width: *mut c_uint,
 ) -> nvmlReturn_t {
+    crate::calls::count("nvmlDeviceGetMaxPcieLinkWidth");
     query(device, Field::PcieLink, width, |g, _| g.pcie_link_max_width)
 }
