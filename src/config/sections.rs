@@ -115,12 +115,13 @@ impl PartialEq for CloudKeys {
 }
 
 fn check<K: Keys>(section: &Section, provider: &str, invalid: Invalid, warnings: &mut Vec<String>) {
-    match section.parse::<K>() {
+    let parsed = section.parse::<K>();
+    match &parsed {
         Ok(keys) => keys.check(&|k| section.key(k), invalid),
-        Err(e) => invalid(&e.0, e.1),
+        Err(e) => invalid(&e.0, e.1.clone()),
     }
     if section.name != provider {
-        if let Some(why) = section.parse::<K>().ok().and_then(|k| k.unused()) {
+        if let Some(why) = parsed.ok().and_then(|k| k.unused()) {
             warnings.push(why);
         }
         // A key written in `[cloud]` was meant for the cloud the node is on.
