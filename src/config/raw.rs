@@ -180,6 +180,7 @@ pub struct RawNvml {
 pub struct RawSampling {
     pub interval: String,
     pub timeout: String,
+    pub slow_interval: String,
     pub per_process_memory: bool,
     pub process_owners: bool,
 }
@@ -247,6 +248,7 @@ impl Default for RawConfig {
             sampling: RawSampling {
                 interval: "1s".to_string(),
                 timeout: "5s".to_string(),
+                slow_interval: "10s".to_string(),
                 per_process_memory: false,
                 process_owners: false,
             },

@@ -31,6 +31,9 @@ pub struct SamplingConfig {
     pub interval: Duration,
     /// A cycle still running after this long is abandoned and counted.
     pub timeout: Duration,
+    /// How often the readings that move slowly (the PCIe link now, a MIG mode that is off) are
+    /// read: every cycle when it is shorter than the interval.
+    pub slow_interval: Duration,
     /// Export `gpu_process_memory_used_bytes{pid,process}`.
     pub per_process_memory: bool,
     /// Name each GPU process's user: `user` on the per-process series, and per-user series.
@@ -124,9 +127,16 @@ impl RawSampling {
             &self.timeout,
             Duration::from_millis(10)..=Duration::from_secs(600),
         );
+        let slow_interval = duration(
+            invalid,
+            "sampling.slow_interval",
+            &self.slow_interval,
+            Duration::ZERO..=Duration::from_secs(3600),
+        );
         Some(SamplingConfig {
             interval: interval?,
             timeout: timeout?,
+            slow_interval: slow_interval?,
             per_process_memory: self.per_process_memory,
             process_owners: self.process_owners,
         })

@@ -124,8 +124,18 @@ impl Gpm {
             .retain(|(i, gi), _| *i != index || gi.as_ref().is_none_or(|g| instances.contains(g)));
     }
 
-    /// Takes this cycle's sample of GPU `index` (or, with `instance`, of that GPU instance of it)
-    /// and computes the metrics since the last one.
+    /// Whether GPU `d` supports GPM: `Ok(false)` where it answers "not supported" or the
+    /// library lacks the call.
+    pub fn support(d: &Device<'static>) -> Result<bool, NvmlError> {
+        match d.gpm_support() {
+            Ok(supported) => Ok(supported),
+            Err(NvmlError::NotSupported) | Err(NvmlError::FailedToLoadSymbol(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Takes this cycle's sample of GPU `index` (or, with `instance`, of that GPU instance of it),
+    /// which supports GPM, and computes the metrics since the last one.
     pub fn read(
         &mut self,
         nvml: &'static Nvml,
@@ -133,17 +143,6 @@ impl Gpm {
         index: u32,
         instance: Option<(u32, &str)>,
     ) -> Read {
-        match d.gpm_support() {
-            Ok(true) => {}
-            Ok(false) | Err(NvmlError::NotSupported) | Err(NvmlError::FailedToLoadSymbol(_)) => {
-                self.forget(index);
-                return Read::Unsupported;
-            }
-            Err(e) => {
-                self.forget(index);
-                return Read::Failed("gpm_support", e);
-            }
-        }
         let key = (index, instance.map(|(gi, uuid)| (gi, uuid.to_string())));
         let b = match self.buffers.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),

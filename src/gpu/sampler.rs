@@ -73,7 +73,8 @@ pub fn start(
         config.sampling.per_process_memory,
         Arc::clone(&counters),
     )
-    .with_pids(config.slurm.enabled || config.sampling.process_owners);
+    .with_pids(config.slurm.enabled || config.sampling.process_owners)
+    .with_slow_interval(config.sampling.slow_interval);
     let (judge, seed) = Judge::new(config.health);
     let snapshots = spawn(
         source,

@@ -12,6 +12,7 @@
 //! driver_version = "550.54.15"        # default; nvml_version defaults to "12.<driver>"
 //! cuda_driver_version = 12040         # as NVML reports it: 12.4
 //! time = { speed = 1.0, start = "0s" } # simulated seconds per wall second; 0 freezes time at start
+//! unknown_field_ids = [185, 186]      # field ids this driver predates: NOT_SUPPORTED on every GPU
 //!
 //! [[gpu]]                             # one table per GPU, index = position
 //! name = "NVIDIA H100 80GB HBM3"      # default
@@ -39,6 +40,8 @@
 //!                                     # row_remap_failed are 0 or 1
 //! retired_pages = { single_bit = 0, double_bit = 0, pending = 0 }  # given: the GPU retires
 //!                                     # pages (before Ampere); absent: NOT_SUPPORTED
+//! # Readings with a field-value twin (power, its limit, energy, ECC totals, violation counters,
+//! # PCIe replays, retired pages) answer the same through nvmlDeviceGetFieldValues.
 //! clock_event_seconds = { power = 0, thermal = 0 }  # seconds held down since the driver
 //!                                     # loaded; also sync_boost, board_limit, low_utilization,
 //!                                     # reliability

@@ -1,5 +1,6 @@
-//! The readings a GPU may lack altogether: the video engines, PCIe replays and the PCIe link.
-//! (The health readings, in `fields.rs`, are recorded the same way.)
+//! The readings a GPU may lack altogether: the video engines and the PCIe link (`known.rs`
+//! says how often the link is read). (The field values, in `fields.rs`, are recorded the same
+//! way.)
 //! "Not supported" (or a library without the call) is recorded once per GPU and reading, and
 //! the reading is not asked for again until NVML is initialised anew.
 
@@ -12,7 +13,6 @@ use super::GpuReader;
 pub(super) struct Links {
     pub(super) encoder: Option<u32>,
     pub(super) decoder: Option<u32>,
-    pub(super) pcie_replays: Option<u32>,
     pub(super) pcie_link: crate::gpu::PcieLink,
 }
 
@@ -37,7 +37,7 @@ impl GpuReader<'_> {
         }
     }
 
-    /// The video engines' utilization (percent), PCIe replays and the PCIe link of GPU `d`.
+    /// The video engines' utilization (percent) and the PCIe link of GPU `d`.
     pub(super) fn engines_and_links(&mut self, d: &Device<'static>) -> Links {
         let encoder = self.optional("encoder_utilization", || d.encoder_utilization());
         let encoder = self.check("encoder_utilization", encoder.map(|u| u.utilization), |v| {
@@ -47,22 +47,10 @@ impl GpuReader<'_> {
         let decoder = self.check("decoder_utilization", decoder.map(|u| u.utilization), |v| {
             v <= 100
         });
-        let pcie_replays = self.optional("pcie_replays", || d.pcie_replay_counter());
-        // A generation is 1 to 6 today, a width 1 to 32 lanes; far beyond is bad data.
-        let link = |r: &mut Self, call: &dyn Fn() -> Result<u32, NvmlError>, most: u32| {
-            let v = r.optional("pcie_link", call);
-            r.check("pcie_link", v, |v| (1..=most).contains(&v))
-        };
-        let pcie_link = crate::gpu::PcieLink {
-            generation: link(self, &|| d.current_pcie_link_gen(), 16),
-            max_generation: link(self, &|| d.max_pcie_link_gen(), 16),
-            width: link(self, &|| d.current_pcie_link_width(), 64),
-            max_width: link(self, &|| d.max_pcie_link_width(), 64),
-        };
+        let pcie_link = self.pcie_link(d);
         Links {
             encoder,
             decoder,
-            pcie_replays,
             pcie_link,
         }
     }

@@ -1,5 +1,6 @@
-//! A GPU's MIG devices, each a device of its own: the layout, read every cycle so that a new
-//! one shows at once; each device; and the GPM metrics of each GPU instance.
+//! A GPU's MIG devices, each a device of its own: the layout, read every cycle in MIG mode so
+//! that a new one shows at once; each device; and the GPM metrics of each GPU instance. A GPU
+//! out of MIG mode, with no change pending, has its mode read on the slow interval.
 
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
@@ -21,7 +22,18 @@ impl GpuReader<'_> {
         d: &Device<'static>,
     ) -> (Vec<MigSample>, u32) {
         let mut mig_unread = 0u32;
-        let mode = match d.mig_mode() {
+        if self.mig_known_off() {
+            return (Vec::new(), 0);
+        }
+        let read = d.mig_mode();
+        // Off (or not a MIG GPU) with nothing pending: asked again on the slow interval. On,
+        // about to change, or unknown: every cycle.
+        let off = match &read {
+            Ok(m) => m.current == 0 && m.pending == 0,
+            Err(e) => matches!(e, NvmlError::NotSupported),
+        };
+        self.facts.mig_off = off.then(std::time::Instant::now);
+        let mode = match read {
             Err(NvmlError::NotSupported) => None,
             read => {
                 let mode = self.get("mig_mode", || read);

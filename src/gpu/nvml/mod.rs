@@ -5,6 +5,7 @@
 //! values are counted in `gpuwatch_sample_errors_total{kind}`.
 
 mod fields;
+mod known;
 mod links;
 mod mig;
 mod processes;
@@ -15,7 +16,7 @@ use std::ffi::OsString;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
+use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::MemoryInfo;
 use nvml_wrapper::{cuda_driver_version_major, cuda_driver_version_minor, Device, Nvml};
@@ -23,6 +24,10 @@ use nvml_wrapper::{cuda_driver_version_major, cuda_driver_version_minor, Device,
 use super::counters::{SampleError, SamplerCounters};
 use super::xid::{self, XidCounts};
 use super::{GpuSample, GpuSource, NvmlStatus, Sample};
+use fields::at;
+use known::{Facts, Known};
+
+pub use known::SLOW_INTERVAL;
 
 /// The most MIG devices read from one GPU (a GPU has at most 7).
 const MAX_MIG_DEVICES: u32 = 16;
@@ -62,6 +67,13 @@ pub struct NvmlSource {
     unsupported: HashSet<(u32, &'static str)>,
     /// GPM sample buffers, per GPU that supports GPM.
     gpm: super::gpm::Gpm,
+    /// Each GPU's handle, and what it has said of itself, by index: asked once, not every
+    /// cycle.
+    known: HashMap<u32, Known>,
+    /// The field ids the driver lacks, and the readings read through their own calls instead.
+    lacks: fields::Lacks,
+    /// How often the slow readings are read.
+    slow_interval: Duration,
 }
 
 /// What identifies a GPU; each field is kept once read.
@@ -101,7 +113,16 @@ impl NvmlSource {
             logged: HashSet::new(),
             unsupported: HashSet::new(),
             gpm: super::gpm::Gpm::default(),
+            known: HashMap::new(),
+            lacks: fields::Lacks::default(),
+            slow_interval: SLOW_INTERVAL,
         }
+    }
+
+    /// Reads the slow readings (the PCIe link now; MIG mode while it is off) this often.
+    pub fn with_slow_interval(mut self, every: Duration) -> Self {
+        self.slow_interval = every;
+        self
     }
 
     /// Lists the processes of every GPU and MIG device (their pids and memory), even without
@@ -164,8 +185,10 @@ impl NvmlSource {
                     "NVML initialised"
                 );
                 self.nvml = Some(nvml);
-                // A new driver may support what the old one did not.
+                // A new driver may support what the old one did not, and its handles are new.
                 self.unsupported.clear();
+                self.lacks.clear();
+                self.known.clear();
                 self.last_init_error = None;
                 self.backoff = INIT_BACKOFF_FIRST;
                 if self.watch_xid {
@@ -207,20 +230,33 @@ impl NvmlSource {
         }
     }
 
+    /// Reads GPU `index` through the handle it was opened with (opened now, the first time
+    /// or after it stopped answering).
     fn read_gpu(&mut self, nvml: &'static Nvml, index: u32) -> GpuSample {
-        let device = match nvml.device_by_index(index) {
-            Ok(d) => d,
-            Err(e) => return self.unreachable(index, &e),
+        let Known { device, facts } = match self.known.remove(&index) {
+            Some(known) => known,
+            None => match nvml.device_by_index(index) {
+                Ok(device) => Known {
+                    device,
+                    facts: Facts::default(),
+                },
+                Err(e) => return self.unreachable(index, &e),
+            },
         };
         let mut r = GpuReader {
             src: self,
             index,
             lost: None,
+            facts,
         };
         let sample = r.read_all(nvml, &device);
-        match r.lost {
+        let (lost, facts) = (r.lost, r.facts);
+        match lost {
             Some(e) => self.unreachable(index, &e),
-            None => sample,
+            None => {
+                self.known.insert(index, Known { device, facts });
+                sample
+            }
         }
     }
 
@@ -291,6 +327,7 @@ impl GpuSource for NvmlSource {
             };
         }
         self.gpm.retain_below(count);
+        self.known.retain(|&i, _| i < count);
         let gpus = (0..count).map(|i| self.read_gpu(nvml, i)).collect();
         self.metrics.set_gpm_buffers(self.gpm.buffers());
         Sample {
@@ -305,6 +342,8 @@ struct GpuReader<'a> {
     src: &'a mut NvmlSource,
     index: u32,
     lost: Option<NvmlError>,
+    /// What this GPU has said of itself, kept across cycles.
+    facts: Facts,
 }
 
 impl GpuReader<'_> {
@@ -358,11 +397,27 @@ impl GpuReader<'_> {
         d: &Device<'static>,
         instance: Option<(u32, &str)>,
     ) -> (Option<bool>, Option<super::gpm::GpmReadings>) {
-        use super::gpm::Read;
+        use super::gpm::{Gpm, Read};
         if self.lost.is_some() {
             return (None, None);
         }
-        match self.src.gpm.read(nvml, d, self.index, instance) {
+        // Support is asked until the GPU answers, then kept.
+        let supported = match self.facts.gpm {
+            Some(s) => Ok(s),
+            None => Gpm::support(d).inspect(|&s| self.facts.gpm = Some(s)),
+        };
+        let read = match supported {
+            Ok(true) => self.src.gpm.read(nvml, d, self.index, instance),
+            Ok(false) => {
+                self.src.gpm.forget(self.index);
+                Read::Unsupported
+            }
+            Err(e) => {
+                self.src.gpm.forget(self.index);
+                Read::Failed("gpm_support", e)
+            }
+        };
+        match read {
             Read::Unsupported => (Some(false), None),
             Read::Metrics(m) => (Some(true), m),
             Read::Failed(_, NvmlError::GpuLost) => {
@@ -394,21 +449,22 @@ impl GpuReader<'_> {
 
         let temp = self.get("temperature", || d.temperature(TemperatureSensor::Gpu));
         let temp = self.check("temperature", temp, |v| v <= MAX_TEMPERATURE_CELSIUS);
-        let power = self.get("power", || d.power_usage());
-        let power = self.check("power", power, |v| v <= MAX_POWER_MILLIWATTS);
-        let limit = self.get("power_limit", || d.enforced_power_limit());
-        let limit = self.check("power_limit", limit, |v| v > 0 && v <= MAX_POWER_MILLIWATTS);
-        let energy = self.get("energy", || d.total_energy_consumption());
-        let energy = self.check("energy", energy, |v| v != u64::MAX);
+        let v = self.field_values(nvml, d);
+        let max_power = u64::from(MAX_POWER_MILLIWATTS);
+        let power = self.check("power", v.get(at::POWER), |p| p <= max_power);
+        let limit = v.get(at::POWER_LIMIT);
+        let limit = self.check("power_limit", limit, |p| p > 0 && p <= max_power);
+        let energy = self.check("energy", v.get(at::ENERGY), |e| e != u64::MAX);
         let sm = self.get("sm_clock", || d.clock_info(Clock::SM));
         let sm = self.check("sm_clock", sm, |v| v <= MAX_CLOCK_MHZ);
         let mem_clock = self.get("memory_clock", || d.clock_info(Clock::Memory));
         let mem_clock = self.check("memory_clock", mem_clock, |v| v <= MAX_CLOCK_MHZ);
 
         let links = self.engines_and_links(d);
-        let health = self.health_readings(nvml, d);
+        let health = self.health_readings(&v);
         let throttle_reasons = self.throttle_reasons(d);
-        let (ecc_corrected, ecc_uncorrected) = self.ecc(d);
+        let ecc_corrected = self.check("ecc", v.get(at::ECC_CORRECTED), |n| n != u64::MAX);
+        let ecc_uncorrected = self.check("ecc", v.get(at::ECC_UNCORRECTED), |n| n != u64::MAX);
         let processes = self.processes(nvml, d);
         let (gpm_supported, gpm) = self.read_gpm(nvml, d, None);
 
@@ -442,7 +498,7 @@ impl GpuReader<'_> {
             ecc_uncorrected,
             encoder_utilization_ratio: links.encoder.map(percent_ratio),
             decoder_utilization_ratio: links.decoder.map(percent_ratio),
-            pcie_replays: links.pcie_replays.map(u64::from),
+            pcie_replays: v.get(at::PCIE_REPLAYS),
             pcie_link: links.pcie_link,
             memory_temperature_celsius: health.memory_temperature_celsius,
             memory_reserved_bytes: memory.as_ref().map(|m| m.reserved),
@@ -462,6 +518,11 @@ impl GpuReader<'_> {
     /// off the bus a few calls later still has them. A field that failed this once keeps the
     /// value it was last read with.
     fn identity(&mut self, d: &Device<'static>) -> (String, Option<String>, Option<String>) {
+        if self.facts.identity {
+            let known = self.src.identities.get(&self.index).cloned();
+            let known = known.unwrap_or_default();
+            return (known.uuid.unwrap_or_default(), known.name, known.pci_bus_id);
+        }
         let uuid = self.get("uuid", || d.uuid());
         let name = self.get("name", || d.name());
         let pci_bus_id = self.get("pci_info", || d.pci_info()).map(|p| p.bus_id);
@@ -480,6 +541,8 @@ impl GpuReader<'_> {
                 *field = read;
             }
         }
+        self.facts.identity =
+            known.uuid.is_some() && known.name.is_some() && known.pci_bus_id.is_some();
         (
             known.uuid.clone().unwrap_or_default(),
             known.name.clone(),
@@ -512,27 +575,14 @@ impl GpuReader<'_> {
             None => None,
         }
     }
-
-    /// The volatile ECC error counts: corrected, then uncorrected.
-    fn ecc(&mut self, d: &Device<'static>) -> (Option<u64>, Option<u64>) {
-        let corrected = self.get("ecc", || {
-            d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
-        });
-        let corrected = self.check("ecc", corrected, |v| v != u64::MAX);
-        let uncorrected = self.get("ecc", || {
-            d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
-        });
-        let uncorrected = self.check("ecc", uncorrected, |v| v != u64::MAX);
-        (corrected, uncorrected)
-    }
 }
 
 fn percent_ratio(p: u32) -> f64 {
     f64::from(p) / 100.0
 }
 
-fn milli(v: u32) -> f64 {
-    f64::from(v) / 1000.0
+fn milli(v: u64) -> f64 {
+    v as f64 / 1000.0
 }
 
 fn mhz(v: u32) -> f64 {

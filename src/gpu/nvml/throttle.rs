@@ -29,10 +29,10 @@ pub(super) const THROTTLE_REASONS: &[(ThrottleReasons, &str)] = &[
 ];
 
 impl GpuReader<'_> {
-    /// Each throttle reason GPU `d` supports, and whether it holds the clocks now; none where
-    /// either cannot be read.
+    /// Each throttle reason GPU `d` supports (asked once), and whether it holds the clocks now;
+    /// none where either cannot be read.
     pub(super) fn throttle_reasons(&mut self, d: &Device<'static>) -> Vec<ThrottleReason> {
-        let supported = self.get("throttle_reasons", || d.supported_throttle_reasons());
+        let supported = self.supported_throttle_reasons(d);
         let current = self.get("throttle_reasons", || d.current_throttle_reasons());
         match (supported, current) {
             (Some(s), Some(c)) => THROTTLE_REASONS

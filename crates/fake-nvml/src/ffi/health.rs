@@ -1,5 +1,7 @@
-//! The readings of a GPU's health: field values (memory temperature, remapped rows, NVLink
-//! errors and data), retired pages, and the clocks' violation counters.
+//! Field values (`nvmlDeviceGetFieldValues`: the memory temperature, remapped rows, NVLink errors
+//! and data, and the field twins of the power, its limit, energy, ECC counts, violation
+//! counters, PCIe replays and retired pages), retired pages through their own calls, and the
+//! clocks' violation counters.
 
 use std::ffi::{c_int, c_uint, c_ulonglong};
 
@@ -7,7 +9,7 @@ use nvml_wrapper_sys::bindings::field_id::*;
 use nvml_wrapper_sys::bindings::*;
 
 use super::{at_now, query};
-use crate::scenario::{to_u32, Answer, Field, Gpu};
+use crate::scenario::{to_u32, Answer, Field, Gpu, RetiredPages};
 
 /// A field value's scope that means every NVLink link at once.
 const ALL_LINKS: c_uint = c_uint::MAX;
@@ -15,9 +17,24 @@ const ALL_LINKS: c_uint = c_uint::MAX;
 /// A field's value at `t` for a scope.
 type Read = fn(&Gpu, f64, c_uint) -> Answer<u64>;
 
+/// How NVML types a field's value: most are unsigned long longs; the power readings and the
+/// PCIe replay counter are unsigned ints, as their own calls give them.
+fn typed_as_uint(id: c_uint) -> bool {
+    matches!(
+        id,
+        NVML_FI_DEV_POWER_AVERAGE
+            | NVML_FI_DEV_POWER_INSTANT
+            | NVML_FI_DEV_POWER_CURRENT_LIMIT
+            | NVML_FI_DEV_PCIE_REPLAY_COUNTER
+    )
+}
+
 /// What one field id reads: its scenario field, and its value at `t` for `scope`. `None` for an
 /// id the fake does not know, which NVML answers "not supported".
 fn field(id: c_uint) -> Option<(Field, Read)> {
+    if let Some(f) = twin(id) {
+        return Some(f);
+    }
     fn count(v: f64) -> Answer<u64> {
         Answer::Value(v.round().max(0.0) as u64)
     }
@@ -75,6 +92,66 @@ fn field(id: c_uint) -> Option<(Field, Read)> {
     })
 }
 
+/// The field values that are twins of a reading's own call, answering exactly what the call
+/// would: the power (averaged over a second, and instant: the fake has one power), its
+/// enforced limit, energy (mJ), the volatile ECC totals, the violation counters (ns), PCIe
+/// replays and retired pages.
+fn twin(id: c_uint) -> Option<(Field, Read)> {
+    fn value(v: u64) -> Answer<u64> {
+        Answer::Value(v)
+    }
+    fn held(g: &Gpu, t: f64, i: usize) -> Answer<u64> {
+        value((g.clock_event_seconds[i].at(t).max(0.0) * 1e9).round() as u64)
+    }
+    fn retired(g: &Gpu, t: f64, read: fn(&RetiredPages, f64) -> u64) -> Answer<u64> {
+        g.retired_pages
+            .as_ref()
+            .map_or(Answer::NotSupported, |r| value(read(r, t)))
+    }
+    Some(match id {
+        NVML_FI_DEV_POWER_AVERAGE | NVML_FI_DEV_POWER_INSTANT => (Field::Power, |g, t, _| {
+            value(u64::from(g.power_milliwatts(t)))
+        }),
+        NVML_FI_DEV_POWER_CURRENT_LIMIT => (Field::PowerLimit, |g, _, _| {
+            value(u64::from(g.power_limit_milliwatts))
+        }),
+        NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION => {
+            (Field::Energy, |g, t, _| value(g.energy_millijoules(t)))
+        }
+        NVML_FI_DEV_ECC_SBE_VOL_TOTAL => (Field::Ecc, |g, t, _| {
+            value(g.ecc_corrected.at(t).max(0.0) as u64)
+        }),
+        NVML_FI_DEV_ECC_DBE_VOL_TOTAL => (Field::Ecc, |g, t, _| {
+            value(g.ecc_uncorrected.at(t).max(0.0) as u64)
+        }),
+        NVML_FI_DEV_PERF_POLICY_POWER => (Field::ClockEvents, |g, t, _| held(g, t, 0)),
+        NVML_FI_DEV_PERF_POLICY_THERMAL => (Field::ClockEvents, |g, t, _| held(g, t, 1)),
+        NVML_FI_DEV_PERF_POLICY_SYNC_BOOST => (Field::ClockEvents, |g, t, _| held(g, t, 2)),
+        NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT => (Field::ClockEvents, |g, t, _| held(g, t, 3)),
+        NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION => (Field::ClockEvents, |g, t, _| held(g, t, 4)),
+        NVML_FI_DEV_PERF_POLICY_RELIABILITY => (Field::ClockEvents, |g, t, _| held(g, t, 5)),
+        NVML_FI_DEV_PCIE_REPLAY_COUNTER => (Field::PcieReplays, |g, t, _| {
+            value(u64::from(to_u32(g.pcie_replays.at(t))))
+        }),
+        NVML_FI_DEV_RETIRED_SBE => (Field::RetiredPages, |g, t, _| {
+            retired(g, t, |r, t| u64::from(to_u32(r.single_bit.at(t))))
+        }),
+        NVML_FI_DEV_RETIRED_DBE => (Field::RetiredPages, |g, t, _| {
+            retired(g, t, |r, t| u64::from(to_u32(r.double_bit.at(t))))
+        }),
+        // The fake's one pending flag is any page's; the double-bit flag stays clear.
+        NVML_FI_DEV_RETIRED_PENDING | NVML_FI_DEV_RETIRED_PENDING_SBE => {
+            (Field::RetiredPages, |g, t, _| {
+                retired(g, t, |r, t| u64::from(r.pending.at(t) >= 0.5))
+            })
+        }
+        NVML_FI_DEV_RETIRED_PENDING_DBE => {
+            (Field::RetiredPages, |g, _, _| retired(g, 0.0, |_, _| 0))
+        }
+        _ => return None,
+    })
+}
+
 /// A fault's answer, else the reading's own.
 fn flatten<T>(a: Answer<Answer<T>>) -> Answer<T> {
     match a {
@@ -119,7 +196,8 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
     let entries = std::slice::from_raw_parts_mut(values, values_count as usize);
     let stamp = (t * 1e6) as i64;
     for v in entries {
-        let answer = match field(v.fieldId) {
+        let known = !st.scenario.unknown_field_ids.contains(&v.fieldId);
+        let answer = match field(v.fieldId).filter(|_| known) {
             None => Answer::NotSupported,
             Some((f, read)) => {
                 let scope = v.scopeId;
@@ -130,8 +208,13 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
         v.timestamp = stamp;
         v.latencyUsec = 0;
         if let Answer::Value(n) = answer {
-            v.valueType = nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
-            v.value.ullVal = n;
+            if typed_as_uint(v.fieldId) {
+                v.valueType = nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT;
+                v.value.uiVal = u32::try_from(n).unwrap_or(u32::MAX);
+            } else {
+                v.valueType = nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+                v.value.ullVal = n;
+            }
         }
     }
     nvmlReturn_enum_NVML_SUCCESS

@@ -34,6 +34,8 @@ pub struct Scenario {
     pub cuda_driver_version: i32,
     /// The device count reported, if not the number of GPUs.
     pub device_count: Option<u32>,
+    /// Field ids the driver does not know (answered "not supported" on every GPU).
+    pub unknown_field_ids: Vec<u32>,
     /// Simulated seconds per wall-clock second. 0 freezes time at `start`.
     pub speed: f64,
     /// Simulated time at initialisation.

@@ -23,6 +23,10 @@ pub(super) struct RawScenario {
     /// The device count to report, when it is not the number of `[[gpu]]` tables (a library
     /// that reports more devices than it has).
     device_count: Option<u32>,
+    /// Field ids this driver does not know: every GPU answers them "not supported", as a driver
+    /// older than the ids does.
+    #[serde(default)]
+    unknown_field_ids: Vec<u32>,
     #[serde(default)]
     time: RawTime,
     #[serde(default)]
@@ -235,6 +239,7 @@ impl RawScenario {
             driver_version: self.driver_version,
             cuda_driver_version: self.cuda_driver_version,
             device_count: self.device_count,
+            unknown_field_ids: self.unknown_field_ids,
             speed: self.time.speed,
             start,
             gpus,
