@@ -22,6 +22,7 @@ use prometheus_client::registry::Registry;
 fn snapshot() -> Snapshot {
     let busy = GpuSample {
         index: 0,
+        vendor: gpuwatch::gpu::Vendor::Nvidia,
         uuid: "GPU-11111111-2222-4333-8444-555555555555".into(),
         up: true,
         lost: false,
@@ -194,6 +195,7 @@ fn snapshot() -> Snapshot {
             nvml_version: Some("12.550.54.15".into()),
             cuda_driver_version: Some("12.4".into()),
             error: None,
+            absent: false,
         },
         gpus,
         health_holds: None,

@@ -81,7 +81,8 @@ pub fn run(listen: &str) -> ExitCode {
     // finds the demo's state directory.
     let path = dir.path().join("gpuwatch.toml");
     let text = format!(
-        "{DEMO_CONFIG}\n[server]\nlisten = {}\n\n[nvml]\nlibrary = {}\n",
+        // The demo's GPUs are all simulated: the machine's own AMD GPUs are not read.
+        "{DEMO_CONFIG}\n[server]\nlisten = {}\n\n[nvml]\nlibrary = {}\n\n[amd]\nenabled = false\n",
         toml_string(&listen.to_string()),
         toml_string(&library.to_string_lossy()),
     )

@@ -39,15 +39,15 @@ pub use node::{
     tag_label_name, KubernetesConfig, NodeConfig, TagLabel, MAX_LABEL_VALUE, NODE_INFO_LABELS,
 };
 pub use raw::{
-    RawActions, RawCloud, RawConfig, RawCost, RawExposition, RawKubernetes, RawNode, RawNvml,
-    RawSampling, RawServer, RawSpot, RawVetoes,
+    RawActions, RawAmd, RawCloud, RawConfig, RawCost, RawExposition, RawKubernetes, RawNode,
+    RawNvml, RawSampling, RawServer, RawSpot, RawVetoes,
 };
 pub use rules::{RawGate, RawRule, MAX_EVALUATION_PERIODS};
 pub use sections::{
     parse_table, BudgetSourceKeys, CloudKeys, Clouds, Invalid, Keys, Listed, Section, TopicKey,
 };
 pub use server::{
-    ExpositionConfig, HostnameLabel, Names, NvmlConfig, SamplingConfig, ServerConfig,
+    AmdConfig, ExpositionConfig, HostnameLabel, Names, NvmlConfig, SamplingConfig, ServerConfig,
 };
 
 use budgets::exhausted_rule;
@@ -67,6 +67,7 @@ pub const DEFAULT_PATH: &str = "/etc/gpuwatch/gpuwatch.toml";
 pub struct Config {
     pub server: ServerConfig,
     pub nvml: NvmlConfig,
+    pub amd: AmdConfig,
     pub sampling: SamplingConfig,
     pub cloud: CloudConfig,
     pub actions: ActionsConfig,
@@ -273,6 +274,8 @@ impl RawConfig {
         };
         let server = self.server.validate(&mut invalid);
         let nvml = self.nvml.validate(&mut invalid);
+        let amd = self.amd.validate(&mut invalid);
+        let nvml = nvml.zip(amd);
         let sampling = self.sampling.validate(&mut invalid);
         let tables: Vec<(&str, &toml::Value)> = (self.cloudwatch.iter())
             .map(|t| ("cloudwatch", t))
@@ -335,7 +338,8 @@ impl RawConfig {
                 Some(slurm),
             ) if errors.is_empty() => Ok(Config {
                 server,
-                nvml,
+                nvml: nvml.0,
+                amd: nvml.1,
                 sampling,
                 cloud,
                 actions,

@@ -14,6 +14,7 @@ pub struct RawConfig {
     pub slurm: super::slurm::RawSlurm,
     pub node: RawNode,
     pub nvml: RawNvml,
+    pub amd: RawAmd,
     pub sampling: RawSampling,
     pub cloud: RawCloud,
     pub actions: RawActions,
@@ -175,6 +176,16 @@ pub struct RawNvml {
     pub library: String,
 }
 
+/// Where AMD GPUs are read from: the amdgpu driver's sysfs files.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawAmd {
+    /// Look for AMD GPUs at all.
+    pub enabled: bool,
+    pub sysfs_root: String,
+    pub proc_root: String,
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawSampling {
@@ -245,6 +256,11 @@ impl Default for RawConfig {
             nvml: RawNvml {
                 library: "libnvidia-ml.so.1".to_string(),
             },
+            amd: RawAmd {
+                enabled: true,
+                sysfs_root: "/sys".to_string(),
+                proc_root: "/proc".to_string(),
+            },
             sampling: RawSampling {
                 interval: "1s".to_string(),
                 timeout: "5s".to_string(),
@@ -265,6 +281,12 @@ impl Default for RawServer {
 impl Default for RawNvml {
     fn default() -> Self {
         RawConfig::default().nvml
+    }
+}
+
+impl Default for RawAmd {
+    fn default() -> Self {
+        RawConfig::default().amd
     }
 }
 

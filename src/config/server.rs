@@ -26,6 +26,14 @@ pub struct NvmlConfig {
     pub library: PathBuf,
 }
 
+/// Where AMD GPUs are read from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AmdConfig {
+    pub enabled: bool,
+    pub sysfs_root: PathBuf,
+    pub proc_root: PathBuf,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingConfig {
     pub interval: Duration,
@@ -106,6 +114,28 @@ impl RawNvml {
         }
         Some(NvmlConfig {
             library: PathBuf::from(&self.library),
+        })
+    }
+}
+
+impl RawAmd {
+    pub(super) fn validate(&self, invalid: &mut impl FnMut(&str, String)) -> Option<AmdConfig> {
+        let mut root = |key: &str, text: &str| {
+            if text.is_empty() || !text.starts_with('/') || text.contains('\0') {
+                invalid(
+                    key,
+                    format!("\"{}\" is not an absolute path", text.escape_debug()),
+                );
+                return None;
+            }
+            Some(PathBuf::from(text))
+        };
+        let sysfs_root = root("amd.sysfs_root", &self.sysfs_root);
+        let proc_root = root("amd.proc_root", &self.proc_root);
+        Some(AmdConfig {
+            enabled: self.enabled,
+            sysfs_root: sysfs_root?,
+            proc_root: proc_root?,
         })
     }
 }

@@ -29,6 +29,7 @@ pub(super) fn info(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt:
                 let extra = [
                     ("name", Text(g.name.as_deref().unwrap_or(""))),
                     ("pci_bus_id", Text(g.pci_bus_id.as_deref().unwrap_or(""))),
+                    ("vendor", Text(g.vendor.as_str())),
                 ];
                 (with(g, extra), 1i64)
             }),
@@ -40,7 +41,7 @@ pub(super) fn up(e: &mut DescriptorEncoder, s: &Scrape<'_>) -> Result<(), fmt::E
         e,
         desc(
             "gpu_up",
-            "1 when the GPU answers NVML, 0 when it is lost",
+            "1 when the GPU answers (NVML, or the amdgpu driver's files), 0 when it is lost",
             None,
         ),
         s.unshared.iter().map(|g| (labels(g), i64::from(g.up))),

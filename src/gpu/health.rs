@@ -77,7 +77,13 @@ impl Judge {
             .filter(|&i| s.gpus[i].up || s.gpus[i].lost)
             .collect();
         let readings: Vec<Readings> = judged.iter().map(|&i| readings(&s.gpus[i])).collect();
-        let found = health::assess(&self.settings, memory, s.nvml.up, &readings, s.timestamp);
+        let found = health::assess(
+            &self.settings,
+            memory,
+            s.nvml.complete(),
+            &readings,
+            s.timestamp,
+        );
         for (i, h) in judged.into_iter().zip(found) {
             s.gpus[i].health = Some(h);
         }

@@ -3,6 +3,7 @@
 //! `Snapshot` is immutable once published. A reading that failed, is not supported, or is out of
 //! range is `None`: unknown is never 0.
 
+pub mod amd;
 pub mod counters;
 pub mod gpm;
 pub mod health;
@@ -54,11 +55,41 @@ pub struct NvmlStatus {
     pub cuda_driver_version: Option<String>,
     /// Why NVML is down, when it is.
     pub error: Option<String>,
+    /// NVML is down because the node has no NVIDIA driver (the library or the driver is not
+    /// there, and never was since the start) while other GPUs are read: not a failure.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub absent: bool,
+}
+
+impl NvmlStatus {
+    /// Whether every GPU the node has is read: NVML up, or the node has no NVIDIA GPU.
+    pub fn complete(&self) -> bool {
+        self.up || self.absent
+    }
+}
+
+/// Whose GPU it is: NVIDIA's, read through NVML, or AMD's, read from the amdgpu driver's files.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Vendor {
+    #[default]
+    Nvidia,
+    Amd,
+}
+
+impl Vendor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Vendor::Nvidia => "nvidia",
+            Vendor::Amd => "amd",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct GpuSample {
     pub index: u32,
+    pub vendor: Vendor,
     /// Empty when the GPU was lost before its UUID was ever read.
     pub uuid: String,
     /// `false` when the GPU answered `GPU_IS_LOST` or could not be reached; then every reading

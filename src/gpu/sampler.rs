@@ -75,6 +75,15 @@ pub fn start(
     )
     .with_pids(config.slurm.enabled || config.sampling.process_owners)
     .with_slow_interval(config.sampling.slow_interval);
+    let amd = config
+        .amd
+        .enabled
+        .then(|| super::amd::AmdSource::new(config.amd.sysfs_root.clone(), Arc::clone(&counters)));
+    let source = Node {
+        nvml: source,
+        amd,
+        nvidia: 0,
+    };
     let (judge, seed) = Judge::new(config.health);
     let snapshots = spawn(
         source,
@@ -85,6 +94,32 @@ pub fn start(
         tasks,
     )?;
     Ok((snapshots, seed))
+}
+
+/// Every GPU of the node: NVIDIA's through NVML, then AMD's through the amdgpu driver, numbered
+/// after NVIDIA's (after as many as NVML last counted, so that an NVML that goes down does not
+/// renumber them).
+struct Node {
+    nvml: super::nvml::NvmlSource,
+    amd: Option<super::amd::AmdSource>,
+    nvidia: u32,
+}
+
+impl GpuSource for Node {
+    fn sample(&mut self) -> Sample {
+        let mut sample = self.nvml.sample();
+        let Some(amd) = self.amd.as_mut() else {
+            return sample;
+        };
+        if sample.nvml.up {
+            self.nvidia = sample.gpus.len() as u32;
+        }
+        let first = self.nvidia.max(sample.gpus.len() as u32);
+        let amd = amd.sample(first);
+        sample.nvml.absent = !amd.is_empty() && self.nvml.never_present();
+        sample.gpus.extend(amd);
+        sample
+    }
 }
 
 /// Runs `source` on a thread of its own, driven from `tasks` every `interval`, each sample's

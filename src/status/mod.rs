@@ -105,6 +105,9 @@ pub struct Nvml {
     pub up: bool,
     pub driver: Option<String>,
     pub error: Option<String>,
+    /// The node has no NVIDIA driver, and its other GPUs are read.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub absent: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -579,6 +582,7 @@ pub fn from_snapshot(snap: &Snapshot) -> Status {
             up: snap.nvml.up,
             driver: snap.nvml.driver_version.clone(),
             error: snap.nvml.error.clone(),
+            absent: snap.nvml.absent,
         },
         gpus,
         ..Status::default()
@@ -587,7 +591,7 @@ pub fn from_snapshot(snap: &Snapshot) -> Status {
 
 /// Down when NVML or a GPU is (or nothing is sampled yet); else pending while an action waits.
 pub fn health(s: &Status) -> Health {
-    if s.seq == 0 || !s.nvml.up || s.gpus.iter().any(|g| !g.up) {
+    if s.seq == 0 || !(s.nvml.up || s.nvml.absent) || s.gpus.iter().any(|g| !g.up) {
         Health::Down
     } else if s.rules.iter().any(|r| r.pending.is_some()) {
         Health::Pending

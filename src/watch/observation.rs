@@ -75,7 +75,7 @@ pub fn observation(
     }
     Observation {
         t: s.timestamp,
-        complete: s.nvml.up
+        complete: s.nvml.complete()
             && !s.gpus.is_empty()
             && s.gpus.iter().all(|g| g.up && g.mig_unread == 0),
         gpus,

@@ -56,6 +56,10 @@ pub struct NvmlSource {
     next_init: Instant,
     backoff: Duration,
     last_init_error: Option<String>,
+    /// NVML initialised at least once since the start.
+    ever_up: bool,
+    /// The last failure to initialise was a missing library or driver.
+    missing: bool,
     xids: Arc<XidCounts>,
     /// Identity fields seen per index, each kept the moment it is read, so that a GPU lost
     /// later (even later in its first cycle) keeps its identity.
@@ -108,6 +112,8 @@ impl NvmlSource {
             next_init: Instant::now(),
             backoff: INIT_BACKOFF_FIRST,
             last_init_error: None,
+            ever_up: false,
+            missing: false,
             xids: Arc::new(XidCounts::default()),
             identities: HashMap::new(),
             logged: HashSet::new(),
@@ -150,6 +156,7 @@ impl NvmlSource {
             nvml_version: self.versions.nvml.clone(),
             cuda_driver_version: self.versions.cuda.clone(),
             error,
+            absent: false,
         }
     }
 
@@ -185,6 +192,7 @@ impl NvmlSource {
                     "NVML initialised"
                 );
                 self.nvml = Some(nvml);
+                self.ever_up = true;
                 // A new driver may support what the old one did not, and its handles are new.
                 self.unsupported.clear();
                 self.lacks.clear();
@@ -198,6 +206,10 @@ impl NvmlSource {
             }
             Err(e) => {
                 let msg = init_error_text(&e);
+                self.missing = matches!(
+                    e,
+                    NvmlError::LibloadingError(_) | NvmlError::DriverNotLoaded
+                );
                 self.metrics.error(SampleError::NvmlInit);
                 if self.last_init_error.as_deref() != Some(msg.as_str()) {
                     tracing::warn!(
@@ -290,6 +302,14 @@ impl NvmlSource {
             mig_unread: 0,
             ..GpuSample::default()
         }
+    }
+}
+
+impl NvmlSource {
+    /// Whether the node has no NVIDIA driver at all: NVML never came up, for want of its
+    /// library or driver.
+    pub fn never_present(&self) -> bool {
+        !self.ever_up && self.missing
     }
 }
 
@@ -471,6 +491,7 @@ impl GpuReader<'_> {
         let xids = self.src.xids.for_gpu(index);
         GpuSample {
             index,
+            vendor: super::Vendor::Nvidia,
             up: true,
             gpm_supported,
             gpm,

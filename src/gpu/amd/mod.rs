@@ -1,0 +1,541 @@
+//! AMD GPUs, read from the amdgpu kernel driver's own files: no ROCm, no SMI library.
+//!
+//! A GPU is each `class/drm/card<N>/device` under the sysfs root whose `vendor` is `0x1002`
+//! and whose driver is amdgpu, found once, in card order. Every cycle reads, per GPU:
+//! `gpu_busy_percent` and `mem_busy_percent`, `mem_info_vram_total` and `_used`, the hwmon
+//! temperatures by label (`edge`, `junction`, `mem`), `power1_average` (or `power1_input`) and
+//! `power1_cap`, `freq1_input` and `freq2_input` (or the active level of `pp_dpm_sclk` and
+//! `pp_dpm_mclk`), the `ras/*_err_count` blocks, the PCIe link, and the `gpu_metrics` table
+//! (energy, and whatever the files above do not give). A file the driver does not create is a
+//! reading the GPU lacks: left out, recorded once, not asked again. One that cannot be read,
+//! or holds what the kernel never prints, is counted and logged once, and left out: never 0. A
+//! GPU whose files are gone is lost, with its identity kept.
+
+mod metrics;
+mod text;
+
+use std::collections::HashSet;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::counters::{SampleError, SamplerCounters};
+use super::{GpuSample, PcieLink, Vendor};
+
+/// The most bytes of a text file read.
+const MAX_TEXT: u64 = 4096;
+/// The most AMD GPUs read.
+const MAX_CARDS: usize = 64;
+
+/// AMD's PCI vendor id.
+const VENDOR_AMD: u16 = 0x1002;
+
+pub struct AmdSource {
+    sysfs: PathBuf,
+    metrics: Arc<SamplerCounters>,
+    /// `None` until the cards are looked for (once, at the first cycle).
+    cards: Option<Vec<Card>>,
+    /// (GPU, reading) pairs the driver gives no file for: not asked again.
+    unsupported: HashSet<(usize, &'static str)>,
+    /// (GPU, reading) pairs already logged as failing or bad, so that each logs once.
+    logged: HashSet<(usize, &'static str)>,
+}
+
+/// One AMD GPU: its device directory and what identifies it, kept once read.
+struct Card {
+    dir: PathBuf,
+    uuid: Option<String>,
+    name: Option<String>,
+    pci_bus_id: Option<String>,
+}
+
+impl AmdSource {
+    /// Reads the AMD GPUs under `sysfs` (normally `/sys`).
+    pub fn new(sysfs: impl Into<PathBuf>, metrics: Arc<SamplerCounters>) -> Self {
+        AmdSource {
+            sysfs: sysfs.into(),
+            metrics,
+            cards: None,
+            unsupported: HashSet::new(),
+            logged: HashSet::new(),
+        }
+    }
+
+    /// One cycle of every AMD GPU, numbered from `first` on.
+    pub fn sample(&mut self, first: u32) -> Vec<GpuSample> {
+        if self.cards.is_none() {
+            let cards = find(&self.sysfs);
+            if !cards.is_empty() {
+                tracing::info!(gpus = cards.len(), sysfs = %self.sysfs.display(), "AMD GPUs found (amdgpu)");
+            }
+            self.cards = Some(cards);
+        }
+        let n = self.cards.as_ref().map_or(0, Vec::len);
+        (0..n)
+            .map(|i| self.read_card(i, first + i as u32))
+            .collect()
+    }
+
+    fn read_card(&mut self, i: usize, index: u32) -> GpuSample {
+        let dir = self.card(i).dir.clone();
+        // A GPU whose files are gone (unbound, fallen off the bus) is lost.
+        if read_text(&dir.join("vendor")).is_err() {
+            self.metrics.error(SampleError::GpuLost);
+            if self.logged.insert((i, "device")) {
+                tracing::error!(gpu = index, dir = %dir.display(), "AMD GPU gone from sysfs; gpu_up is 0 until it is back");
+            }
+            let c = self.card(i);
+            return GpuSample {
+                index,
+                vendor: Vendor::Amd,
+                uuid: c.uuid.clone().unwrap_or_default(),
+                name: c.name.clone(),
+                pci_bus_id: c.pci_bus_id.clone(),
+                up: false,
+                lost: true,
+                ..GpuSample::default()
+            };
+        }
+        self.logged.remove(&(i, "device"));
+        self.identity(i, &dir);
+        let mut r = Reader {
+            src: self,
+            i,
+            index,
+            dir: &dir,
+        };
+        r.read()
+    }
+
+    fn card(&self, i: usize) -> &Card {
+        &self
+            .cards
+            .as_ref()
+            .expect("cards are found before they are read")[i]
+    }
+
+    /// Reads what identifies GPU `i` until each part is known.
+    fn identity(&mut self, i: usize, dir: &Path) {
+        let c = &self.cards.as_ref().expect("cards are found")[i];
+        let uuid = match c.uuid {
+            None => read_text(&dir.join("unique_id"))
+                .ok()
+                .and_then(|t| text::unique_id(&t))
+                .flatten(),
+            Some(_) => None,
+        };
+        let name = match c.name {
+            None => read_text(&dir.join("product_name"))
+                .ok()
+                .and_then(|t| text::name(&t))
+                .flatten(),
+            Some(_) => None,
+        };
+        let c = &mut self.cards.as_mut().expect("cards are found")[i];
+        c.uuid = c.uuid.take().or(uuid);
+        c.name = c.name.take().or(name);
+    }
+}
+
+/// The AMD GPUs under `sysfs`, in card order.
+fn find(sysfs: &Path) -> Vec<Card> {
+    let Ok(entries) = std::fs::read_dir(sysfs.join("class/drm")) else {
+        return Vec::new();
+    };
+    let mut cards: Vec<(u32, PathBuf)> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name();
+            let n: u32 = name.to_str()?.strip_prefix("card")?.parse().ok()?;
+            Some((n, e.path().join("device")))
+        })
+        .filter(|(_, dir)| is_amdgpu(dir))
+        .collect();
+    cards.sort_by_key(|(n, _)| *n);
+    cards.truncate(MAX_CARDS);
+    cards
+        .into_iter()
+        .map(|(_, dir)| Card {
+            pci_bus_id: pci_bus_id(&dir),
+            dir,
+            uuid: None,
+            name: None,
+        })
+        .collect()
+}
+
+/// Whether a DRM card's device is an AMD GPU driven by amdgpu.
+fn is_amdgpu(dir: &Path) -> bool {
+    let vendor = read_text(&dir.join("vendor"))
+        .ok()
+        .and_then(|t| text::vendor(&t));
+    vendor == Some(VENDOR_AMD) && driver(dir).as_deref() == Some("amdgpu")
+}
+
+/// The device's driver: the name its `driver` link points at, or the `DRIVER=` of its uevent.
+fn driver(dir: &Path) -> Option<String> {
+    if let Ok(target) = std::fs::read_link(dir.join("driver")) {
+        return Some(target.file_name()?.to_string_lossy().into_owned());
+    }
+    uevent(dir, "DRIVER")
+}
+
+/// The device's PCI address: the name of the directory its `device` link resolves to, or the
+/// `PCI_SLOT_NAME=` of its uevent.
+fn pci_bus_id(dir: &Path) -> Option<String> {
+    std::fs::canonicalize(dir)
+        .ok()
+        .and_then(|p| text::pci_address(p.file_name()?.to_str()?))
+        .or_else(|| text::pci_address(&uevent(dir, "PCI_SLOT_NAME")?))
+}
+
+fn uevent(dir: &Path, key: &str) -> Option<String> {
+    let text = read_text(&dir.join("uevent")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+        .map(str::to_string)
+}
+
+/// A sysfs text file, at most `MAX_TEXT` bytes.
+fn read_text(path: &Path) -> std::io::Result<String> {
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_TEXT)
+        .read_to_string(&mut text)?;
+    Ok(text)
+}
+
+/// A binary file, at most `most` bytes.
+fn read_bytes(path: &Path, most: usize) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(most as u64)
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Reads one cycle of one GPU.
+struct Reader<'a> {
+    src: &'a mut AmdSource,
+    i: usize,
+    index: u32,
+    dir: &'a Path,
+}
+
+impl Reader<'_> {
+    /// Reading `reading` from the file at `path`, parsed by `parse` (`Some(None)`: the driver
+    /// says it has no value now).
+    fn file<T>(
+        &mut self,
+        reading: &'static str,
+        path: &Path,
+        parse: impl FnOnce(&str) -> Option<Option<T>>,
+    ) -> Option<T> {
+        if self.src.unsupported.contains(&(self.i, reading)) {
+            return None;
+        }
+        match read_text(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.src.unsupported.insert((self.i, reading));
+                None
+            }
+            Err(e) => {
+                self.failed(reading, &e);
+                None
+            }
+            Ok(t) => match parse(&t) {
+                Some(v) => v,
+                None => {
+                    self.bad(reading, t.trim());
+                    None
+                }
+            },
+        }
+    }
+
+    fn failed(&mut self, reading: &'static str, e: &dyn std::fmt::Display) {
+        self.src.metrics.error(SampleError::ReadFailed);
+        if self.src.logged.insert((self.i, reading)) {
+            tracing::warn!(gpu = self.index, reading, error = %e, "an amdgpu file could not be read; the reading is left out");
+        }
+    }
+
+    fn bad(&mut self, reading: &'static str, value: &str) {
+        self.src.metrics.error(SampleError::OutOfRange);
+        if self.src.logged.insert((self.i, reading)) {
+            let value: String = value.chars().take(64).collect();
+            tracing::warn!(gpu = self.index, reading, value = %value.escape_debug(), "an amdgpu file holds what the driver never prints; the reading is left out");
+        }
+    }
+
+    fn read(&mut self) -> GpuSample {
+        let dir = self.dir.to_path_buf();
+        let m = self.gpu_metrics();
+        let some = |v: u64| Some(Some(v));
+        let gpu_busy = self.file("utilization", &dir.join("gpu_busy_percent"), |t| {
+            text::percent(t).map(Some)
+        });
+        let mem_busy = self.file("memory_utilization", &dir.join("mem_busy_percent"), |t| {
+            text::percent(t).map(Some)
+        });
+        let total = self.file("memory", &dir.join("mem_info_vram_total"), |t| {
+            text::whole(t).and_then(some)
+        });
+        let used = self.file("memory", &dir.join("mem_info_vram_used"), |t| {
+            text::whole(t).and_then(some)
+        });
+        let (used, total) = match (used, total) {
+            (Some(u), Some(t)) if t > 0 && u <= t => (Some(u), Some(t)),
+            (Some(u), Some(t)) => {
+                self.bad("memory", &format!("used {u} total {t}"));
+                (None, None)
+            }
+            _ => (None, None),
+        };
+        let hwmon = hwmon(&dir);
+        let temps = hwmon
+            .as_deref()
+            .map(|h| self.temperatures(h))
+            .unwrap_or_default();
+        let power = hwmon.as_deref().and_then(|h| self.power(h));
+        let limit = hwmon.as_deref().and_then(|h| {
+            self.file("power_limit", &h.join("power1_cap"), |t| {
+                if t.trim().is_empty() {
+                    return Some(None);
+                }
+                text::whole(t).map(|uw| (uw > 0).then(|| uw as f64 / 1e6))
+            })
+        });
+        let sclk = self.clock(hwmon.as_deref(), "sm_clock", "freq1_input", "pp_dpm_sclk");
+        let mclk = self.clock(
+            hwmon.as_deref(),
+            "memory_clock",
+            "freq2_input",
+            "pp_dpm_mclk",
+        );
+        let (ecc_uncorrected, ecc_corrected) = self.ecc().unzip();
+        let c = self.src.card(self.i);
+        let (uuid, name, pci_bus_id) = (c.uuid.clone(), c.name.clone(), c.pci_bus_id.clone());
+        GpuSample {
+            index: self.index,
+            vendor: Vendor::Amd,
+            uuid: uuid.unwrap_or_default(),
+            name,
+            pci_bus_id,
+            up: true,
+            utilization_ratio: gpu_busy.or(m.gfx_activity),
+            memory_utilization_ratio: mem_busy.or(m.umc_activity),
+            memory_used_bytes: used,
+            memory_free_bytes: used.zip(total).map(|(u, t)| t - u),
+            memory_total_bytes: total,
+            temperature_celsius: temps
+                .edge
+                .or(temps.junction)
+                .or(m.temperature_edge)
+                .or(m.temperature_hotspot),
+            memory_temperature_celsius: temps.mem.or(m.temperature_mem),
+            power_watts: power.or(m.socket_power_watts),
+            power_limit_watts: limit,
+            energy_joules: m.energy_joules,
+            sm_clock_hertz: sclk.or(m.gfxclk_hz),
+            memory_clock_hertz: mclk.or(m.uclk_hz),
+            ecc_corrected,
+            ecc_uncorrected,
+            pcie_link: self.pcie_link(),
+            unsupported: self.unsupported(),
+            ..GpuSample::default()
+        }
+    }
+
+    /// The `gpu_metrics` table, or nothing: a version gpuwatch does not read is said once.
+    fn gpu_metrics(&mut self) -> metrics::Metrics {
+        let reading = "gpu_metrics";
+        if self.src.unsupported.contains(&(self.i, reading)) {
+            return metrics::Metrics::default();
+        }
+        match read_bytes(&self.dir.join(reading), metrics::MAX_BYTES) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.src.unsupported.insert((self.i, reading));
+                metrics::Metrics::default()
+            }
+            Err(e) => {
+                self.failed(reading, &e);
+                metrics::Metrics::default()
+            }
+            Ok(bytes) => match metrics::parse(&bytes) {
+                Ok(m) => m,
+                Err(metrics::Unread::Version(format, content, size)) => {
+                    if self.src.logged.insert((self.i, reading)) {
+                        tracing::info!(gpu = self.index, version = %format!("{format}.{content}"), size, "this gpu_metrics version is not one gpuwatch reads; its readings come from the other files");
+                    }
+                    metrics::Metrics::default()
+                }
+                Err(metrics::Unread::Truncated) => {
+                    self.bad(reading, &format!("{} bytes", bytes.len()));
+                    metrics::Metrics::default()
+                }
+            },
+        }
+    }
+
+    /// The hwmon temperatures by label, in degrees Celsius.
+    fn temperatures(&mut self, hwmon: &Path) -> Temperatures {
+        let mut t = Temperatures::default();
+        for n in 1..=8 {
+            let Ok(label) = read_text(&hwmon.join(format!("temp{n}_label"))) else {
+                continue;
+            };
+            let slot = match label.trim() {
+                "edge" => &mut t.edge,
+                "junction" => &mut t.junction,
+                "mem" => &mut t.mem,
+                _ => continue,
+            };
+            let path = hwmon.join(format!("temp{n}_input"));
+            let millis = self.file("temperature", &path, |t| {
+                let v: i64 = t.trim().parse().ok()?;
+                Some((0..=200_000).contains(&v).then_some(v as f64 / 1000.0))
+            });
+            *slot = millis;
+        }
+        t
+    }
+
+    /// The power: averaged where the driver gives that, else now; microwatts, as watts.
+    fn power(&mut self, hwmon: &Path) -> Option<f64> {
+        let watts = |t: &str| text::whole(t).map(|uw| Some(uw as f64 / 1e6));
+        let average = hwmon.join("power1_average");
+        if average.exists() {
+            return self.file("power", &average, watts);
+        }
+        self.file("power", &hwmon.join("power1_input"), watts)
+    }
+
+    /// A clock from hwmon (Hz), or the active level of a DPM table.
+    fn clock(
+        &mut self,
+        hwmon: Option<&Path>,
+        reading: &'static str,
+        input: &str,
+        dpm: &str,
+    ) -> Option<f64> {
+        if let Some(path) = hwmon.map(|h| h.join(input)).filter(|p| p.exists()) {
+            return self.file(reading, &path, |t| text::whole(t).map(|hz| Some(hz as f64)));
+        }
+        self.file(reading, &self.dir.join(dpm), |t| {
+            text::active_clock_hz(t).map(Some)
+        })
+    }
+
+    /// Uncorrectable and correctable errors summed over every RAS block; unknown this cycle if
+    /// any block cannot be read (a partial sum would look like a counter going back).
+    fn ecc(&mut self) -> Option<(u64, u64)> {
+        let reading = "ecc";
+        if self.src.unsupported.contains(&(self.i, reading)) {
+            return None;
+        }
+        let entries = match std::fs::read_dir(self.dir.join("ras")) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.src.unsupported.insert((self.i, reading));
+                return None;
+            }
+            Err(e) => {
+                self.failed(reading, &e);
+                return None;
+            }
+            Ok(entries) => entries,
+        };
+        let mut blocks: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.ends_with("_err_count"))
+            })
+            .collect();
+        blocks.sort();
+        blocks.truncate(64);
+        if blocks.is_empty() {
+            self.src.unsupported.insert((self.i, reading));
+            return None;
+        }
+        let (mut ue, mut ce) = (0u64, 0u64);
+        for path in blocks {
+            let text = match read_text(&path) {
+                Ok(t) => t,
+                Err(e) => {
+                    self.failed(reading, &e);
+                    return None;
+                }
+            };
+            match text::ras_counts(&text) {
+                Some(Some((u, c))) => {
+                    ue = ue.saturating_add(u);
+                    ce = ce.saturating_add(c);
+                }
+                Some(None) => return None,
+                None => {
+                    self.bad(reading, text.trim());
+                    return None;
+                }
+            }
+        }
+        Some((ue, ce))
+    }
+
+    fn pcie_link(&mut self) -> PcieLink {
+        let dir = self.dir.to_path_buf();
+        PcieLink {
+            generation: self.file(
+                "pcie_link",
+                &dir.join("current_link_speed"),
+                text::link_generation,
+            ),
+            max_generation: self.file(
+                "pcie_link",
+                &dir.join("max_link_speed"),
+                text::link_generation,
+            ),
+            width: self.file(
+                "pcie_link",
+                &dir.join("current_link_width"),
+                text::link_width,
+            ),
+            max_width: self.file("pcie_link", &dir.join("max_link_width"), text::link_width),
+        }
+    }
+
+    fn unsupported(&self) -> Vec<&'static str> {
+        let mut out: Vec<&'static str> = self
+            .src
+            .unsupported
+            .iter()
+            .filter(|(i, _)| *i == self.i)
+            .map(|(_, r)| *r)
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+}
+
+/// The hwmon temperatures by label.
+#[derive(Default)]
+struct Temperatures {
+    edge: Option<f64>,
+    junction: Option<f64>,
+    mem: Option<f64>,
+}
+
+/// The device's amdgpu hwmon directory.
+fn hwmon(dir: &Path) -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(dir.join("hwmon"))
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .collect();
+    dirs.sort();
+    dirs.into_iter()
+        .find(|h| read_text(&h.join("name")).is_ok_and(|n| n.trim() == "amdgpu"))
+}
