@@ -534,13 +534,7 @@ impl Drop for Daemon {
 /// The fake library's call counts (`GPUWATCH_FAKE_NVML_CALLS`), by function, as last written
 /// (it writes them at most once a second, so a window's counts are right to about a second).
 fn nvml_calls(dir: &std::path::Path) -> std::collections::BTreeMap<String, u64> {
-    let text = std::fs::read_to_string(dir.join("calls.txt")).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| {
-            let (f, n) = l.split_once(' ')?;
-            Some((f.to_string(), n.parse().ok()?))
-        })
-        .collect()
+    gpuwatch_fake_nvml::calls::read(&dir.join("calls.txt"))
 }
 
 /// NVML calls per GPU per second over the window, and with `GPUWATCH_BENCH_CALLS` set, each

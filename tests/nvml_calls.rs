@@ -30,13 +30,7 @@ sm_active = 50
 
 /// The fake's counts, by function, as last written.
 fn counts(dir: &Path) -> BTreeMap<String, u64> {
-    let text = std::fs::read_to_string(dir.join("calls.txt")).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| {
-            let (f, n) = l.split_once(' ')?;
-            Some((f.to_string(), n.parse().ok()?))
-        })
-        .collect()
+    gpuwatch_fake_nvml::calls::read(&dir.join("calls.txt"))
 }
 
 fn n(c: &BTreeMap<String, u64>, f: &str) -> u64 {

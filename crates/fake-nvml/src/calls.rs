@@ -52,6 +52,18 @@ pub fn flush() {
     }
 }
 
+/// The counts as last written to `file`, by function (none where it is not there yet): the
+/// reader of what this module writes.
+pub fn read(file: &std::path::Path) -> BTreeMap<String, u64> {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let (f, n) = l.split_once(' ')?;
+            Some((f.to_string(), n.parse().ok()?))
+        })
+        .collect()
+}
+
 fn write(file: &PathBuf, counts: &BTreeMap<&'static str, u64>) {
     let text: String = counts.iter().map(|(f, n)| format!("{f} {n}\n")).collect();
     let part = file.with_extension("part");

@@ -33,20 +33,49 @@ const VENDOR_AMD: u16 = 0x1002;
 pub struct AmdSource {
     sysfs: PathBuf,
     metrics: Arc<SamplerCounters>,
-    /// `None` until the cards are looked for (once, at the first cycle).
-    cards: Option<Vec<Card>>,
+    cards: Vec<Card>,
+    /// The cards are looked for once, at the first cycle.
+    looked: bool,
     /// (GPU, reading) pairs the driver gives no file for: not asked again.
     unsupported: HashSet<(usize, &'static str)>,
     /// (GPU, reading) pairs already logged as failing or bad, so that each logs once.
     logged: HashSet<(usize, &'static str)>,
 }
 
-/// One AMD GPU: its device directory and what identifies it, kept once read.
+/// One AMD GPU: its device directory, what identifies it and its hwmon directory, each kept
+/// once read.
 struct Card {
     dir: PathBuf,
     uuid: Option<String>,
     name: Option<String>,
     pci_bus_id: Option<String>,
+    hwmon: Option<PathBuf>,
+}
+
+impl Card {
+    /// Reads what identifies the GPU until each part is known.
+    fn identify(&mut self) {
+        if self.uuid.is_none() {
+            self.uuid = read_text(&self.dir.join("unique_id"))
+                .ok()
+                .and_then(|t| text::unique_id(&t))
+                .flatten();
+        }
+        if self.name.is_none() {
+            self.name = read_text(&self.dir.join("product_name"))
+                .ok()
+                .and_then(|t| text::name(&t))
+                .flatten();
+        }
+    }
+
+    /// The amdgpu hwmon directory, looked for until found.
+    fn hwmon(&mut self) -> Option<PathBuf> {
+        if self.hwmon.is_none() {
+            self.hwmon = hwmon(&self.dir);
+        }
+        self.hwmon.clone()
+    }
 }
 
 impl AmdSource {
@@ -55,7 +84,8 @@ impl AmdSource {
         AmdSource {
             sysfs: sysfs.into(),
             metrics,
-            cards: None,
+            cards: Vec::new(),
+            looked: false,
             unsupported: HashSet::new(),
             logged: HashSet::new(),
         }
@@ -63,28 +93,29 @@ impl AmdSource {
 
     /// One cycle of every AMD GPU, numbered from `first` on.
     pub fn sample(&mut self, first: u32) -> Vec<GpuSample> {
-        if self.cards.is_none() {
-            let cards = find(&self.sysfs);
-            if !cards.is_empty() {
-                tracing::info!(gpus = cards.len(), sysfs = %self.sysfs.display(), "AMD GPUs found (amdgpu)");
+        if !self.looked {
+            self.looked = true;
+            self.cards = find(&self.sysfs);
+            if !self.cards.is_empty() {
+                tracing::info!(gpus = self.cards.len(), sysfs = %self.sysfs.display(), "AMD GPUs found (amdgpu)");
             }
-            self.cards = Some(cards);
         }
-        let n = self.cards.as_ref().map_or(0, Vec::len);
-        (0..n)
+        (0..self.cards.len())
             .map(|i| self.read_card(i, first + i as u32))
             .collect()
     }
 
     fn read_card(&mut self, i: usize, index: u32) -> GpuSample {
-        let dir = self.card(i).dir.clone();
+        let dir = self.cards[i].dir.clone();
         // A GPU whose files are gone (unbound, fallen off the bus) is lost.
         if read_text(&dir.join("vendor")).is_err() {
             self.metrics.error(SampleError::GpuLost);
             if self.logged.insert((i, "device")) {
                 tracing::error!(gpu = index, dir = %dir.display(), "AMD GPU gone from sysfs; gpu_up is 0 until it is back");
             }
-            let c = self.card(i);
+            let c = &mut self.cards[i];
+            // A GPU bound again may have another hwmon directory.
+            c.hwmon = None;
             return GpuSample {
                 index,
                 vendor: Vendor::Amd,
@@ -97,7 +128,7 @@ impl AmdSource {
             };
         }
         self.logged.remove(&(i, "device"));
-        self.identity(i, &dir);
+        self.cards[i].identify();
         let mut r = Reader {
             src: self,
             i,
@@ -105,35 +136,6 @@ impl AmdSource {
             dir: &dir,
         };
         r.read()
-    }
-
-    fn card(&self, i: usize) -> &Card {
-        &self
-            .cards
-            .as_ref()
-            .expect("cards are found before they are read")[i]
-    }
-
-    /// Reads what identifies GPU `i` until each part is known.
-    fn identity(&mut self, i: usize, dir: &Path) {
-        let c = &self.cards.as_ref().expect("cards are found")[i];
-        let uuid = match c.uuid {
-            None => read_text(&dir.join("unique_id"))
-                .ok()
-                .and_then(|t| text::unique_id(&t))
-                .flatten(),
-            Some(_) => None,
-        };
-        let name = match c.name {
-            None => read_text(&dir.join("product_name"))
-                .ok()
-                .and_then(|t| text::name(&t))
-                .flatten(),
-            Some(_) => None,
-        };
-        let c = &mut self.cards.as_mut().expect("cards are found")[i];
-        c.uuid = c.uuid.take().or(uuid);
-        c.name = c.name.take().or(name);
     }
 }
 
@@ -160,6 +162,7 @@ fn find(sysfs: &Path) -> Vec<Card> {
             dir,
             uuid: None,
             name: None,
+            hwmon: None,
         })
         .collect()
 }
@@ -292,7 +295,7 @@ impl Reader<'_> {
             }
             _ => (None, None),
         };
-        let hwmon = hwmon(&dir);
+        let hwmon = self.src.cards[self.i].hwmon();
         let temps = hwmon
             .as_deref()
             .map(|h| self.temperatures(h))
@@ -314,7 +317,7 @@ impl Reader<'_> {
             "pp_dpm_mclk",
         );
         let (ecc_uncorrected, ecc_corrected) = self.ecc().unzip();
-        let c = self.src.card(self.i);
+        let c = &self.src.cards[self.i];
         let (uuid, name, pci_bus_id) = (c.uuid.clone(), c.name.clone(), c.pci_bus_id.clone());
         GpuSample {
             index: self.index,
