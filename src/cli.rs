@@ -202,6 +202,11 @@ fn run_config(
     listen: Option<String>,
 ) -> Result<(Config, Option<Tls>), ExitCode> {
     let (mut c, tls) = load_config(config, rules)?;
+    // A rule on a metric that no GPU of this node can ever give is a config it cannot use.
+    let unserved = cmd::check_config::unserved(&c);
+    if !unserved.is_empty() {
+        return Err(cmd::check_config::refuse(config, &unserved));
+    }
     if let Some(listen) = listen {
         match listen.parse() {
             Ok(addr) => c.server.listen = addr,

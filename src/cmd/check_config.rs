@@ -1,16 +1,12 @@
 //! `gpuwatch check-config`: validates a config file, naming every bad key. When a rule judges a
-//! GPM metric (`sm_active`, `tensor_active`, `dram_active`), it also asks this node's NVML
-//! whether its GPUs have GPM, and warns when they do not: such a rule sees unknown data there,
-//! which counts as busy, so it never acts.
-
-use std::path::Path;
-use std::process::ExitCode;
-use std::sync::Arc;
+//! GPM metric (`sm_active`, `tensor_active`, `dram_active`), it also looks at this node's GPUs:
+//! where none can ever give the metric (no NVIDIA driver, and only GPUs without GPM), the rule
+//! is refused, as `gpuwatch run` refuses it; where NVML says its GPUs lack GPM, or cannot say,
+//! it warns: such a rule sees unknown data there, which counts as busy, so it never acts.
 
 use crate::config::Config;
-use crate::gpu::counters::SamplerCounters;
-use crate::gpu::nvml::NvmlSource;
-use crate::gpu::GpuSource;
+use std::path::Path;
+use std::process::ExitCode;
 
 pub fn run(path: &Path) -> ExitCode {
     // The certificates and keys are loaded as the daemon loads them at start.
@@ -18,7 +14,16 @@ pub fn run(path: &Path) -> ExitCode {
         .and_then(|config| crate::http::tls::load(config.server.web.as_ref()).map(|_| config));
     match loaded {
         Ok(config) => {
-            for warning in config.warnings.iter().cloned().chain(gpm_warnings(&config)) {
+            let sample =
+                (!gpm_rules(&config).is_empty()).then(|| crate::gpu::sampler::sample_once(&config));
+            let refused = unserved_in(&config, sample.as_ref());
+            if !refused.is_empty() {
+                return refuse(path, &refused);
+            }
+            let gpm = sample
+                .map(|s| gpm_warnings(&config, &s))
+                .unwrap_or_default();
+            for warning in config.warnings.iter().cloned().chain(gpm) {
                 eprintln!("config: {}: warning: {warning}", path.display());
             }
             println!("config: {}: ok", path.display());
@@ -28,24 +33,53 @@ pub fn run(path: &Path) -> ExitCode {
     }
 }
 
-/// One warning per rule on a GPM metric that this node's GPUs cannot serve.
-fn gpm_warnings(config: &Config) -> Vec<String> {
-    let rules: Vec<_> = config
+/// The rules on a GPM metric, each with its metric.
+fn gpm_rules(config: &Config) -> Vec<(&crate::rules::Rule, crate::rules::Metric)> {
+    config
         .rules
         .iter()
         .filter_map(|r| Some((r, r.condition()?.metric)))
         .filter(|(_, m)| m.needs_gpm())
-        .collect();
-    if rules.is_empty() {
+        .collect()
+}
+
+/// For `gpuwatch run`: one error per rule on a metric that no GPU of this node can ever give
+/// (GPM's, on a node with no NVIDIA driver and only GPUs without GPM). NVML is loaded only
+/// where such a rule exists and the node has GPUs NVML does not read.
+pub fn unserved(config: &Config) -> Vec<String> {
+    if gpm_rules(config).is_empty() || !crate::gpu::sampler::has_other_gpus(config) {
         return Vec::new();
     }
-    let sample = NvmlSource::new(
-        config.nvml.library.clone(),
-        false,
-        Arc::new(SamplerCounters::default()),
-    )
-    .without_xid()
-    .sample();
+    unserved_in(config, Some(&crate::gpu::sampler::sample_once(config)))
+}
+
+fn unserved_in(config: &Config, sample: Option<&crate::gpu::Sample>) -> Vec<String> {
+    let Some(why) = sample.and_then(crate::gpu::Sample::never_gpm) else {
+        return Vec::new();
+    };
+    gpm_rules(config)
+        .into_iter()
+        .map(|(r, m)| {
+            format!(
+                "rules.{}.metric: \"{}\": no GPU of this node gives it: {why}",
+                r.name,
+                m.as_str()
+            )
+        })
+        .collect()
+}
+
+/// Reports `errors` as a config that cannot be used: exit status 64.
+pub fn refuse(path: &Path, errors: &[String]) -> ExitCode {
+    for e in errors {
+        eprintln!("config: {}: {e}", path.display());
+    }
+    super::exit::USAGE.into()
+}
+
+/// One warning per rule on a GPM metric that this node's GPUs cannot serve.
+fn gpm_warnings(config: &Config, sample: &crate::gpu::Sample) -> Vec<String> {
+    let rules = gpm_rules(config);
     let why = if !sample.nvml.up {
         Some(format!(
             "NVML is not available here ({}), so GPM support is not known",
@@ -56,7 +90,7 @@ fn gpm_warnings(config: &Config) -> Vec<String> {
             sample
                 .gpus
                 .iter()
-                .filter(|g| g.gpm_supported == want)
+                .filter(|g| g.has_gpm() == want)
                 .map(|g| g.index.to_string())
                 .collect()
         };

@@ -1,23 +1,15 @@
-//! `gpuwatch snapshot`: one sample, printed as a table or as JSON.
+//! `gpuwatch snapshot`: one sample of every GPU of the node (NVIDIA's and AMD's), printed as a
+//! table or as JSON.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use super::exit;
 use crate::config::Config;
-use crate::gpu::counters::SamplerCounters;
-use crate::gpu::nvml::NvmlSource;
-use crate::gpu::GpuSource;
 
 pub fn run(config: &Config, json: bool) -> ExitCode {
-    let mut source = NvmlSource::new(
-        config.nvml.library.clone(),
-        config.sampling.per_process_memory,
-        Arc::new(SamplerCounters::default()),
-    )
-    .without_xid();
-    let sample = source.sample();
-    if !sample.nvml.up {
+    let sample = crate::gpu::sampler::sample_once(config);
+    // A node with no NVIDIA driver but other GPUs is whole without NVML.
+    if !sample.nvml.complete() {
         eprintln!(
             "gpuwatch: NVML unavailable ({}): {}",
             sample.nvml.library,

@@ -4,6 +4,7 @@
 //! `hostname` (or `Hostname`, as older releases spell it), `DCGM_FI_DRIVER_VERSION`). A GPU in MIG mode is its GPU instances, as
 //! dcgm-exporter shows them: each with `GPU_I_PROFILE` and `GPU_I_ID` beside its GPU's labels,
 //! its own memory and profiling metrics, its GPU's physical ones, and the pods holding it.
+//! Only the GPUs dcgm-exporter itself exports have these names; the others keep gpuwatch's.
 //!
 //! dcgm-exporter writes the Prometheus text format, where a counter keeps its bare name. In
 //! OpenMetrics, which gpuwatch serves, a counter's samples end in `_total`, so the two counters
@@ -109,7 +110,7 @@ fn family(
     let whole = gpus
         .views
         .iter()
-        .filter(|g| g.up && g.sample.mig.is_empty())
+        .filter(|g| g.up && g.sample.mig.is_empty() && g.sample.has_dcgm_names())
         .filter_map(|g| {
             let l = DcgmLabels {
                 pod: g.pod_labels(),

@@ -210,9 +210,35 @@ impl Collector for SnapshotCollector {
         }
         if self.names.gpuwatch() {
             table::encode(e, &scrape)?;
+        } else if snap.gpus.iter().any(|g| !g.has_dcgm_names()) {
+            // A GPU dcgm-exporter does not export keeps gpuwatch's names in every mode.
+            let (gpus, unshared) = (own_names(gpus), own_names(&unshared));
+            let migs: Vec<_> = migs
+                .iter()
+                .filter(|m| !m.gpu.has_dcgm_names())
+                .copied()
+                .collect();
+            table::encode(
+                e,
+                &Scrape {
+                    gpus: &gpus,
+                    unshared: &unshared,
+                    migs: &migs,
+                    owners,
+                },
+            )?;
         }
         Ok(())
     }
+}
+
+/// The views of the GPUs that dcgm-exporter does not export.
+fn own_names<'a>(views: &[GpuView<'a>]) -> Vec<GpuView<'a>> {
+    views
+        .iter()
+        .filter(|g| !g.has_dcgm_names())
+        .copied()
+        .collect()
 }
 
 /// The jobs whose label the series carry, with `[slurm] job_label`.
@@ -359,6 +385,7 @@ pub(crate) struct Scrape<'a> {
 
 /// One GPU as its series show it: the sample, and the pod holding it, if any. A GPU shared by
 /// several pods (time-slicing) is one view per pod, so it has one series per pod.
+#[derive(Clone, Copy)]
 pub(crate) struct GpuView<'a> {
     pub(crate) sample: &'a GpuSample,
     pub(crate) pod: Option<&'a PodRef>,
@@ -393,6 +420,7 @@ impl<'a> GpuView<'a> {
 
 /// One MIG device as its series show it: its GPU, the device, and the pod holding it, if any
 /// (one view per pod, as for a GPU).
+#[derive(Clone, Copy)]
 pub(crate) struct MigView<'a> {
     pub(crate) gpu: &'a GpuSample,
     pub(crate) mig: &'a MigSample,

@@ -44,6 +44,17 @@ pub struct Sample {
     pub gpus: Vec<GpuSample>,
 }
 
+impl Sample {
+    /// Why no GPU of the node can ever give GPM's metrics, where that is certain: there is no
+    /// NVIDIA driver, and every GPU is of a vendor without GPM.
+    pub fn never_gpm(&self) -> Option<&'static str> {
+        let none = self.nvml.absent
+            && !self.gpus.is_empty()
+            && self.gpus.iter().all(|g| g.vendor != Vendor::Nvidia);
+        none.then_some("its GPUs are AMD's, which have no GPM, and it has no NVIDIA driver")
+    }
+}
+
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct NvmlStatus {
     /// The library loaded and initialised, and the device count was read.
@@ -168,6 +179,23 @@ pub struct GpuSample {
     /// from before a restart not read yet): never healthy by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<crate::health::GpuHealth>,
+}
+
+impl GpuSample {
+    /// Whether the GPU gives GPM's metrics (`sm_active` and the like): NVIDIA's Hopper and
+    /// later do, as NVML says (`None` while it has not said); no AMD GPU does.
+    pub fn has_gpm(&self) -> Option<bool> {
+        match self.vendor {
+            Vendor::Nvidia => self.gpm_supported,
+            Vendor::Amd => Some(false),
+        }
+    }
+
+    /// Whether dcgm-exporter exports this GPU (NVIDIA's): only such a GPU's series have its
+    /// names (`[exposition] names = "dcgm"`); every other GPU keeps gpuwatch's in every mode.
+    pub fn has_dcgm_names(&self) -> bool {
+        self.vendor == Vendor::Nvidia
+    }
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -68,22 +68,14 @@ pub fn start(
 ) -> std::io::Result<(Snapshots, Seed)> {
     let counters = Arc::new(SamplerCounters::default());
     counters.register(registry);
-    let source = super::nvml::NvmlSource::new(
+    let nvml = super::nvml::NvmlSource::new(
         config.nvml.library.clone(),
         config.sampling.per_process_memory,
         Arc::clone(&counters),
     )
     .with_pids(config.slurm.enabled || config.sampling.process_owners)
     .with_slow_interval(config.sampling.slow_interval);
-    let amd = config
-        .amd
-        .enabled
-        .then(|| super::amd::AmdSource::new(config.amd.sysfs_root.clone(), Arc::clone(&counters)));
-    let source = Node {
-        nvml: source,
-        amd,
-        nvidia: 0,
-    };
+    let source = Node::new(config, nvml, Arc::clone(&counters));
     let (judge, seed) = Judge::new(config.health);
     let snapshots = spawn(
         source,
@@ -99,10 +91,58 @@ pub fn start(
 /// Every GPU of the node: NVIDIA's through NVML, then AMD's through the amdgpu driver, numbered
 /// after NVIDIA's (after as many as NVML last counted, so that an NVML that goes down does not
 /// renumber them).
-struct Node {
+pub struct Node {
     nvml: super::nvml::NvmlSource,
     amd: Option<super::amd::AmdSource>,
     nvidia: u32,
+}
+
+impl Node {
+    /// The node's GPUs as the config says: NVIDIA's through `nvml`, and with `[amd] enabled`
+    /// AMD's, their processes listed as `nvml`'s are.
+    pub fn new(
+        config: &crate::config::Config,
+        nvml: super::nvml::NvmlSource,
+        counters: Arc<SamplerCounters>,
+    ) -> Node {
+        Node {
+            nvml,
+            amd: amd(config, counters),
+            nvidia: 0,
+        }
+    }
+}
+
+/// The AMD side of the node, where the config reads it.
+fn amd(
+    config: &crate::config::Config,
+    counters: Arc<SamplerCounters>,
+) -> Option<super::amd::AmdSource> {
+    config.amd.enabled.then(|| {
+        super::amd::AmdSource::new(config.amd.sysfs_root.clone(), counters).with_processes(
+            config.amd.proc_root.clone(),
+            config.sampling.per_process_memory,
+            config.slurm.enabled || config.sampling.process_owners,
+        )
+    })
+}
+
+/// The node's GPUs read once, as the daemon reads them but without XID events: for the
+/// commands that look at the node instead of watching it.
+pub fn sample_once(config: &crate::config::Config) -> Sample {
+    let counters = Arc::new(SamplerCounters::default());
+    let nvml = super::nvml::NvmlSource::new(
+        config.nvml.library.clone(),
+        config.sampling.per_process_memory,
+        Arc::clone(&counters),
+    )
+    .without_xid();
+    Node::new(config, nvml, counters).sample()
+}
+
+/// Whether the node has GPUs that NVML does not read (cheap: NVML is not loaded).
+pub fn has_other_gpus(config: &crate::config::Config) -> bool {
+    amd(config, Arc::new(SamplerCounters::default())).is_some_and(|mut a| !a.sample(0).is_empty())
 }
 
 impl GpuSource for Node {

@@ -43,6 +43,9 @@ pub enum DeviceId {
     Index(u32),
     /// A MIG device UUID (`MIG-…`), mapped to its parent once MIG devices are known.
     Mig(String),
+    /// A GPU's PCI address (`0000:03:00.0`, lowercase), as AMD's device plugin names its
+    /// `amd.com/gpu` devices.
+    Pci(String),
 }
 
 /// One device held by one container.
@@ -68,7 +71,9 @@ pub fn parse_device_id(id: &str) -> Option<DeviceId> {
     if id.is_empty() || id.len() > MAX_NAME || id.chars().any(char::is_control) {
         return None;
     }
-    if id.starts_with("GPU-") {
+    if let Some(pci) = pci_address(id) {
+        Some(DeviceId::Pci(pci))
+    } else if id.starts_with("GPU-") {
         Some(DeviceId::Uuid(id.to_string()))
     } else if id.starts_with("MIG-") {
         Some(DeviceId::Mig(id.to_string()))
@@ -77,8 +82,24 @@ pub fn parse_device_id(id: &str) -> Option<DeviceId> {
     }
 }
 
-/// The GPU assignments in a `List` answer: NVIDIA resources only (`nvidia.com/gpu`,
-/// `nvidia.com/mig-…`), each device id read, names bounded. Sorted, without repeats.
+/// A PCI address as the kernel names a device (`0000:03:00.0`), lowercase.
+fn pci_address(id: &str) -> Option<String> {
+    let b = id.as_bytes();
+    let hex = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_hexdigit);
+    let ok = b.len() == 12
+        && hex(0..4)
+        && b[4] == b':'
+        && hex(5..7)
+        && b[7] == b':'
+        && hex(8..10)
+        && b[10] == b'.'
+        && (b'0'..=b'7').contains(&b[11]);
+    ok.then(|| id.to_ascii_lowercase())
+}
+
+/// The GPU assignments in a `List` answer: GPU resources only (NVIDIA's `nvidia.com/gpu` and
+/// `nvidia.com/mig-…`, named by UUID or index; AMD's `amd.com/gpu`, named by PCI address),
+/// each device id read, names bounded. Sorted, without repeats.
 fn assignments(response: ListPodResourcesResponse) -> Vec<Assignment> {
     let mut out = Vec::new();
     let name = |s: &str| -> Option<String> {
@@ -94,14 +115,17 @@ fn assignments(response: ListPodResourcesResponse) -> Vec<Assignment> {
                 continue;
             };
             for devices in &container.devices {
-                if !devices.resource_name.starts_with("nvidia.com/") {
+                let by_address = devices.resource_name.starts_with("amd.com/");
+                if !(by_address || devices.resource_name.starts_with("nvidia.com/")) {
                     continue;
                 }
                 for id in &devices.device_ids {
                     if out.len() >= MAX_ASSIGNMENTS {
                         break;
                     }
-                    if let Some(device) = parse_device_id(id) {
+                    let device =
+                        parse_device_id(id).filter(|d| by_address == matches!(d, DeviceId::Pci(_)));
+                    if let Some(device) = device {
                         out.push(Assignment {
                             device,
                             pod: PodRef {
@@ -273,7 +297,20 @@ mod tests {
             parse_device_id("MIG-1a2b"),
             Some(DeviceId::Mig("MIG-1a2b".into()))
         );
-        for bad in ["", "::1", "gpu0", "-1", "GPU-\nx", &"9".repeat(300)] {
+        // AMD's device plugin names a GPU by its PCI address.
+        assert_eq!(
+            parse_device_id("0000:C1:00.0"),
+            Some(DeviceId::Pci("0000:c1:00.0".into()))
+        );
+        for bad in [
+            "",
+            "::1",
+            "gpu0",
+            "-1",
+            "GPU-\nx",
+            &"9".repeat(300),
+            "0000:c1:00.9",
+        ] {
             assert_eq!(parse_device_id(bad), None, "{bad:?}");
         }
     }

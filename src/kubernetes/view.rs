@@ -57,6 +57,11 @@ impl KubernetesView {
                 DeviceId::Uuid(u) => gpus.iter().find(|g| !g.uuid.is_empty() && g.uuid == *u),
                 DeviceId::Index(i) => gpus.iter().find(|g| g.index == *i),
                 DeviceId::Mig(u) => gpus.iter().find(|g| g.mig_uuids.contains(u)),
+                DeviceId::Pci(p) => gpus.iter().find(|g| {
+                    g.pci_bus_id
+                        .as_deref()
+                        .is_some_and(|b| b.eq_ignore_ascii_case(p))
+                }),
             };
             let Some(g) = gpu else { continue };
             add(out.gpus.entry(g.index).or_default(), &a.pod);
@@ -117,7 +122,27 @@ mod tests {
             ],
             errors: 0,
         };
-        let held = view.held(std::slice::from_ref(&gpu));
+        // An AMD GPU, held by its PCI address.
+        let amd = GpuSample {
+            index: 1,
+            pci_bus_id: Some("0000:c1:00.0".into()),
+            up: true,
+            ..GpuSample::default()
+        };
+        let view = KubernetesView {
+            assignments: [
+                view.assignments,
+                vec![Assignment {
+                    device: DeviceId::Pci("0000:c1:00.0".into()),
+                    pod: pod("rocm"),
+                }],
+            ]
+            .concat(),
+            ..view
+        };
+        let held = view.held(&[gpu, amd]);
+        assert_eq!(held.gpus[&1], [pod("rocm")]);
+        assert_eq!(held.whole[&1], [pod("rocm")]);
         assert_eq!(held.gpus[&0], [pod("whole"), pod("small")]);
         assert_eq!(held.whole[&0], [pod("whole")]);
         assert_eq!(held.mig["MIG-a"], [pod("small")]);

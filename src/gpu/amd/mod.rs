@@ -11,29 +11,42 @@
 //! or holds what the kernel never prints, is counted and logged once, and left out: never 0. A
 //! GPU whose files are gone is lost, with its identity kept.
 
+mod clients;
 mod metrics;
 mod text;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::counters::{SampleError, SamplerCounters};
-use super::{GpuSample, PcieLink, Vendor};
+use super::{GpuSample, PcieLink, ProcessRef, ProcessSample, Vendor};
 
 /// The most bytes of a text file read.
 const MAX_TEXT: u64 = 4096;
 /// The most AMD GPUs read.
 const MAX_CARDS: usize = 64;
 
+/// The most processes listed of one GPU, as for NVIDIA's.
+const MAX_PROCESSES: usize = 1024;
+
 /// AMD's PCI vendor id.
 const VENDOR_AMD: u16 = 0x1002;
 
 pub struct AmdSource {
     sysfs: PathBuf,
+    proc: PathBuf,
     metrics: Arc<SamplerCounters>,
+    /// Each process's name and memory are wanted (`[sampling] per_process_memory`).
+    per_process: bool,
+    /// Each process's pid and memory are wanted (who holds which GPU).
+    pids: bool,
     cards: Vec<Card>,
+    /// Each AMD GPU's DRM nodes (`card1`, `renderD128`): its PCI address, by node name.
+    nodes: HashMap<String, String>,
+    /// The processes could not all be read, and that was said.
+    clients_said: bool,
     /// The cards are looked for once, at the first cycle.
     looked: bool,
     /// (GPU, reading) pairs the driver gives no file for: not asked again.
@@ -83,12 +96,31 @@ impl AmdSource {
     pub fn new(sysfs: impl Into<PathBuf>, metrics: Arc<SamplerCounters>) -> Self {
         AmdSource {
             sysfs: sysfs.into(),
+            proc: PathBuf::from("/proc"),
             metrics,
+            per_process: false,
+            pids: false,
             cards: Vec::new(),
+            nodes: HashMap::new(),
+            clients_said: false,
             looked: false,
             unsupported: HashSet::new(),
             logged: HashSet::new(),
         }
+    }
+
+    /// Reads the processes under `proc` (normally `/proc`): with `per_process`, each one's
+    /// name and memory; with `pids`, each one's pid and memory, for who holds which GPU.
+    pub fn with_processes(
+        mut self,
+        proc: impl Into<PathBuf>,
+        per_process: bool,
+        pids: bool,
+    ) -> Self {
+        self.proc = proc.into();
+        self.per_process = per_process;
+        self.pids = pids;
+        self
     }
 
     /// One cycle of every AMD GPU, numbered from `first` on.
@@ -96,13 +128,75 @@ impl AmdSource {
         if !self.looked {
             self.looked = true;
             self.cards = find(&self.sysfs);
+            self.nodes = drm_nodes(&self.sysfs, &self.cards);
             if !self.cards.is_empty() {
                 tracing::info!(gpus = self.cards.len(), sysfs = %self.sysfs.display(), "AMD GPUs found (amdgpu)");
             }
         }
-        (0..self.cards.len())
+        let mut gpus: Vec<GpuSample> = (0..self.cards.len())
             .map(|i| self.read_card(i, first + i as u32))
-            .collect()
+            .collect();
+        if gpus.iter().any(|g| g.up) {
+            self.processes(&mut gpus);
+        }
+        gpus
+    }
+
+    /// Each GPU's processes, from their DRM clients; every GPU's stay unknown in a cycle when
+    /// a process's clients could not be read.
+    fn processes(&mut self, gpus: &mut [GpuSample]) {
+        let only = match &self.cards[..] {
+            [one] => one.pci_bus_id.as_deref(),
+            _ => None,
+        };
+        let found = clients::scan(&self.proc, &self.nodes, only);
+        if found.unreadable > 0 {
+            self.metrics.error(SampleError::ReadFailed);
+            if !std::mem::replace(&mut self.clients_said, true) {
+                let (pid, why) = found.why.unwrap_or_default();
+                tracing::warn!(
+                    processes = found.unreadable,
+                    pid,
+                    error = %why,
+                    proc = %self.proc.display(),
+                    "the AMD GPUs' processes are unknown: some processes' file descriptors cannot be read (reading another user's needs ptrace rights, CAP_SYS_PTRACE); no rule judges these GPUs idle meanwhile"
+                );
+            }
+            return;
+        }
+        if std::mem::replace(&mut self.clients_said, false) {
+            tracing::info!("the AMD GPUs' processes are read again");
+        }
+        let none = BTreeMap::new();
+        for g in gpus.iter_mut().filter(|g| g.up) {
+            let Some(pci) = g.pci_bus_id.as_deref() else {
+                continue;
+            };
+            let used = found.by_gpu.get(pci).unwrap_or(&none);
+            g.processes = Some(used.len() as u32);
+            if self.pids {
+                g.pids = used
+                    .iter()
+                    .take(MAX_PROCESSES)
+                    .map(|(&pid, u)| ProcessRef {
+                        pid,
+                        used_memory_bytes: u.vram_bytes(),
+                    })
+                    .collect();
+            }
+            if self.per_process {
+                g.process_memory = Some(
+                    used.iter()
+                        .take(MAX_PROCESSES)
+                        .map(|(&pid, u)| ProcessSample {
+                            pid,
+                            name: comm(&self.proc, pid),
+                            used_memory_bytes: u.vram_bytes(),
+                        })
+                        .collect(),
+                );
+            }
+        }
     }
 
     fn read_card(&mut self, i: usize, index: u32) -> GpuSample {
@@ -165,6 +259,31 @@ fn find(sysfs: &Path) -> Vec<Card> {
             hwmon: None,
         })
         .collect()
+}
+
+/// The DRM nodes (`cardN`, `renderDN`) of `cards`, each with its GPU's PCI address.
+fn drm_nodes(sysfs: &Path, cards: &[Card]) -> HashMap<String, String> {
+    let Ok(entries) = std::fs::read_dir(sysfs.join("class/drm")) else {
+        return HashMap::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_string();
+            let pci = pci_bus_id(&e.path().join("device"))?;
+            cards
+                .iter()
+                .any(|c| c.pci_bus_id.as_deref() == Some(pci.as_str()))
+                .then_some((name, pci))
+        })
+        .collect()
+}
+
+/// A process's name (`comm`), where it can be read.
+fn comm(proc: &Path, pid: u32) -> Option<String> {
+    let text = read_text(&proc.join(pid.to_string()).join("comm")).ok()?;
+    let name = text.trim_end_matches('\n');
+    (!name.is_empty()).then(|| name.chars().take(64).collect())
 }
 
 /// Whether a DRM card's device is an AMD GPU driven by amdgpu.
