@@ -54,6 +54,9 @@ pub enum Command {
         /// Address to serve on
         #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9400")]
         listen: String,
+        /// Add two simulated AMD GPUs, read from a generated sysfs and procfs tree
+        #[arg(long)]
+        amd: bool,
     },
     /// Take one sample and print it as a table, or as JSON
     Snapshot {
@@ -314,7 +317,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Release { job, user, config } => with_state_config(&config, |c| {
             cmd::hold::release(&c, (job.as_deref(), user.as_deref()))
         }),
-        Command::Demo { listen } => cmd::demo::run(&listen),
+        Command::Demo { listen, amd } => cmd::demo::run(&listen, amd),
         Command::Snapshot { json, config } => {
             with_config(&config, None, |c| cmd::snapshot::run(&c, json))
         }

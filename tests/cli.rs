@@ -155,13 +155,14 @@ fn version_names_the_price_table_date() {
     );
 }
 
-/// The README's first command: the demo serves four simulated GPUs with no config at all.
-#[test]
-fn demo_serves_four_gpus() {
+/// Starts `gpuwatch demo` with `extra` arguments on a port the kernel picks: the running
+/// demo, its address, and what it printed before it listened.
+fn start_demo(extra: &[&str]) -> (common::Killed, std::net::SocketAddr, String) {
     // Port 0: the kernel picks a free one, and the readiness line names it.
     let mut child = common::Killed(
         Command::new(BIN)
             .args(["demo", "--listen", "127.0.0.1:0"])
+            .args(extra)
             .env_remove("GPUWATCH_FAKE_NVML_SCENARIO")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -169,18 +170,12 @@ fn demo_serves_four_gpus() {
             .unwrap(),
     );
     let mut stdout = BufReader::new(child.0.stdout.take().unwrap());
-    let mut first = String::new();
-    stdout.read_line(&mut first).unwrap();
-    assert!(
-        first.starts_with("gpuwatch demo: 4 simulated Hopper GPUs"),
-        "{first}"
-    );
     // Keep draining the log, as a terminal would.
     let stderr = child.0.stderr.take().unwrap();
     std::thread::spawn(move || BufReader::new(stderr).lines().for_each(drop));
     // The readiness line says when the listener is bound, and where.
-    let mut printed = first.clone();
-    let addr = stdout
+    let mut printed = String::new();
+    let addr = (&mut stdout)
         .lines()
         .map_while(Result::ok)
         .find_map(|line| {
@@ -189,6 +184,19 @@ fn demo_serves_four_gpus() {
             common::ready_address(&line)
         })
         .unwrap_or_else(|| panic!("the demo exited without listening:\n{printed}"));
+    // The rest of stdout is drained too.
+    std::thread::spawn(move || stdout.lines().for_each(drop));
+    (child, addr, printed)
+}
+
+/// The README's first command: the demo serves four simulated GPUs with no config at all.
+#[test]
+fn demo_serves_four_gpus() {
+    let (_child, addr, printed) = start_demo(&[]);
+    assert!(
+        printed.starts_with("gpuwatch demo: 4 simulated Hopper GPUs"),
+        "{printed}"
+    );
     assert_eq!(addr.ip().to_string(), "127.0.0.1");
     assert_ne!(addr.port(), 0);
     // Await the first sample through the daemon's own long-poll.
@@ -230,6 +238,37 @@ fn demo_serves_four_gpus() {
     metric("gpuwatch_spot_interruption_pending")
         .value(0.0)
         .assert_in(&scrape);
+}
+
+/// `gpuwatch demo --amd`: two simulated AMD GPUs after the four NVIDIA ones, read from the
+/// sysfs and procfs tree the demo writes and keeps rewriting.
+#[test]
+fn demo_with_amd_serves_a_mixed_node() {
+    let (_child, addr, printed) = start_demo(&["--amd"]);
+    assert!(
+        printed.contains("2 simulated AMD Instinct MI300X"),
+        "{printed}"
+    );
+    let r = common::get(addr, "/api/v1/snapshot?after=0&timeout=10s");
+    let snap: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    let gpus = snap["gpus"].as_array().unwrap();
+    let vendors: Vec<&str> = gpus.iter().map(|g| g["vendor"].as_str().unwrap()).collect();
+    assert_eq!(
+        vendors,
+        ["nvidia", "nvidia", "nvidia", "nvidia", "amd", "amd"],
+        "{snap}"
+    );
+    assert_eq!(gpus[5]["name"], "AMD Instinct MI300X", "{snap}");
+    assert_eq!(gpus[5]["utilization_ratio"], 0.0, "{snap}");
+    assert_eq!(gpus[5]["processes"], 1, "{snap}");
+    assert_eq!(gpus[5]["memory_used_bytes"], 64000u64 << 20, "{snap}");
+    let scrape = common::Scrape::parse(&common::get(addr, "/metrics").body);
+    metric("gpu_info")
+        .gpu(4)
+        .label("vendor", "amd")
+        .value(1.0)
+        .assert_in(&scrape);
+    metric("gpuwatch_gpus").value(6.0).assert_in(&scrape);
 }
 
 /// A `GPUWATCH_LOG` that is not a level or a list of `target=level` is named in a warning, and

@@ -178,6 +178,8 @@ fn every_dashboard_query_returns_data() {
         let builtins = [
             ("datasource", "prometheus"),
             ("instance", instance.as_str()),
+            // The vendor selector at "All".
+            ("vendor", ".*"),
             ("__interval", "1s"),
             ("__interval_ms", "1000"),
             ("__rate_interval", "4s"),

@@ -94,6 +94,7 @@
 //! Time starts at the first `nvmlInit` call (a failed one too) and runs with the wall clock
 //! times `time.speed`, so hours of a scenario can pass in seconds.
 
+pub mod amd;
 pub mod calls;
 pub mod ffi;
 pub mod scenario;

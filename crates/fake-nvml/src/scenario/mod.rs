@@ -15,12 +15,14 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod amd;
 mod devices;
 mod parse;
 mod series;
 #[cfg(test)]
 mod tests;
 
+pub use amd::AmdGpu;
 pub use devices::{Gpm, GpmMetric, Gpu, Mig, RetiredPages, THROTTLE_REASONS};
 pub use series::{parse_trace, Series};
 
@@ -42,6 +44,8 @@ pub struct Scenario {
     pub start: f64,
     pub gpus: Vec<Gpu>,
     pub faults: Vec<Fault>,
+    /// AMD GPUs, for the sysfs tree alone.
+    pub amd: Vec<AmdGpu>,
 }
 
 /// The readings a fault can turn into `NVML_ERROR_NOT_SUPPORTED`.

@@ -33,6 +33,9 @@ pub(super) struct RawScenario {
     gpu: Vec<RawGpu>,
     #[serde(default)]
     fault: Vec<RawFault>,
+    /// AMD GPUs, shown through the fake's sysfs tree (`crate::amd`), never through NVML.
+    #[serde(default)]
+    amd: Vec<super::amd::RawAmd>,
 }
 
 fn default_driver() -> String {
@@ -232,7 +235,12 @@ impl RawScenario {
         for (i, f) in self.fault.into_iter().enumerate() {
             faults.push(f.validate(i, gpus.len())?);
         }
+        let mut amd = Vec::with_capacity(self.amd.len());
+        for (i, a) in self.amd.into_iter().enumerate() {
+            amd.push(a.validate(i, base)?);
+        }
         Ok(Scenario {
+            amd,
             nvml_version: self
                 .nvml_version
                 .unwrap_or_else(|| format!("12.{}", self.driver_version)),
@@ -305,14 +313,19 @@ impl RawFault {
 }
 
 /// A GPU's place in the scenario, for its series: its key, and the directory of the file.
-struct At<'a> {
-    key: &'a str,
-    base: &'a Path,
+pub(super) struct At<'a> {
+    pub(super) key: &'a str,
+    pub(super) base: &'a Path,
 }
 
 impl At<'_> {
     /// The series at `name`, or `default` throughout where the scenario gives none.
-    fn series(&self, name: &str, raw: Option<RawSeries>, default: f64) -> Result<Series, String> {
+    pub(super) fn series(
+        &self,
+        name: &str,
+        raw: Option<RawSeries>,
+        default: f64,
+    ) -> Result<Series, String> {
         match raw {
             None => Ok(Series::Constant(default)),
             Some(r) => r.validate(&format!("{}.{name}", self.key), self.base),
