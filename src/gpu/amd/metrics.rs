@@ -1,9 +1,11 @@
 //! The driver's `gpu_metrics` table: a versioned binary struct (the kernel's
 //! `kgd_pp_interface.h`), a header of its size and format and content revisions, then the
 //! fields of that version at their natural C alignment, little-endian. A field the GPU does not
-//! fill is all ones. gpuwatch reads the discrete GPUs' versions 1.1 to 1.8 (Instinct MI100 and
-//! MI200 write 1.3; MI300 1.4 to 1.8; Radeon 1.1 to 1.3), and no other: a version it does not
-//! know, or a table whose size is not its version's, gives nothing.
+//! fill is all ones. gpuwatch reads the discrete GPUs' versions 1.1 to 1.9 (Instinct MI100 and
+//! MI200 write 1.3; MI300 1.4 to 1.9; Radeon 1.1 to 1.3), and no other: a version it does not
+//! know, or a table whose size is not its version's, gives nothing. Version 1.9 describes itself:
+//! after the header, a count of attributes, each an encoding (unit, type, id, element count)
+//! and then its values, packed.
 
 /// What one table gave; each `None` where the version has no such field or the GPU left it
 /// unfilled.
@@ -28,7 +30,8 @@ pub struct Metrics {
 /// Why a table gave nothing.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Unread {
-    /// Shorter than its header, or than the size it says.
+    /// Shorter than its header, or than the size it says, or (1.9) attributes that do not fit
+    /// in it.
     Truncated,
     /// A version gpuwatch does not read (format, content, size as the header says).
     Version(u8, u8, u16),
@@ -117,6 +120,9 @@ pub fn parse(bytes: &[u8]) -> Result<Metrics, Unread> {
     }
     let size = u16::from_le_bytes([bytes[0], bytes[1]]);
     let (format, content) = (bytes[2], bytes[3]);
+    if (format, content) == (1, 9) {
+        return attributes(bytes, size);
+    }
     let layout = match format {
         1 => layout(content, size),
         _ => None,
@@ -159,6 +165,84 @@ pub fn parse(bytes: &[u8]) -> Result<Metrics, Unread> {
     })
 }
 
+/// Version 1.9's attribute ids (`enum amdgpu_metrics_attr_id`) that gpuwatch reads.
+mod id {
+    pub const TEMPERATURE_HOTSPOT: u64 = 0;
+    pub const TEMPERATURE_MEM: u64 = 1;
+    pub const CURR_SOCKET_POWER: u64 = 3;
+    pub const AVERAGE_GFX_ACTIVITY: u64 = 4;
+    pub const AVERAGE_UMC_ACTIVITY: u64 = 5;
+    pub const ENERGY_ACCUMULATOR: u64 = 7;
+    pub const CURRENT_GFXCLK: u64 = 33;
+    pub const CURRENT_UCLK: u64 = 37;
+}
+
+/// The most attributes a 1.9 table is believed to hold (MI300 writes 47).
+const MAX_ATTRIBUTES: usize = 1024;
+
+/// A version 1.9 table: `attr_count` (s32) after the header, then each attribute's encoding
+/// (u64: unit << 24, type << 20, id << 10, element count) and its elements, packed. An
+/// attribute whose id gpuwatch does not read is passed over by its size; one of a type it
+/// does not know cannot be, and makes the table bad.
+fn attributes(bytes: &[u8], size: u16) -> Result<Metrics, Unread> {
+    let end = usize::from(size);
+    if bytes.len() < end || end < 8 {
+        return Err(Unread::Truncated);
+    }
+    let bytes = &bytes[..end];
+    let count = i32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+    let count = usize::try_from(count)
+        .ok()
+        .filter(|&n| n <= MAX_ATTRIBUTES)
+        .ok_or(Unread::Truncated)?;
+    let mut m = Metrics::default();
+    let mut at = 8;
+    for _ in 0..count {
+        let enc = bytes
+            .get(at..at + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+            .ok_or(Unread::Truncated)?;
+        let width: usize = match (enc >> 20) & 0xf {
+            0 | 1 => 1,
+            2 | 3 => 2,
+            4 | 5 => 4,
+            6 | 7 => 8,
+            _ => return Err(Unread::Truncated),
+        };
+        let elements = (enc & 0x3ff) as usize;
+        let values = bytes
+            .get(at + 8..at + 8 + width * elements)
+            .ok_or(Unread::Truncated)?;
+        at += 8 + width * elements;
+        // The first element, unless the GPU left it unfilled (all ones).
+        let Some(first) = values.get(..width) else {
+            continue;
+        };
+        let mut raw = [0u8; 8];
+        raw[..width].copy_from_slice(first);
+        let v = u64::from_le_bytes(raw);
+        if v == u64::MAX >> (64 - 8 * width) {
+            continue;
+        }
+        let small = || u16::try_from(v).ok().map(f64::from);
+        let celsius = || small().filter(|&t| t <= 200.0);
+        let ratio = || small().filter(|&p| p <= 100.0).map(|p| p / 100.0);
+        let mhz = || small().map(|f| f * 1e6);
+        match (enc >> 10) & 0x3ff {
+            id::TEMPERATURE_HOTSPOT => m.temperature_hotspot = celsius(),
+            id::TEMPERATURE_MEM => m.temperature_mem = celsius(),
+            id::CURR_SOCKET_POWER => m.socket_power_watts = small(),
+            id::AVERAGE_GFX_ACTIVITY => m.gfx_activity = ratio(),
+            id::AVERAGE_UMC_ACTIVITY => m.umc_activity = ratio(),
+            id::ENERGY_ACCUMULATOR => m.energy_joules = Some(v as f64 / 65536.0),
+            id::CURRENT_GFXCLK => m.gfxclk_hz = mhz(),
+            id::CURRENT_UCLK => m.uclk_hz = mhz(),
+            _ => {}
+        }
+    }
+    Ok(m)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,6 +254,80 @@ mod tests {
         t[2] = 1;
         t[3] = content;
         t
+    }
+
+    /// One 1.9 attribute: its encoding (`unit`, `kind` as the driver's type enum, `id`) and
+    /// its elements, each `width` bytes.
+    fn attr(out: &mut Vec<u8>, unit: u64, kind: u64, id: u64, width: usize, values: &[u64]) {
+        let enc = unit << 24 | kind << 20 | id << 10 | values.len() as u64;
+        out.extend_from_slice(&enc.to_le_bytes());
+        for v in values {
+            out.extend_from_slice(&v.to_le_bytes()[..width]);
+        }
+    }
+
+    /// A 1.9 table as SMU 13.0.6 writes it, in part: temperatures, power, activities, the
+    /// memory bandwidth (an attribute gpuwatch passes over), the energy, the clocks.
+    fn v1_9() -> Vec<u8> {
+        let mut t = vec![0, 0, 1, 9];
+        t.extend_from_slice(&9i32.to_le_bytes());
+        attr(&mut t, 2, 2, 0, 2, &[71]); // hotspot, U16, °C
+        attr(&mut t, 2, 2, 1, 2, &[63]); // memory
+        attr(&mut t, 3, 2, 3, 2, &[612]); // socket power, W
+        attr(&mut t, 10, 2, 4, 2, &[88]); // graphics activity, %
+        attr(&mut t, 10, 2, 5, 2, &[0xffff]); // memory activity: unfilled
+        attr(&mut t, 8, 6, 6, 8, &[5300]); // memory bandwidth, U64: passed over
+        attr(&mut t, 0, 6, 7, 8, &[65536 * 4000]); // energy
+        attr(
+            &mut t,
+            1,
+            2,
+            33,
+            2,
+            &[2100, 2095, 0xffff, 0xffff, 0xffff, 0xffff, 0xffff, 0xffff],
+        );
+        attr(&mut t, 1, 2, 37, 2, &[1300]); // memory clock
+        let size = t.len() as u16;
+        t[..2].copy_from_slice(&size.to_le_bytes());
+        t
+    }
+
+    #[test]
+    fn version_1_9_describes_itself() {
+        let m = parse(&v1_9()).unwrap();
+        assert_eq!(m.temperature_hotspot, Some(71.0));
+        assert_eq!(m.temperature_mem, Some(63.0));
+        assert_eq!(m.socket_power_watts, Some(612.0));
+        assert_eq!(m.gfx_activity, Some(0.88));
+        assert_eq!(m.umc_activity, None);
+        assert_eq!(m.energy_joules, Some(4000.0));
+        assert_eq!(m.gfxclk_hz, Some(2.1e9));
+        assert_eq!(m.uclk_hz, Some(1.3e9));
+        assert_eq!(m.temperature_edge, None);
+    }
+
+    #[test]
+    fn a_1_9_table_whose_attributes_do_not_fit_is_bad() {
+        let t = v1_9();
+        // Cut short: the size says more than was read.
+        assert_eq!(parse(&t[..t.len() - 1]), Err(Unread::Truncated));
+        // The size says less than the attributes need.
+        let mut short = t.clone();
+        short[..2].copy_from_slice(&((t.len() - 2) as u16).to_le_bytes());
+        assert_eq!(parse(&short), Err(Unread::Truncated));
+        // More attributes than any GPU writes, or fewer than none.
+        for n in [100_000i32, -1] {
+            let mut bad = t.clone();
+            bad[4..8].copy_from_slice(&n.to_le_bytes());
+            assert_eq!(parse(&bad), Err(Unread::Truncated));
+        }
+        // A type the driver has no number for.
+        let mut bad = t.clone();
+        bad[8 + 2] |= 0xf0;
+        assert_eq!(parse(&bad), Err(Unread::Truncated));
+        // No attributes at all: nothing, and no error.
+        let empty = [8u8, 0, 1, 9, 0, 0, 0, 0];
+        assert_eq!(parse(&empty), Ok(Metrics::default()));
     }
 
     fn put16(t: &mut [u8], at: usize, v: u16) {
@@ -239,13 +397,13 @@ mod tests {
         assert_eq!(parse(&[120, 0, 1]), Err(Unread::Truncated));
         // The header says 120 bytes of 1.3; 60 arrived.
         assert_eq!(parse(&table(120, 3)[..60]), Err(Unread::Truncated));
-        // APU tables (2.x, 3.0), 1.0 (not naturally aligned), 1.9 (self-describing), and a
+        // APU tables (2.x, 3.0), 1.0 (not naturally aligned), a revision after 1.9, and a
         // known revision with the wrong size.
         assert_eq!(parse(&table(120, 0)[..]), Err(Unread::Version(1, 0, 120)));
         let mut apu = table(120, 1);
         apu[2] = 2;
         assert_eq!(parse(&apu), Err(Unread::Version(2, 1, 120)));
-        assert_eq!(parse(&table(1150, 9)), Err(Unread::Version(1, 9, 1150)));
+        assert_eq!(parse(&table(1150, 10)), Err(Unread::Version(1, 10, 1150)));
         assert_eq!(parse(&table(128, 3)), Err(Unread::Version(1, 3, 128)));
         // Garbage within a known layout: out-of-range values are left out.
         let mut t = table(120, 3);
