@@ -451,6 +451,7 @@ fn node_config(dir: &Path, rules: &str) -> std::path::PathBuf {
     let sys = dir.join("sys");
     tree(&sys);
     std::fs::create_dir_all(dir.join("proc")).unwrap();
+    client(&dir.join("proc"), 4242, "python3", "0000:03:00.0", 128);
     let path = dir.join("gpuwatch.toml");
     std::fs::write(
         &path,
@@ -474,7 +475,7 @@ fn a_snapshot_of_an_amd_only_node_shows_its_gpu() {
     assert_eq!(snap["gpus"][0]["vendor"], "amd", "{snap}");
     assert_eq!(snap["gpus"][0]["name"], "AMD Instinct MI210", "{snap}");
     assert_eq!(snap["gpus"][0]["utilization_ratio"], 0.42, "{snap}");
-    assert_eq!(snap["gpus"][0]["processes"], 0, "{snap}");
+    assert_eq!(snap["gpus"][0]["processes"], 1, "{snap}");
     let table = common::gpuwatch(&[&"snapshot", &"--config", &config]);
     assert!(table.contains("AMD Instinct MI210"), "{table}");
 }
@@ -504,6 +505,13 @@ fn a_rule_on_a_metric_no_gpu_of_the_node_gives_is_refused() {
             "{args:?}: {err}"
         );
     }
+    // An NVIDIA GPU on the bus, its driver not loaded: it may have GPM once it is.
+    let nvidia = dir.path().join("sys/bus/pci/devices/0000:18:00.0");
+    std::fs::create_dir_all(&nvidia).unwrap();
+    std::fs::write(nvidia.join("vendor"), "0x10de\n").unwrap();
+    std::fs::write(nvidia.join("class"), "0x030200\n").unwrap();
+    let out = common::gpuwatch(&[&"check-config", &config]);
+    assert!(out.contains(": ok"), "{out}");
     // The same rule on utilization is a config the node can use.
     let plain = node_config(
         &dir.path().join("plain"),

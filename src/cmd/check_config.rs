@@ -44,7 +44,8 @@ fn gpm_rules(config: &Config) -> Vec<(&crate::rules::Rule, crate::rules::Metric)
 }
 
 /// For `gpuwatch run`: one error per rule on a metric that no GPU of this node can ever give
-/// (GPM's, on a node with no NVIDIA driver and only GPUs without GPM). NVML is loaded only
+/// (GPM's, on a node with no NVIDIA driver, no NVIDIA GPU on its PCI bus, and only GPUs
+/// without GPM). NVML is loaded only
 /// where such a rule exists and the node has GPUs NVML does not read.
 pub fn unserved(config: &Config) -> Vec<String> {
     if gpm_rules(config).is_empty() || !crate::gpu::sampler::has_other_gpus(config) {
@@ -57,6 +58,10 @@ fn unserved_in(config: &Config, sample: Option<&crate::gpu::Sample>) -> Vec<Stri
     let Some(why) = sample.and_then(crate::gpu::Sample::never_gpm) else {
         return Vec::new();
     };
+    // An NVIDIA GPU whose driver is not loaded (yet) may have GPM once it is.
+    if crate::gpu::nvidia_on_bus(&config.amd.sysfs_root) {
+        return Vec::new();
+    }
     gpm_rules(config)
         .into_iter()
         .map(|(r, m)| {

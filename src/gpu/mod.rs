@@ -44,6 +44,19 @@ pub struct Sample {
     pub gpus: Vec<GpuSample>,
 }
 
+/// Whether the PCI bus under `sysfs` holds an NVIDIA display or 3D controller, driver loaded
+/// or not: a node that has one may have GPM once its driver is up.
+pub fn nvidia_on_bus(sysfs: &std::path::Path) -> bool {
+    let Ok(devices) = std::fs::read_dir(sysfs.join("bus/pci/devices")) else {
+        return false;
+    };
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+    devices.filter_map(Result::ok).take(4096).any(|d| {
+        read(d.path().join("vendor")).trim() == "0x10de"
+            && read(d.path().join("class")).trim().starts_with("0x03")
+    })
+}
+
 impl Sample {
     /// Why no GPU of the node can ever give GPM's metrics, where that is certain: there is no
     /// NVIDIA driver, and every GPU is of a vendor without GPM.

@@ -71,7 +71,7 @@ pub fn parse_device_id(id: &str) -> Option<DeviceId> {
     if id.is_empty() || id.len() > MAX_NAME || id.chars().any(char::is_control) {
         return None;
     }
-    if let Some(pci) = pci_address(id) {
+    if let Some(pci) = crate::gpu::amd::pci_address(id) {
         Some(DeviceId::Pci(pci))
     } else if id.starts_with("GPU-") {
         Some(DeviceId::Uuid(id.to_string()))
@@ -80,21 +80,6 @@ pub fn parse_device_id(id: &str) -> Option<DeviceId> {
     } else {
         id.parse().ok().map(DeviceId::Index)
     }
-}
-
-/// A PCI address as the kernel names a device (`0000:03:00.0`), lowercase.
-fn pci_address(id: &str) -> Option<String> {
-    let b = id.as_bytes();
-    let hex = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_hexdigit);
-    let ok = b.len() == 12
-        && hex(0..4)
-        && b[4] == b':'
-        && hex(5..7)
-        && b[7] == b':'
-        && hex(8..10)
-        && b[10] == b'.'
-        && (b'0'..=b'7').contains(&b[11]);
-    ok.then(|| id.to_ascii_lowercase())
 }
 
 /// The GPU assignments in a `List` answer: GPU resources only (NVIDIA's `nvidia.com/gpu` and

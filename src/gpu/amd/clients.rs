@@ -17,8 +17,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::{ErrorKind, Read};
 use std::path::Path;
 
-/// The most file descriptors of one process looked at; a process with more is unknown.
-const MAX_FDS: usize = 1 << 16;
+/// The most file descriptors of one process looked at (the most `RLIMIT_NOFILE` allows by
+/// default); a process with more is unknown.
+const MAX_FDS: usize = 1 << 20;
+/// The most threads of one process looked at, where its main thread has ended.
+const MAX_TASKS: usize = 1 << 16;
 /// The most bytes of one fdinfo file read (a client's is about 1.5 KiB).
 const MAX_FDINFO: u64 = 16 * 1024;
 /// The most clients kept of one process on one GPU.
@@ -37,8 +40,8 @@ pub(super) struct Clients {
 /// What one process holds of one GPU.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub(super) struct Used {
-    /// Each client's VRAM by client id (`None`: the fdinfo gives none).
-    clients: BTreeMap<Option<u64>, Option<u64>>,
+    /// Each client's VRAM, by its client id (or, without one, its descriptor).
+    clients: BTreeMap<(Option<u64>, String), Option<u64>>,
 }
 
 impl Used {
@@ -66,6 +69,10 @@ impl Clients {
 /// `only` is the one AMD GPU's address where the node has one.
 pub(super) fn scan(proc: &Path, nodes: &HashMap<String, String>, only: Option<&str>) -> Clients {
     let mut out = Clients::default();
+    if let Err(why) = super::procfs::complete(proc) {
+        out.unreadable(0, why);
+        return out;
+    }
     let entries = match std::fs::read_dir(proc) {
         Ok(e) => e,
         Err(e) => {
@@ -73,74 +80,194 @@ pub(super) fn scan(proc: &Path, nodes: &HashMap<String, String>, only: Option<&s
             return out;
         }
     };
-    for entry in entries.filter_map(Result::ok) {
+    let mut listed = 0usize;
+    for entry in entries {
+        let entry = match entry {
+            Ok(e) => e,
+            Err(e) => {
+                out.unreadable(0, format_args!("{}: {e}", proc.display()));
+                return out;
+            }
+        };
         let name = entry.file_name();
         let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
             continue;
         };
-        process(&entry.path(), pid, nodes, only, &mut out);
+        listed += 1;
+        let at = Place {
+            dir: entry.path(),
+            pid,
+            nodes,
+            only,
+        };
+        match at.clients() {
+            Ok(found) => at.add(found, &mut out),
+            Err(why) => out.unreadable(pid, why),
+        }
+    }
+    // Every node runs processes: a list of none is the wrong directory (a mount missing).
+    if listed == 0 {
+        out.unreadable(0, format_args!("{} lists no process", proc.display()));
     }
     out
 }
 
-/// One process's amdgpu clients, into `out`.
-fn process(
-    dir: &Path,
+/// Whether a read failed because the process or descriptor is gone (it holds nothing now).
+fn gone(e: &std::io::Error) -> bool {
+    e.kind() == ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+}
+
+/// One process under the process list, and how its clients are matched to GPUs.
+struct Place<'a> {
+    dir: std::path::PathBuf,
     pid: u32,
-    nodes: &HashMap<String, String>,
-    only: Option<&str>,
-    out: &mut Clients,
-) {
-    let fds = match std::fs::read_dir(dir.join("fdinfo")) {
-        Ok(e) => e,
-        // Gone since the list was read: it holds nothing now.
-        Err(e) if e.kind() == ErrorKind::NotFound => return,
-        Err(e) => return out.unreadable(pid, e),
-    };
-    // A tree that lists fdinfo alone (no `fd` links) has every descriptor read.
-    let links = dir.join("fd").is_dir();
-    let mut found: Vec<(String, Option<u64>, Option<u64>)> = Vec::new();
-    for (n, fd) in fds.enumerate() {
-        if n == MAX_FDS {
-            return out.unreadable(pid, format_args!("more than {MAX_FDS} file descriptors"));
-        }
-        let Ok(fd) = fd else { continue };
-        let target = if links {
-            match std::fs::read_link(dir.join("fd").join(fd.file_name())) {
-                Ok(t) if !t.starts_with("/dev/dri/") => continue,
-                Ok(t) => Some(t),
-                // Closed since the list was read.
-                Err(e) if e.kind() == ErrorKind::NotFound => continue,
-                Err(_) => None,
-            }
-        } else {
-            None
+    nodes: &'a HashMap<String, String>,
+    only: Option<&'a str>,
+}
+
+/// One client found: its GPU's address, its key within the process, its VRAM.
+type Found = (String, (Option<u64>, String), Option<u64>);
+
+impl Place<'_> {
+    /// The process's amdgpu clients. A process whose main thread has ended has no
+    /// descriptors of its own to list: its other threads' are read instead.
+    fn clients(&self) -> Result<Vec<Found>, String> {
+        let Some(found) = self.table(&self.dir)? else {
+            return Ok(Vec::new());
         };
-        let text = match read(&fd.path()) {
+        if !found.1 {
+            return Ok(found.0);
+        }
+        let tasks = match std::fs::read_dir(self.dir.join("task")) {
             Ok(t) => t,
-            Err(e) if e.kind() == ErrorKind::NotFound => continue,
-            Err(e) => return out.unreadable(pid, e),
+            Err(e) if gone(&e) => return Ok(Vec::new()),
+            Err(e) => return Err(format!("pid {}: its threads: {e}", self.pid)),
         };
-        let info = parse(&text);
-        if !info.is_amdgpu(target.is_some()) {
-            continue;
+        let mut all = Vec::new();
+        for (n, task) in tasks.enumerate() {
+            let task = task.map_err(|e| format!("pid {}: its threads: {e}", self.pid))?;
+            if n == MAX_TASKS {
+                return Err(format!("pid {}: more than {MAX_TASKS} threads", self.pid));
+            }
+            if task.file_name().to_str() == Some(&self.pid.to_string()) {
+                continue;
+            }
+            if let Some((found, _)) = self.table(&task.path())? {
+                all.extend(found);
+            }
         }
-        let node = target
-            .as_deref()
-            .and_then(|t| t.file_name()?.to_str())
-            .and_then(|n| nodes.get(n));
-        let gpu = info.pdev.as_ref().or(node).map(String::as_str).or(only);
-        let Some(gpu) = gpu else {
-            return out.unreadable(pid, "an amdgpu client names no GPU");
+        Ok(all)
+    }
+
+    /// The amdgpu clients in one descriptor table (`dir/fdinfo`, `dir/fd`), and whether it
+    /// listed no descriptor at all; `None` where it is gone.
+    fn table(&self, dir: &Path) -> Result<Option<(Vec<Found>, bool)>, String> {
+        let pid = self.pid;
+        let fds = match std::fs::read_dir(dir.join("fdinfo")) {
+            Ok(e) => e,
+            Err(e) if gone(&e) => return Ok(None),
+            Err(e) => return Err(format!("pid {pid}: {e}{}", hint(&e))),
         };
-        found.push((gpu.to_string(), info.client, info.vram));
+        // A tree that lists fdinfo alone (no `fd` links) has every descriptor read.
+        let links = dir.join("fd").is_dir();
+        let mut found = Vec::new();
+        let mut empty = true;
+        for (n, fd) in fds.enumerate() {
+            if n == MAX_FDS {
+                return Err(format!("pid {pid}: more than {MAX_FDS} file descriptors"));
+            }
+            let fd = fd.map_err(|e| format!("pid {pid}: {e}"))?;
+            empty = false;
+            let name = fd.file_name().to_string_lossy().into_owned();
+            let target = if links {
+                match std::fs::read_link(dir.join("fd").join(&name)) {
+                    Ok(t) if !may_be_gpu(&t) => continue,
+                    Ok(t) => Some(t),
+                    Err(e) if gone(&e) => continue,
+                    // Its fdinfo alone says what it is.
+                    Err(_) => None,
+                }
+            } else {
+                None
+            };
+            let text = match read(&fd.path()) {
+                Ok(t) => t,
+                Err(e) if gone(&e) => continue,
+                Err(e) => return Err(format!("pid {pid}: fd {name}: {e}{}", hint(&e))),
+            };
+            let info = parse(&text);
+            if !info.is_amdgpu(target.is_some()) {
+                continue;
+            }
+            let node = target
+                .as_deref()
+                .and_then(|t| t.file_name()?.to_str())
+                .and_then(|n| self.nodes.get(n));
+            let gpu = info
+                .pdev
+                .as_ref()
+                .or(node)
+                .map(String::as_str)
+                .or(self.only);
+            let Some(gpu) = gpu else {
+                return Err(format!(
+                    "pid {pid}: fd {name}: an amdgpu client names no GPU of this node's (a partition's render node, or a device not found)"
+                ));
+            };
+            // A descriptor duplicated within the process is one client; without a client id,
+            // each descriptor is one.
+            let key = match info.client {
+                Some(c) => (Some(c), String::new()),
+                None => (None, name),
+            };
+            found.push((gpu.to_string(), key, info.vram));
+        }
+        Ok(Some((found, empty)))
     }
-    for (gpu, client, vram) in found {
-        let used = out.by_gpu.entry(gpu).or_default().entry(pid).or_default();
-        if used.clients.len() < MAX_CLIENTS {
-            used.clients.insert(client, vram);
+
+    fn add(&self, found: Vec<Found>, out: &mut Clients) {
+        for (gpu, key, vram) in found {
+            let used = out
+                .by_gpu
+                .entry(gpu)
+                .or_default()
+                .entry(self.pid)
+                .or_default();
+            if used.clients.len() < MAX_CLIENTS {
+                used.clients.insert(key, vram);
+            }
         }
     }
+}
+
+/// What a refused read needs, said where the kernel refused it.
+fn hint(e: &std::io::Error) -> &'static str {
+    if e.kind() == ErrorKind::PermissionDenied {
+        " (another user's descriptors need CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH)"
+    } else {
+        ""
+    }
+}
+
+/// Whether a descriptor's link may be a GPU's: a device node, but none of those every process
+/// holds that are no GPU. Sockets, pipes, files and the like are not read further.
+fn may_be_gpu(target: &Path) -> bool {
+    let Some(t) = target.to_str() else {
+        return true;
+    };
+    let never = [
+        "/dev/null",
+        "/dev/zero",
+        "/dev/urandom",
+        "/dev/random",
+        "/dev/ptmx",
+        "/dev/console",
+        "/dev/kmsg",
+        "/dev/tty",
+        "/dev/full",
+    ];
+    let never_under = ["/dev/pts/", "/dev/shm/", "/dev/mqueue/", "/dev/hugepages/"];
+    t.starts_with("/dev/") && !never.contains(&t) && !never_under.iter().any(|p| t.starts_with(p))
 }
 
 fn read(path: &Path) -> std::io::Result<String> {
@@ -160,15 +287,18 @@ pub(super) struct FdInfo {
     pub(super) client: Option<u64>,
     /// Resident VRAM in bytes.
     pub(super) vram: Option<u64>,
+    /// It has a `pasid`, which only amdgpu prints.
+    pub(super) pasid: bool,
 }
 
 impl FdInfo {
     /// Whether it is an amdgpu client: its driver says so, or (kernels before the common
-    /// keys, which print no driver) a DRM node's descriptor that names a PCI device.
+    /// keys, which print no driver) it names a PCI device and is a DRM node's descriptor or
+    /// has amdgpu's `pasid`.
     fn is_amdgpu(&self, drm_node: bool) -> bool {
         match &self.driver {
             Some(d) => d == "amdgpu",
-            None => drm_node && self.pdev.is_some(),
+            None => self.pdev.is_some() && (drm_node || self.pasid),
         }
     }
 }
@@ -189,6 +319,7 @@ pub(super) fn parse(text: &str) -> FdInfo {
             // `pdev` is the key of the first kernels that printed amdgpu's fdinfo.
             "drm-pdev" | "pdev" => info.pdev = super::text::pci_address(value),
             "drm-client-id" => info.client = value.parse().ok(),
+            "pasid" => info.pasid = true,
             "drm-resident-vram" => resident = bytes(value, 1),
             // Deprecated, printed by amdgpu alone: KiB. Its oldest form is `vram mem: N kB`.
             "drm-memory-vram" | "vram mem" => legacy = bytes(value, 1024),
@@ -250,8 +381,10 @@ mod tests {
         // The first amdgpu fdinfo: no driver key, `pdev` and `vram mem` in kB.
         let i = parse("pdev:\t0000:03:00.0\npasid:\t32769\nvram mem:\t2048 kB\ngtt mem:\t0 kB\n");
         assert_eq!(i.vram, Some(2 << 20));
+        assert!(i.is_amdgpu(false), "amdgpu's pasid, naming a device");
+        let i = parse("pdev:\t0000:03:00.0\n");
         assert!(i.is_amdgpu(true), "a DRM node's descriptor naming a device");
-        assert!(!i.is_amdgpu(false));
+        assert!(!i.is_amdgpu(false), "a device named, by whom unknown");
         // A bare number is bytes, where the key is the common one.
         assert_eq!(parse("drm-resident-vram:\t4096\n").vram, Some(4096));
     }
@@ -336,6 +469,42 @@ mod tests {
         assert_eq!(c.by_gpu["0000:03:00.0"][&102].vram_bytes(), None);
         let c = scan(proc, &nodes(), None);
         assert_eq!(c.unreadable, 1);
+    }
+
+    #[test]
+    fn a_process_whose_main_thread_ended_is_read_through_its_threads() {
+        let tmp = tempfile::tempdir().unwrap();
+        let proc = tmp.path();
+        // The leader's table is gone (fdinfo lists nothing); thread 101 holds the client.
+        std::fs::create_dir_all(proc.join("100/fdinfo")).unwrap();
+        std::fs::create_dir_all(proc.join("100/task/100/fdinfo")).unwrap();
+        let task = proc.join("100/task");
+        client(&task, 101, 5, Some("/dev/dri/renderD128"), NEW);
+        let c = scan(proc, &nodes(), None);
+        assert_eq!(c.unreadable, 0, "{c:?}");
+        assert_eq!(c.by_gpu["0000:03:00.0"][&100].vram_bytes(), Some(256 << 20));
+    }
+
+    #[test]
+    fn a_device_under_another_name_and_clients_without_ids_are_each_counted() {
+        let tmp = tempfile::tempdir().unwrap();
+        let proc = tmp.path();
+        // A container's name for the render node; no client id (each descriptor a client).
+        let old = "drm-driver:\tamdgpu\ndrm-pdev:\t0000:03:00.0\ndrm-memory-vram:\t1024 KiB\n";
+        client(proc, 100, 5, Some("/dev/gpu0"), old);
+        client(proc, 100, 6, Some("/dev/gpu0"), old);
+        // /dev/null is never read, even holding what a client would.
+        client(proc, 100, 7, Some("/dev/null"), NEW);
+        let c = scan(proc, &nodes(), None);
+        assert_eq!(c.by_gpu["0000:03:00.0"][&100].vram_bytes(), Some(2 << 20));
+    }
+
+    #[test]
+    fn an_empty_process_list_is_no_list() {
+        let tmp = tempfile::tempdir().unwrap();
+        let c = scan(tmp.path(), &nodes(), None);
+        assert_eq!(c.unreadable, 1);
+        assert!(c.why.unwrap().1.contains("lists no process"));
     }
 
     #[test]

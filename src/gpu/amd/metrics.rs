@@ -228,15 +228,17 @@ fn attributes(bytes: &[u8], size: u16) -> Result<Metrics, Unread> {
         let celsius = || small().filter(|&t| t <= 200.0);
         let ratio = || small().filter(|&p| p <= 100.0).map(|p| p / 100.0);
         let mhz = || small().map(|f| f * 1e6);
-        match (enc >> 10) & 0x3ff {
-            id::TEMPERATURE_HOTSPOT => m.temperature_hotspot = celsius(),
-            id::TEMPERATURE_MEM => m.temperature_mem = celsius(),
-            id::CURR_SOCKET_POWER => m.socket_power_watts = small(),
-            id::AVERAGE_GFX_ACTIVITY => m.gfx_activity = ratio(),
-            id::AVERAGE_UMC_ACTIVITY => m.umc_activity = ratio(),
-            id::ENERGY_ACCUMULATOR => m.energy_joules = Some(v as f64 / 65536.0),
-            id::CURRENT_GFXCLK => m.gfxclk_hz = mhz(),
-            id::CURRENT_UCLK => m.uclk_hz = mhz(),
+        // Each reading in the unit it is known in (`enum amdgpu_metrics_attr_unit`: none 0,
+        // MHz 1, °C 2, W 3, percent 10); another unit is a change gpuwatch does not know.
+        match ((enc >> 10) & 0x3ff, enc >> 24) {
+            (id::TEMPERATURE_HOTSPOT, 2) => m.temperature_hotspot = celsius(),
+            (id::TEMPERATURE_MEM, 2) => m.temperature_mem = celsius(),
+            (id::CURR_SOCKET_POWER, 3) => m.socket_power_watts = small(),
+            (id::AVERAGE_GFX_ACTIVITY, 10) => m.gfx_activity = ratio(),
+            (id::AVERAGE_UMC_ACTIVITY, 10) => m.umc_activity = ratio(),
+            (id::ENERGY_ACCUMULATOR, 0) => m.energy_joules = Some(v as f64 / 65536.0),
+            (id::CURRENT_GFXCLK, 1) => m.gfxclk_hz = mhz(),
+            (id::CURRENT_UCLK, 1) => m.uclk_hz = mhz(),
             _ => {}
         }
     }
@@ -325,6 +327,13 @@ mod tests {
         let mut bad = t.clone();
         bad[8 + 2] |= 0xf0;
         assert_eq!(parse(&bad), Err(Unread::Truncated));
+        // A reading in a unit it is not known in is left out.
+        let mut other = vec![0, 0, 1, 9];
+        other.extend_from_slice(&1i32.to_le_bytes());
+        attr(&mut other, 7, 2, 3, 2, &[612]); // socket power in 0.1 GT/s
+        let size = other.len() as u16;
+        other[..2].copy_from_slice(&size.to_le_bytes());
+        assert_eq!(parse(&other), Ok(Metrics::default()));
         // No attributes at all: nothing, and no error.
         let empty = [8u8, 0, 1, 9, 0, 0, 0, 0];
         assert_eq!(parse(&empty), Ok(Metrics::default()));

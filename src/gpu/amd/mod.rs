@@ -13,12 +13,15 @@
 
 mod clients;
 mod metrics;
+mod procfs;
 mod text;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+pub use text::pci_address;
 
 use super::counters::{SampleError, SamplerCounters};
 use super::{GpuSample, PcieLink, ProcessRef, ProcessSample, Vendor};
@@ -153,13 +156,11 @@ impl AmdSource {
         if found.unreadable > 0 {
             self.metrics.error(SampleError::ReadFailed);
             if !std::mem::replace(&mut self.clients_said, true) {
-                let (pid, why) = found.why.unwrap_or_default();
+                let (_, why) = found.why.unwrap_or_default();
                 tracing::warn!(
                     processes = found.unreadable,
-                    pid,
-                    error = %why,
                     proc = %self.proc.display(),
-                    "the AMD GPUs' processes are unknown: some processes' file descriptors cannot be read (reading another user's needs ptrace rights, CAP_SYS_PTRACE); no rule judges these GPUs idle meanwhile"
+                    "the AMD GPUs' processes are unknown: {why}; no rule on processes or holders judges these GPUs meanwhile"
                 );
             }
             return;
@@ -281,7 +282,8 @@ fn drm_nodes(sysfs: &Path, cards: &[Card]) -> HashMap<String, String> {
 
 /// A process's name (`comm`), where it can be read.
 fn comm(proc: &Path, pid: u32) -> Option<String> {
-    let text = read_text(&proc.join(pid.to_string()).join("comm")).ok()?;
+    let bytes = read_bytes(&proc.join(pid.to_string()).join("comm"), 64).ok()?;
+    let text = String::from_utf8_lossy(&bytes);
     let name = text.trim_end_matches('\n');
     (!name.is_empty()).then(|| name.chars().take(64).collect())
 }

@@ -121,7 +121,8 @@ pub fn vendor(text: &str) -> Option<u16> {
         .flatten()
 }
 
-/// A PCI address as the kernel names a device (`0000:03:00.0`).
+/// A PCI address as the kernel names a device (`0000:03:00.0`: domain, bus, device, function
+/// 0 to 7), lowercase.
 pub fn pci_address(name: &str) -> Option<String> {
     let b = name.as_bytes();
     let hex = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_hexdigit);
@@ -132,7 +133,7 @@ pub fn pci_address(name: &str) -> Option<String> {
         && b[7] == b':'
         && hex(8..10)
         && b[10] == b'.'
-        && b[11].is_ascii_digit();
+        && (b'0'..=b'7').contains(&b[11]);
     ok.then(|| name.to_ascii_lowercase())
 }
 
