@@ -46,6 +46,8 @@ pub enum DeviceId {
     /// A GPU's PCI address (`0000:03:00.0`, lowercase), as AMD's device plugin names its
     /// `amd.com/gpu` devices.
     Pci(String),
+    /// An `amd.com/` device named otherwise (a partition, `amdgpu_xcp_N`): no GPU read here.
+    Unresolved(String),
 }
 
 /// One device held by one container.
@@ -108,8 +110,12 @@ fn assignments(response: ListPodResourcesResponse) -> Vec<Assignment> {
                     if out.len() >= MAX_ASSIGNMENTS {
                         break;
                     }
-                    let device =
-                        parse_device_id(id).filter(|d| by_address == matches!(d, DeviceId::Pci(_)));
+                    let device = match parse_device_id(id) {
+                        Some(d @ DeviceId::Pci(_)) if by_address => Some(d),
+                        _ if by_address => name(id).map(DeviceId::Unresolved),
+                        Some(DeviceId::Pci(_)) => None,
+                        d => d,
+                    };
                     if let Some(device) = device {
                         out.push(Assignment {
                             device,

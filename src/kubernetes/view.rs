@@ -34,6 +34,11 @@ pub struct Held {
     /// By GPU index: the pods holding the GPU itself (by its UUID or index), not through a
     /// MIG device.
     pub whole: BTreeMap<u32, Vec<PodRef>>,
+    /// The pods holding a device named by its PCI address that is no GPU read here, or one
+    /// not named by a PCI address at all (an MI300 partition, `amdgpu_xcp_N`): which GPU it
+    /// is cannot be told, so such a pod counts as holding every device, and is judged idle
+    /// only when all of them are.
+    pub unresolved: Vec<PodRef>,
 }
 
 impl KubernetesView {
@@ -57,11 +62,21 @@ impl KubernetesView {
                 DeviceId::Uuid(u) => gpus.iter().find(|g| !g.uuid.is_empty() && g.uuid == *u),
                 DeviceId::Index(i) => gpus.iter().find(|g| g.index == *i),
                 DeviceId::Mig(u) => gpus.iter().find(|g| g.mig_uuids.contains(u)),
-                DeviceId::Pci(p) => gpus.iter().find(|g| {
-                    g.pci_bus_id
-                        .as_deref()
-                        .is_some_and(|b| b.eq_ignore_ascii_case(p))
-                }),
+                DeviceId::Pci(p) => {
+                    let found = gpus.iter().find(|g| {
+                        g.pci_bus_id
+                            .as_deref()
+                            .is_some_and(|b| b.eq_ignore_ascii_case(p))
+                    });
+                    if found.is_none() {
+                        add(&mut out.unresolved, &a.pod);
+                    }
+                    found
+                }
+                DeviceId::Unresolved(_) => {
+                    add(&mut out.unresolved, &a.pod);
+                    None
+                }
             };
             let Some(g) = gpu else { continue };
             add(out.gpus.entry(g.index).or_default(), &a.pod);
@@ -140,7 +155,26 @@ mod tests {
             .concat(),
             ..view
         };
+        // A partition's id, and an address of no GPU here: the pods count as holding all.
+        let view = KubernetesView {
+            assignments: [
+                view.assignments,
+                vec![
+                    Assignment {
+                        device: DeviceId::Unresolved("amdgpu_xcp_3".into()),
+                        pod: pod("partition"),
+                    },
+                    Assignment {
+                        device: DeviceId::Pci("0000:d1:00.0".into()),
+                        pod: pod("elsewhere-amd"),
+                    },
+                ],
+            ]
+            .concat(),
+            ..view
+        };
         let held = view.held(&[gpu, amd]);
+        assert_eq!(held.unresolved, [pod("partition"), pod("elsewhere-amd")]);
         assert_eq!(held.gpus[&1], [pod("rocm")]);
         assert_eq!(held.whole[&1], [pod("rocm")]);
         assert_eq!(held.gpus[&0], [pod("whole"), pod("small")]);
