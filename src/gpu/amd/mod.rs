@@ -14,6 +14,8 @@
 mod clients;
 mod metrics;
 mod procfs;
+#[cfg(test)]
+mod tests;
 mod text;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
