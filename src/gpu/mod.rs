@@ -44,6 +44,21 @@ pub struct Sample {
     pub gpus: Vec<GpuSample>,
 }
 
+/// The readings GPU `gpu` does not support, in order, from a source's record of (GPU,
+/// reading) pairs.
+fn unsupported_of<K: PartialEq>(
+    set: &std::collections::HashSet<(K, &'static str)>,
+    gpu: K,
+) -> Vec<&'static str> {
+    let mut out: Vec<&'static str> = set
+        .iter()
+        .filter(|(g, _)| *g == gpu)
+        .map(|(_, reading)| *reading)
+        .collect();
+    out.sort_unstable();
+    out
+}
+
 /// Whether the PCI bus under `sysfs` holds an NVIDIA display or 3D controller, driver loaded
 /// or not: a node that has one may have GPM once its driver is up.
 pub fn nvidia_on_bus(sysfs: &std::path::Path) -> bool {

@@ -142,7 +142,7 @@ pub fn sample_once(config: &crate::config::Config) -> Sample {
 
 /// Whether the node has GPUs that NVML does not read (cheap: NVML is not loaded).
 pub fn has_other_gpus(config: &crate::config::Config) -> bool {
-    amd(config, Arc::new(SamplerCounters::default())).is_some_and(|mut a| !a.sample(0).is_empty())
+    config.amd.enabled && super::amd::count(&config.amd.sysfs_root) > 0
 }
 
 impl GpuSource for Node {

@@ -14,7 +14,7 @@
 //! process list is known that cycle. Unknown is never none.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{ErrorKind, Read};
+use std::io::ErrorKind;
 use std::path::Path;
 
 /// The most file descriptors of one process looked at (the most `RLIMIT_NOFILE` allows by
@@ -23,7 +23,7 @@ const MAX_FDS: usize = 1 << 20;
 /// The most threads of one process looked at, where its main thread has ended.
 const MAX_TASKS: usize = 1 << 16;
 /// The most bytes of one fdinfo file read (a client's is about 1.5 KiB).
-const MAX_FDINFO: u64 = 16 * 1024;
+const MAX_FDINFO: usize = 16 * 1024;
 /// The most clients kept of one process on one GPU.
 const MAX_CLIENTS: usize = 256;
 
@@ -270,11 +270,9 @@ fn may_be_gpu(target: &Path) -> bool {
     t.starts_with("/dev/") && !never.contains(&t) && !never_under.iter().any(|p| t.starts_with(p))
 }
 
+/// An fdinfo file's text, at most `MAX_FDINFO` bytes.
 fn read(path: &Path) -> std::io::Result<String> {
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)?
-        .take(MAX_FDINFO)
-        .read_to_end(&mut bytes)?;
+    let bytes = super::read_bytes(path, MAX_FDINFO)?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 

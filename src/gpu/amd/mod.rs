@@ -67,7 +67,23 @@ struct Card {
     uuid: Option<String>,
     name: Option<String>,
     pci_bus_id: Option<String>,
-    hwmon: Option<PathBuf>,
+    hwmon: Option<Hwmon>,
+}
+
+/// A GPU's amdgpu hwmon directory, and its temperature inputs by label (the labels do not
+/// change while the directory is there, so they are read once).
+#[derive(Clone)]
+struct Hwmon {
+    dir: PathBuf,
+    temps: Vec<(Sensor, PathBuf)>,
+}
+
+/// The temperature sensors read, by their hwmon label.
+#[derive(Clone, Copy)]
+enum Sensor {
+    Edge,
+    Junction,
+    Mem,
 }
 
 impl Card {
@@ -87,10 +103,18 @@ impl Card {
         }
     }
 
-    /// The amdgpu hwmon directory, looked for until found.
-    fn hwmon(&mut self) -> Option<PathBuf> {
-        if self.hwmon.is_none() {
-            self.hwmon = hwmon(&self.dir);
+    /// The amdgpu hwmon directory, looked for until found, and its temperature labels, read
+    /// until one is found.
+    fn hwmon(&mut self) -> Option<Hwmon> {
+        match &mut self.hwmon {
+            Some(h) if h.temps.is_empty() => h.temps = labelled(&h.dir),
+            Some(_) => {}
+            None => {
+                self.hwmon = hwmon(&self.dir).map(|dir| Hwmon {
+                    temps: labelled(&dir),
+                    dir,
+                })
+            }
         }
         self.hwmon.clone()
     }
@@ -234,6 +258,11 @@ impl AmdSource {
         };
         r.read()
     }
+}
+
+/// How many AMD GPUs driven by amdgpu are under `sysfs` (nothing else is read).
+pub fn count(sysfs: &Path) -> usize {
+    find(sysfs).len()
 }
 
 /// The AMD GPUs under `sysfs`, in card order.
@@ -420,9 +449,10 @@ impl Reader<'_> {
         };
         let hwmon = self.src.cards[self.i].hwmon();
         let temps = hwmon
-            .as_deref()
-            .map(|h| self.temperatures(h))
+            .as_ref()
+            .map(|h| self.temperatures(&h.temps))
             .unwrap_or_default();
+        let hwmon = hwmon.map(|h| h.dir);
         let power = hwmon.as_deref().and_then(|h| self.power(h));
         let limit = hwmon.as_deref().and_then(|h| {
             self.file("power_limit", &h.join("power1_cap"), |t| {
@@ -505,20 +535,15 @@ impl Reader<'_> {
     }
 
     /// The hwmon temperatures by label, in degrees Celsius.
-    fn temperatures(&mut self, hwmon: &Path) -> Temperatures {
+    fn temperatures(&mut self, inputs: &[(Sensor, PathBuf)]) -> Temperatures {
         let mut t = Temperatures::default();
-        for n in 1..=8 {
-            let Ok(label) = read_text(&hwmon.join(format!("temp{n}_label"))) else {
-                continue;
+        for (sensor, path) in inputs {
+            let slot = match sensor {
+                Sensor::Edge => &mut t.edge,
+                Sensor::Junction => &mut t.junction,
+                Sensor::Mem => &mut t.mem,
             };
-            let slot = match label.trim() {
-                "edge" => &mut t.edge,
-                "junction" => &mut t.junction,
-                "mem" => &mut t.mem,
-                _ => continue,
-            };
-            let path = hwmon.join(format!("temp{n}_input"));
-            let millis = self.file("temperature", &path, |t| {
+            let millis = self.file("temperature", path, |t| {
                 let v: i64 = t.trim().parse().ok()?;
                 Some((0..=200_000).contains(&v).then_some(v as f64 / 1000.0))
             });
@@ -633,16 +658,7 @@ impl Reader<'_> {
     }
 
     fn unsupported(&self) -> Vec<&'static str> {
-        let mut out: Vec<&'static str> = self
-            .src
-            .unsupported
-            .iter()
-            .filter(|(i, _)| *i == self.i)
-            .map(|(_, r)| *r)
-            .collect();
-        out.sort_unstable();
-        out.dedup();
-        out
+        super::unsupported_of(&self.src.unsupported, self.i)
     }
 }
 
@@ -652,6 +668,23 @@ struct Temperatures {
     edge: Option<f64>,
     junction: Option<f64>,
     mem: Option<f64>,
+}
+
+/// The temperature inputs of an hwmon directory whose label gpuwatch reads (`temp<N>_label`:
+/// `edge`, `junction`, `mem`).
+fn labelled(hwmon: &Path) -> Vec<(Sensor, PathBuf)> {
+    (1..=8)
+        .filter_map(|n| {
+            let label = read_text(&hwmon.join(format!("temp{n}_label"))).ok()?;
+            let sensor = match label.trim() {
+                "edge" => Sensor::Edge,
+                "junction" => Sensor::Junction,
+                "mem" => Sensor::Mem,
+                _ => return None,
+            };
+            Some((sensor, hwmon.join(format!("temp{n}_input"))))
+        })
+        .collect()
 }
 
 /// The device's amdgpu hwmon directory.

@@ -57,14 +57,6 @@ impl GpuReader<'_> {
 
     /// Every reading this GPU does not support, in order.
     pub(super) fn unsupported(&self) -> Vec<&'static str> {
-        let mut out: Vec<&'static str> = self
-            .src
-            .unsupported
-            .iter()
-            .filter(|(gpu, _)| *gpu == self.index)
-            .map(|(_, field)| *field)
-            .collect();
-        out.sort_unstable();
-        out
+        crate::gpu::unsupported_of(&self.src.unsupported, self.index)
     }
 }
