@@ -33,6 +33,10 @@
 //! the ratios:
 //!
 //!     GPUWATCH_BENCH_ALL_SMI=all-smi GPUWATCH_BENCH_SECS=40 GPUWATCH_BENCH_GPUS=8 cargo bench --profile dist --bench exporter
+//!
+//! With `GPUWATCH_BENCH_BIN` naming other `gpuwatch` binaries (separated by `:`), each row runs
+//! once for each of them instead of the bench's own build, over the same fake library, so that
+//! two builds (such as `target/release/gpuwatch` and `target/dist/gpuwatch`) compare in one run.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -257,18 +261,29 @@ fn main() {
         "max µs",
         "bytes"
     );
+    let own = env!("CARGO_BIN_EXE_gpuwatch").to_string();
+    let bins: Vec<String> = match std::env::var("GPUWATCH_BENCH_BIN") {
+        Ok(list) => list.split(':').map(str::to_string).collect(),
+        Err(_) => vec![own.clone()],
+    };
     for setup in setups
         .into_iter()
         .filter(|s| only.is_none_or(|n| n == s.gpus))
     {
         // all-smi exports what NVML reads, no GPM and no cost: it sits beside the exporter alone.
         let exporter_alone = !setup.gpm && !setup.cost && !setup.bare;
-        run(
-            window,
-            setup,
-            imds,
-            all_smi.as_deref().filter(|_| exporter_alone),
-        );
+        for bin in &bins {
+            if *bin != own {
+                println!("      {bin}:");
+            }
+            run(
+                bin,
+                window,
+                setup,
+                imds,
+                all_smi.as_deref().filter(|_| exporter_alone),
+            );
+        }
     }
 }
 
@@ -285,14 +300,14 @@ fn fake_library() -> std::path::PathBuf {
     }
 }
 
-/// Starts the daemon for `setup` (under `wrapper`, a command and its arguments, if any), and
+/// Starts the daemon `bin` for `setup` (under `wrapper`, a command and its arguments, if any), and
 /// waits for its first sample. Returns it, its address and its directory.
 fn start(
+    bin: &str,
     setup: Setup,
     imds: SocketAddr,
     wrapper: &[String],
 ) -> (Daemon, SocketAddr, tempfile::TempDir) {
-    let bin = env!("CARGO_BIN_EXE_gpuwatch");
     let lib = fake_library();
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("scenario.toml"), scenario(setup)).unwrap();
@@ -357,8 +372,8 @@ fn start(
 /// Runs the daemon for `window` seconds, then scrapes it, and prints one row. With `all_smi`,
 /// all-smi's exporter runs beside it over the same GPUs, both are scraped once a second
 /// through the window, and both processes' memory at its end follows the row.
-fn run(window: u64, setup: Setup, imds: SocketAddr, all_smi: Option<&str>) {
-    let (child, addr, dir) = start(setup, imds, &[]);
+fn run(bin: &str, window: u64, setup: Setup, imds: SocketAddr, all_smi: Option<&str>) {
+    let (child, addr, dir) = start(bin, setup, imds, &[]);
     let pid = child.0.id();
     let peer = all_smi.map(|program| start_all_smi(program, dir.path(), setup.gpus));
 
