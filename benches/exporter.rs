@@ -263,9 +263,14 @@ fn main() {
     );
     let own = env!("CARGO_BIN_EXE_gpuwatch").to_string();
     let bins: Vec<String> = match std::env::var("GPUWATCH_BENCH_BIN") {
-        Ok(list) => list.split(':').map(str::to_string).collect(),
+        Ok(list) => list
+            .split(':')
+            .filter(|b| !b.is_empty())
+            .map(str::to_string)
+            .collect(),
         Err(_) => vec![own.clone()],
     };
+    assert!(!bins.is_empty(), "GPUWATCH_BENCH_BIN names no binary");
     for setup in setups
         .into_iter()
         .filter(|s| only.is_none_or(|n| n == s.gpus))
@@ -300,8 +305,8 @@ fn fake_library() -> std::path::PathBuf {
     }
 }
 
-/// Starts the daemon `bin` for `setup` (under `wrapper`, a command and its arguments, if any), and
-/// waits for its first sample. Returns it, its address and its directory.
+/// Starts the daemon `bin` for `setup` (under `wrapper`, a command and its arguments, if any),
+/// and waits for its first sample. Returns it, its address and its directory.
 fn start(
     bin: &str,
     setup: Setup,
@@ -349,7 +354,7 @@ fn start(
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
-            .unwrap(),
+            .unwrap_or_else(|e| panic!("{bin}: {e}")),
     );
     // The readiness line on stdout: "listening on http://ADDR/".
     let mut out = BufReader::new(child.0.stdout.take().unwrap()).lines();
