@@ -134,44 +134,29 @@ mod tests {
                     device: DeviceId::Mig("MIG-z".into()),
                     pod: pod("elsewhere"),
                 },
+                // An AMD GPU, held by its PCI address.
+                Assignment {
+                    device: DeviceId::Pci("0000:c1:00.0".into()),
+                    pod: pod("rocm"),
+                },
+                // A partition's id, and an address of no GPU here: the pods count as holding
+                // all.
+                Assignment {
+                    device: DeviceId::Unresolved("amdgpu_xcp_3".into()),
+                    pod: pod("partition"),
+                },
+                Assignment {
+                    device: DeviceId::Pci("0000:d1:00.0".into()),
+                    pod: pod("elsewhere-amd"),
+                },
             ],
             errors: 0,
         };
-        // An AMD GPU, held by its PCI address.
         let amd = GpuSample {
             index: 1,
             pci_bus_id: Some("0000:c1:00.0".into()),
             up: true,
             ..GpuSample::default()
-        };
-        let view = KubernetesView {
-            assignments: [
-                view.assignments,
-                vec![Assignment {
-                    device: DeviceId::Pci("0000:c1:00.0".into()),
-                    pod: pod("rocm"),
-                }],
-            ]
-            .concat(),
-            ..view
-        };
-        // A partition's id, and an address of no GPU here: the pods count as holding all.
-        let view = KubernetesView {
-            assignments: [
-                view.assignments,
-                vec![
-                    Assignment {
-                        device: DeviceId::Unresolved("amdgpu_xcp_3".into()),
-                        pod: pod("partition"),
-                    },
-                    Assignment {
-                        device: DeviceId::Pci("0000:d1:00.0".into()),
-                        pod: pod("elsewhere-amd"),
-                    },
-                ],
-            ]
-            .concat(),
-            ..view
         };
         let held = view.held(&[gpu, amd]);
         assert_eq!(held.unresolved, [pod("partition"), pod("elsewhere-amd")]);

@@ -143,13 +143,14 @@ impl Place<'_> {
             Err(e) if gone(&e) => return Ok(Vec::new()),
             Err(e) => return Err(format!("pid {}: its threads: {e}", self.pid)),
         };
+        let own = self.pid.to_string();
         let mut all = Vec::new();
         for (n, task) in tasks.enumerate() {
             let task = task.map_err(|e| format!("pid {}: its threads: {e}", self.pid))?;
             if n == MAX_TASKS {
                 return Err(format!("pid {}: more than {MAX_TASKS} threads", self.pid));
             }
-            if task.file_name().to_str() == Some(&self.pid.to_string()) {
+            if task.file_name().to_str() == Some(own.as_str()) {
                 continue;
             }
             if let Some((found, _)) = self.table(&task.path())? {
